@@ -1,0 +1,337 @@
+"""The experiment configuration: one tree of frozen dataclasses, validated on construction.
+
+Every default lives here. A bad value raises `ConfigError` naming the dotted field path and the
+reason, before any compute starts. Parsing from mappings, files and CLI overrides lives in
+`config_loading.py`; this module only defines and validates.
+"""
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from diloco_core.presets import MODEL_PRESETS
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid. `field` is the dotted path of the offending field."""
+
+    def __init__(self, field_path: str, reason: str):
+        self.field = field_path
+        self.reason = reason
+        super().__init__(f"{field_path}: {reason}")
+
+    def prefixed(self, prefix: str) -> "ConfigError":
+        return ConfigError(f"{prefix}.{self.field}", self.reason)
+
+
+def _require(ok: bool, field_path: str, reason: str) -> None:
+    if not ok:
+        raise ConfigError(field_path, reason)
+
+
+def _finite_positive(value: float, name: str) -> None:
+    _require(isinstance(value, int | float) and math.isfinite(value) and value > 0,
+             name, f"must be a finite number > 0, got {value!r}")
+
+
+def _in_unit(value: float, name: str, *, low_open: bool, high_open: bool) -> None:
+    lo_ok = value > 0 if low_open else value >= 0
+    hi_ok = value < 1 if high_open else value <= 1
+    interval = f"{'(' if low_open else '['}0, 1{')' if high_open else ']'}"
+    _require(isinstance(value, int | float) and math.isfinite(value) and lo_ok and hi_ok,
+             name, f"must be in {interval}, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Decoder-only transformer shape. Build with `ModelConfig.from_preset`."""
+
+    preset: str = "small"
+    vocab_size: int = 256          # byte-level tokens
+    d_model: int = 128
+    n_layers: int = 6
+    n_heads: int = 4
+    d_ff: int = 512                # hidden width of the gated MLP
+    max_seq_len: int = 128         # rotary tables are built for this many positions
+    rope_base: float = 10_000.0
+    dtype: str = "float32"         # activation/compute dtype; params are always float32
+
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and value > 0, name,
+                     f"must be a positive integer, got {value!r}")
+        _require(self.d_model % self.n_heads == 0, "n_heads",
+                 f"must divide d_model ({self.d_model}), got {self.n_heads}")
+        _require((self.d_model // self.n_heads) % 2 == 0, "n_heads",
+                 f"head dimension d_model/n_heads = {self.d_model // self.n_heads} must be even "
+                 "(rotary embeddings rotate pairs)")
+        _finite_positive(self.rope_base, "rope_base")
+        _require(self.dtype in ("float32", "bfloat16"), "dtype",
+                 f"must be 'float32' or 'bfloat16', got {self.dtype!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> "ModelConfig":
+        if name not in MODEL_PRESETS:
+            raise ConfigError("preset", f"unknown preset {name!r}; choose one of "
+                              f"{', '.join(sorted(MODEL_PRESETS))}")
+        return cls(preset=name, **{**MODEL_PRESETS[name], **overrides})
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """Where tokens come from and how they are packed."""
+
+    corpus: str = "stdlib"         # "stdlib" (the interpreter's own library source) or a glob
+    seq_len: int = 128
+    batch_size: int = 16           # sequences per learner step
+    heldout_fraction: float = 0.05
+
+    def __post_init__(self):
+        _require(isinstance(self.corpus, str) and self.corpus.strip() != "", "corpus",
+                 "must be 'stdlib' or a non-empty glob of text files")
+        _require(isinstance(self.seq_len, int) and self.seq_len >= 2, "seq_len",
+                 f"must be an integer >= 2, got {self.seq_len!r}")
+        _require(isinstance(self.batch_size, int) and self.batch_size >= 1, "batch_size",
+                 f"must be a positive integer, got {self.batch_size!r}")
+        _in_unit(self.heldout_fraction, "heldout_fraction", low_open=True, high_open=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class InnerOptConfig:
+    """Each learner's AdamW with linear warmup, cosine (or constant) decay and clipping."""
+
+    lr: float = 3e-3
+    b1: float = 0.9
+    b2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    warmup_steps: int = 20
+    schedule: str = "cosine"       # "cosine" | "constant"
+    decay_steps: int = 0           # 0: derived from the token budget
+    min_lr_ratio: float = 0.1      # cosine floor as a fraction of lr
+    clip_norm: float = 1.0         # 0 disables clipping
+
+    def __post_init__(self):
+        _finite_positive(self.lr, "lr")
+        _in_unit(self.b1, "b1", low_open=False, high_open=True)
+        _in_unit(self.b2, "b2", low_open=False, high_open=True)
+        _finite_positive(self.eps, "eps")
+        _require(self.weight_decay >= 0 and math.isfinite(self.weight_decay), "weight_decay",
+                 f"must be >= 0, got {self.weight_decay!r}")
+        _require(isinstance(self.warmup_steps, int) and self.warmup_steps >= 0, "warmup_steps",
+                 f"must be an integer >= 0, got {self.warmup_steps!r}")
+        _require(self.schedule in ("cosine", "constant"), "schedule",
+                 f"must be 'cosine' or 'constant', got {self.schedule!r}")
+        _require(isinstance(self.decay_steps, int) and self.decay_steps >= 0, "decay_steps",
+                 f"must be an integer >= 0, got {self.decay_steps!r}")
+        _in_unit(self.min_lr_ratio, "min_lr_ratio", low_open=False, high_open=False)
+        _require(self.clip_norm >= 0 and math.isfinite(self.clip_norm), "clip_norm",
+                 f"must be >= 0 (0 disables), got {self.clip_norm!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OuterOptConfig:
+    """The syncer's SGD with Nesterov momentum, applied to the merged outer gradient."""
+
+    lr: float = 0.7
+    momentum: float = 0.9
+    nesterov: bool = True
+
+    def __post_init__(self):
+        _finite_positive(self.lr, "lr")
+        _in_unit(self.momentum, "momentum", low_open=False, high_open=True)
+
+
+MERGE_RULES = ("rda", "mean")
+RECEIVE_RULES = ("overwrite", "blend")
+WEIGHTINGS = ("tokens", "uniform")
+ENCODINGS = ("fp32", "bf16", "int8", "int4", "int2")
+ANCHORS = ("global", "base")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyncConfig:
+    """Fragments, schedule, quorum, grace window and how outer gradients travel and merge."""
+
+    num_fragments: int = 4         # P
+    sync_period: int = 16          # H: inner steps between two syncs of one fragment
+    overlap_steps: int = 1         # tau: steps a fragment may be in flight before it must land
+    min_quorum: int = 1            # K
+    grace_gamma: float = 0.8       # gamma: share of the slack the grace window may use (0: none)
+    grace_min_seconds: float = 0.0
+    grace_max_seconds: float = math.inf
+    ema_decay: float = 0.9         # running estimates of step / quorum / sync times
+    merge_rule: str = "rda"        # rda (non-embedding tensors) + weighted mean (embeddings)
+    weighting: str = "tokens"      # tokens: w = tokens^2 / steps; uniform: w = 1
+    receive_rule: str = "overwrite"
+    blend_alpha: float = 0.5       # theta <- alpha * local + (1 - alpha) * global, for "blend"
+    encoding: str = "bf16"         # outer-gradient wire format
+    encoding_block_size: int = 64  # values per scale for int8/int4/int2
+    anchor: str = "global"         # outer grad vs the current global ("global", the paper)
+    # or vs the version the learner started from ("base")
+
+    def __post_init__(self):
+        for name in ("num_fragments", "sync_period", "min_quorum", "encoding_block_size"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and value >= 1, name,
+                     f"must be an integer >= 1, got {value!r}")
+        _require(isinstance(self.overlap_steps, int) and self.overlap_steps >= 0,
+                 "overlap_steps", f"must be an integer >= 0, got {self.overlap_steps!r}")
+        _require(self.sync_period % self.num_fragments == 0, "sync_period",
+                 f"must be a multiple of num_fragments ({self.num_fragments}) so fragments are "
+                 f"evenly staggered, got {self.sync_period}")
+        _in_unit(self.grace_gamma, "grace_gamma", low_open=False, high_open=True)
+        _require(self.grace_min_seconds >= 0 and math.isfinite(self.grace_min_seconds),
+                 "grace_min_seconds", f"must be a finite number >= 0, got {self.grace_min_seconds!r}")
+        _require(self.grace_max_seconds >= self.grace_min_seconds, "grace_max_seconds",
+                 f"must be >= grace_min_seconds ({self.grace_min_seconds}), "
+                 f"got {self.grace_max_seconds!r}")
+        _in_unit(self.ema_decay, "ema_decay", low_open=False, high_open=True)
+        for name, allowed in (("merge_rule", MERGE_RULES), ("weighting", WEIGHTINGS),
+                              ("receive_rule", RECEIVE_RULES), ("encoding", ENCODINGS),
+                              ("anchor", ANCHORS)):
+            value = getattr(self, name)
+            _require(value in allowed, name, f"must be one of {', '.join(allowed)}, got {value!r}")
+        _in_unit(self.blend_alpha, "blend_alpha", low_open=False, high_open=True)
+
+    @property
+    def round_interval_steps(self) -> int:
+        """Learner steps between two consecutive rounds (of consecutive fragments)."""
+        return self.sync_period // self.num_fragments
+
+
+@dataclass(frozen=True, kw_only=True)
+class LearnersConfig:
+    """The M learners: names, regions and relative speeds."""
+
+    num_learners: int = 4          # M
+    names: tuple[str, ...] = ()    # default: learner-0 .. learner-{M-1}
+    regions: tuple[str, ...] = ()  # default: "local" for every learner
+    speeds: tuple[float, ...] = ()  # relative step rate (1.0 = nominal, 0.5 = half as fast)
+
+    def __post_init__(self):
+        _require(isinstance(self.num_learners, int) and self.num_learners >= 1, "num_learners",
+                 f"must be an integer >= 1, got {self.num_learners!r}")
+        for name in ("names", "regions", "speeds"):
+            value = getattr(self, name)
+            _require(len(value) in (0, self.num_learners), name,
+                     f"has {len(value)} entries but num_learners is {self.num_learners}")
+        for i, s in enumerate(self.speeds):
+            _finite_positive(s, f"speeds[{i}]")
+        for name in ("names", "regions"):
+            for i, value in enumerate(getattr(self, name)):
+                _require(_is_safe_name(value), f"{name}[{i}]",
+                         f"must match [a-z0-9][a-z0-9-_]{{0,62}}, got {value!r}")
+        _require(len(set(self.names)) == len(self.names), "names", "must be unique")
+
+    @property
+    def learner_names(self) -> tuple[str, ...]:
+        return self.names or tuple(f"learner-{i}" for i in range(self.num_learners))
+
+    @property
+    def learner_speeds(self) -> tuple[float, ...]:
+        return self.speeds or (1.0,) * self.num_learners
+
+    @property
+    def learner_regions(self) -> tuple[str, ...]:
+        return self.regions or ("local",) * self.num_learners
+
+
+def _is_safe_name(value: object) -> bool:
+    import re
+
+    return isinstance(value, str) and re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,62}", value) is not None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outage:
+    """A learner is down (process gone, contributes nothing) from `start` to `end` seconds."""
+
+    learner: int
+    start: float
+    end: float
+
+    def __post_init__(self):
+        _require(isinstance(self.learner, int) and self.learner >= 0, "learner",
+                 f"must be a learner index >= 0, got {self.learner!r}")
+        _require(self.start >= 0 and math.isfinite(self.start), "start",
+                 f"must be a finite time >= 0, got {self.start!r}")
+        _require(self.end > self.start, "end", f"must be after start ({self.start}), got {self.end!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimulationConfig:
+    """The reference simulator's fake clock: step times, sync latency and the failure schedule."""
+
+    step_seconds: float = 1.0      # nominal inner-step time of a speed-1.0 learner
+    step_jitter: float = 0.0       # relative std-dev of each step time (e.g. 0.1 = 10%)
+    sync_seconds: float = 0.3      # merge + transfer latency from decision to delivery
+    outages: tuple[Outage, ...] = ()
+    eval_every_rounds: int = 8     # held-out eval of the global params every this many rounds
+    eval_batches: int = 4
+
+    def __post_init__(self):
+        _finite_positive(self.step_seconds, "step_seconds")
+        _require(0 <= self.step_jitter < 1, "step_jitter",
+                 f"must be in [0, 1), got {self.step_jitter!r}")
+        _require(self.sync_seconds >= 0 and math.isfinite(self.sync_seconds), "sync_seconds",
+                 f"must be a finite number >= 0, got {self.sync_seconds!r}")
+        _require(isinstance(self.eval_every_rounds, int) and self.eval_every_rounds >= 1,
+                 "eval_every_rounds", f"must be an integer >= 1, got {self.eval_every_rounds!r}")
+        _require(isinstance(self.eval_batches, int) and self.eval_batches >= 1, "eval_batches",
+                 f"must be an integer >= 1, got {self.eval_batches!r}")
+
+
+def _default_model() -> ModelConfig:
+    return ModelConfig.from_preset("small")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExperimentConfig:
+    """Everything one training run needs. Sub-configs validate themselves; cross-field checks here."""
+
+    name: str = "diloco-demo"
+    seed: int = 0
+    token_budget: int = 2_000_000  # tokens processed by all learners together
+    model: ModelConfig = field(default_factory=_default_model)
+    data: DataConfig = field(default_factory=DataConfig)
+    inner: InnerOptConfig = field(default_factory=InnerOptConfig)
+    outer: OuterOptConfig = field(default_factory=OuterOptConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    learners: LearnersConfig = field(default_factory=LearnersConfig)
+    simulation: SimulationConfig = field(default_factory=SimulationConfig)
+
+    def __post_init__(self):
+        _require(_is_safe_name(self.name), "name",
+                 f"must match [a-z0-9][a-z0-9_-]{{0,62}} (it names storage prefixes), got {self.name!r}")
+        _require(isinstance(self.seed, int) and self.seed >= 0, "seed",
+                 f"must be an integer >= 0, got {self.seed!r}")
+        _require(isinstance(self.token_budget, int) and self.token_budget > 0, "token_budget",
+                 f"must be a positive integer, got {self.token_budget!r}")
+        m = self.learners.num_learners
+        _require(self.sync.min_quorum <= m, "sync.min_quorum",
+                 f"must be <= learners.num_learners ({m}), got {self.sync.min_quorum}")
+        _require(self.data.seq_len <= self.model.max_seq_len, "data.seq_len",
+                 f"must be <= model.max_seq_len ({self.model.max_seq_len}), got {self.data.seq_len}")
+        for i, outage in enumerate(self.simulation.outages):
+            _require(outage.learner < m, f"simulation.outages[{i}].learner",
+                     f"must be < learners.num_learners ({m}), got {outage.learner}")
+        _require(self.tokens_per_learner_step <= self.token_budget, "token_budget",
+                 f"is smaller than one learner step ({self.tokens_per_learner_step} tokens)")
+
+    @property
+    def tokens_per_learner_step(self) -> int:
+        return self.data.batch_size * self.data.seq_len
+
+    @property
+    def total_learner_steps(self) -> int:
+        """Inner steps per learner if all M learners share the budget equally."""
+        return max(1, self.token_budget // (self.tokens_per_learner_step * self.learners.num_learners))
+
+    def replace(self, **changes) -> "ExperimentConfig":
+        return dataclasses.replace(self, **changes)
