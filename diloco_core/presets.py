@@ -6,7 +6,7 @@ abstractly with `jax.eval_shape`, to count parameters and bytes for planning.
 """
 
 MODEL_PRESETS: dict[str, dict] = {
-    "tiny": dict(vocab_size=256, d_model=32, n_layers=2, n_heads=2, d_ff=64, max_seq_len=64),
+    "tiny": dict(vocab_size=256, d_model=32, n_layers=2, n_heads=2, d_ff=64, max_seq_len=128),
     "small": dict(vocab_size=256, d_model=128, n_layers=6, n_heads=4, d_ff=512, max_seq_len=256),
     "2b": dict(vocab_size=262_144, d_model=2048, n_layers=18, n_heads=8, d_ff=8192,
                max_seq_len=8192),

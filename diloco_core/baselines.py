@@ -1,0 +1,108 @@
+"""Baselines on the same data and token budget as a Decoupled DiLoCo run.
+
+- Data-parallel: one model, every step takes one batch from each of the M learners' shards (a
+  global batch of M x batch_size) and applies one AdamW step. On the fake clock the step takes as
+  long as the slowest learner (lock-step), and the whole job stalls while any learner is down
+  (no elasticity), then restarts.
+- Synchronous DiLoCo: the simulator itself with K = M, P = 1, tau = 0, no grace window, plain
+  mean: every learner waits for every other at each sync.
+"""
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from diloco_core.config import ExperimentConfig
+from diloco_core.data import BatchIterator, heldout_batches
+from diloco_core.evaluation import evaluate
+from diloco_core.inner_step import InnerStep
+from diloco_core.model import init_model, param_count
+from diloco_core.simulation_result import LearnerStats, SimulationResult
+from diloco_core.simulator import Progress, run_simulation
+
+
+def synchronous_config(cfg: ExperimentConfig) -> ExperimentConfig:
+    """The synchronous-DiLoCo counterpart of a config (same H, learners, data and budget)."""
+    sync = dataclasses.replace(
+        cfg.sync, num_fragments=1, overlap_steps=0, min_quorum=cfg.learners.num_learners,
+        grace_gamma=0.0, grace_min_seconds=0.0, merge_rule="mean", weighting="uniform",
+        receive_rule="overwrite")
+    return cfg.replace(sync=sync)
+
+
+def run_synchronous_diloco(cfg: ExperimentConfig, learner_streams: Sequence[np.ndarray],
+                           heldout_stream: np.ndarray, progress: Progress | None = None
+                           ) -> SimulationResult:
+    return run_simulation(synchronous_config(cfg), learner_streams, heldout_stream,
+                          method="synchronous_diloco", progress=progress)
+
+
+def _stalled_until(t: float, cfg: ExperimentConfig) -> float:
+    """If any learner is down at time t, the time the last overlapping outage ends."""
+    end = t
+    changed = True
+    while changed:
+        changed = False
+        for outage in cfg.simulation.outages:
+            if outage.start <= end < outage.end:
+                end, changed = outage.end, True
+    return end
+
+
+def run_data_parallel(cfg: ExperimentConfig, learner_streams: Sequence[np.ndarray],
+                      heldout_stream: np.ndarray, progress: Progress | None = None
+                      ) -> SimulationResult:
+    m = cfg.learners.num_learners
+    model_def, params = init_model(cfg.model, cfg.seed)
+    inner = InnerStep(model_def, cfg.inner, cfg.total_learner_steps)
+    state = inner.init(params)
+    iterators = [BatchIterator(stream, cfg.data.batch_size, cfg.data.seq_len,
+                               seed=cfg.seed * 1000 + i)
+                 for i, stream in enumerate(learner_streams)]
+    heldout = heldout_batches(heldout_stream, cfg.data.batch_size, cfg.data.seq_len,
+                              cfg.simulation.eval_batches)
+    sim = cfg.simulation
+    rng = np.random.default_rng([cfg.seed, 10_000])
+    stats = [LearnerStats(name) for name in cfg.learners.learner_names]
+    speeds = cfg.learners.learner_speeds
+    # Evaluate about as often as the DiLoCo run merges eval_every_rounds rounds.
+    eval_every = max(1, sim.eval_every_rounds * cfg.sync.round_interval_steps)
+    grad_bytes_per_learner = param_count(cfg.model) * 2  # bf16 gradients, every step
+    t, tokens, up_time, step, losses, evals = 0.0, 0, 0.0, 0, [], []
+    while tokens < cfg.token_budget:
+        restart = _stalled_until(t, cfg)
+        if restart > t:
+            for s in stats:
+                s.down_seconds += restart - t  # the whole job is stalled, all chips allocated
+            t = restart
+        durations = [sim.step_seconds / speed * max(
+            1.0 + sim.step_jitter * rng.standard_normal() if sim.step_jitter else 1.0, 0.1)
+            for speed in speeds]
+        batch = np.concatenate([it.next() for it in iterators])
+        state, metrics = inner.step(state, batch)
+        losses.append(metrics["loss"])
+        step_time = max(durations)
+        for s, d in zip(stats, durations, strict=True):
+            s.busy_seconds += d
+            s.idle_seconds += step_time - d
+            s.steps += 1
+            s.tokens += batch.size // m
+        t += step_time
+        up_time += step_time
+        tokens += int(batch.size)
+        step += 1
+        if progress:
+            progress(tokens, cfg.token_budget)
+        if step % eval_every == 0 or tokens >= cfg.token_budget:
+            ev = evaluate(model_def, state.params, heldout)
+            evals.append({"time": t, "tokens": tokens, "round": step, "loss": float(ev["loss"]),
+                          "bits_per_byte": float(ev["bits_per_byte"])})
+    loss_values = [float(x) for x in np.asarray(losses)]
+    for s in stats:
+        s.train_loss = loss_values
+    return SimulationResult(
+        method="data_parallel", wall_seconds=t, tokens_processed=tokens, evals=evals, merges=[],
+        learners=stats, uptime=up_time / t if t else 1.0,
+        bytes_up=grad_bytes_per_learner * m * step, bytes_down=grad_bytes_per_learner * m * step,
+        final_params=state.params)

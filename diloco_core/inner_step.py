@@ -1,0 +1,75 @@
+"""The learner's inner step: one jitted AdamW update on a batch of next-token prediction."""
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from diloco_core.config import InnerOptConfig
+from diloco_core.inner_optimizer import build_inner_optimizer, build_schedule
+from diloco_core.model import FlatParams, ModelDef, apply_model
+
+
+class TrainState(flax.struct.PyTreeNode):
+    """A learner's device-side state.
+
+    `tokens` is an int32 scalar counting tokens (B * L per step): exact up to 2**31 - 1 ~ 2.1e9
+    tokens per learner, enough for any budget this project runs (float32 would stop counting
+    exactly at 2**24 ~ 1.7e7, and int64 needs jax_enable_x64). A learner that could pass 2e9
+    tokens must keep its own Python-int counter from `InnerStep.tokens_per_batch`.
+    """
+
+    params: FlatParams
+    opt_state: optax.OptState
+    step: jax.Array    # int32 scalar: inner steps taken
+    tokens: jax.Array  # int32 scalar: tokens processed
+
+
+def next_token_loss(model_def: ModelDef, params: FlatParams, tokens: jax.Array) -> jax.Array:
+    """Mean float32 cross-entropy (nats) of predicting tokens[:, 1:] from tokens[:, :-1]."""
+    logits = apply_model(model_def, params, tokens[:, :-1]).astype(jnp.float32)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+
+class InnerStep:
+    """Builds the optimizer and the jitted `step` once; `step` donates the incoming state."""
+
+    def __init__(self, model_def: ModelDef, inner_cfg: InnerOptConfig, total_steps: int):
+        self.model_def = model_def
+        self.optimizer = build_inner_optimizer(inner_cfg, total_steps)
+        self.schedule = build_schedule(inner_cfg, total_steps)
+        self._step = jax.jit(self._update, donate_argnums=(0,))
+
+    def init(self, params: FlatParams) -> TrainState:
+        # Copy: `step` donates the state's buffers, which must not alias the caller's params.
+        params = jax.tree.map(jnp.copy, params)
+        return TrainState(params=params, opt_state=self.optimizer.init(params),
+                          step=jnp.zeros((), jnp.int32), tokens=jnp.zeros((), jnp.int32))
+
+    def step(self, state: TrainState, batch: jax.Array | np.ndarray,
+             ) -> tuple[TrainState, dict[str, jax.Array]]:
+        """One update on batch int32 [B, L]. `state` is donated: use only the returned one.
+
+        Metrics ("loss", "grad_norm" before clipping, "lr" used for this step) stay on device so
+        the caller decides when to sync.
+        """
+        return self._step(state, batch)
+
+    @staticmethod
+    def tokens_per_batch(batch: jax.Array | np.ndarray) -> int:
+        """Tokens a step on `batch` processes (B * L), as counted in `TrainState.tokens`."""
+        return int(np.prod(batch.shape))
+
+    def _update(self, state: TrainState, batch: jax.Array,
+                ) -> tuple[TrainState, dict[str, jax.Array]]:
+        batch = batch.astype(jnp.int32)
+        loss, grads = jax.value_and_grad(next_token_loss, argnums=1)(
+            self.model_def, state.params, batch)
+        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+        new_state = state.replace(
+            params=optax.apply_updates(state.params, updates), opt_state=opt_state,
+            step=state.step + 1, tokens=state.tokens + batch.size)
+        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads),
+                   "lr": jnp.asarray(self.schedule(state.step), jnp.float32)}
+        return new_state, metrics

@@ -1,0 +1,76 @@
+"""Combining the admitted learners' outer gradients of one fragment into one.
+
+Per tensor: embedding tensors take the weighted mean; every other tensor takes weighted
+radial-directional averaging (RDA) when `rule == "rda"`:
+
+    RDA({g_m, w_m}) = (sum_m w_m |g_m|) * phi(sum_m w_m phi(g_m)),   phi(x) = x/|x|, phi(0) = 0
+
+with weights summing to 1. Learners' outer gradients are nearly orthogonal, so their plain mean
+shrinks like 1/sqrt(M); RDA keeps the weighted mean norm and only averages directions, so the
+outer learning rate does not need re-tuning when the number of merged learners changes. Embedding
+outer gradients are not near-orthogonal (rows of rare tokens), hence the plain mean there.
+"""
+
+from collections.abc import Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+FlatParams = dict[str, jax.Array]
+
+
+def _unit(x: jax.Array) -> jax.Array:
+    norm = jnp.linalg.norm(x)
+    return jnp.where(norm > 0, x / jnp.where(norm > 0, norm, 1.0), jnp.zeros_like(x))
+
+
+@jax.jit
+def weighted_mean(stack: jax.Array, weights: jax.Array) -> jax.Array:
+    """sum_m w_m g_m over the leading axis."""
+    return jnp.tensordot(weights, stack, axes=1)
+
+
+@jax.jit
+def radial_directional_average(stack: jax.Array, weights: jax.Array) -> jax.Array:
+    """Weighted RDA over the leading axis (see the module docstring)."""
+    flat = stack.reshape(stack.shape[0], -1)
+    norms = jnp.linalg.norm(flat, axis=1)
+    units = jax.vmap(_unit)(flat)
+    radius = jnp.dot(weights, norms)
+    direction = _unit(jnp.tensordot(weights, units, axes=1))
+    return (radius * direction).reshape(stack.shape[1:])
+
+
+def merge_outer_grads(grads: Sequence[Mapping[str, jax.Array]], weights: np.ndarray,
+                      rule: str, is_embedding: Callable[[str], bool]) -> FlatParams:
+    """Merge one fragment's outer gradients from several learners, tensor by tensor."""
+    if not grads:
+        raise ValueError("nothing to merge: no outer gradients")
+    if len(grads) != len(weights):
+        raise ValueError(f"{len(grads)} outer gradients but {len(weights)} weights")
+    if rule not in ("rda", "mean"):
+        raise ValueError(f"unknown merge rule {rule!r}")
+    names = sorted(grads[0])
+    for g in grads[1:]:
+        if sorted(g) != names:
+            raise ValueError("outer gradients cover different tensors")
+    w = jnp.asarray(weights, dtype=jnp.float32)
+    merged: FlatParams = {}
+    for name in names:
+        stack = jnp.stack([jnp.asarray(g[name], jnp.float32) for g in grads])
+        use_mean = rule == "mean" or is_embedding(name)
+        merged[name] = weighted_mean(stack, w) if use_mean else radial_directional_average(stack, w)
+    return merged
+
+
+def tree_norm(tree: Mapping[str, jax.Array]) -> float:
+    """Global L2 norm of a flat dict of arrays."""
+    return float(jnp.sqrt(sum(jnp.sum(jnp.square(v.astype(jnp.float32))) for v in tree.values())))
+
+
+def pairwise_cosines(grads: Sequence[Mapping[str, jax.Array]]) -> np.ndarray:
+    """M x M cosine similarities of whole-fragment outer gradients (diagnostics)."""
+    vecs = jnp.stack([jnp.concatenate([jnp.ravel(g[n]) for n in sorted(g)]) for g in grads])
+    units = jax.vmap(_unit)(vecs)
+    return np.asarray(units @ units.T)

@@ -1,0 +1,429 @@
+"""The in-process reference simulator: M learners and the syncer on one fake clock.
+
+It runs the real model, inner step, contributions, quorum policy and merge on CPU; only time is
+simulated. Each learner steps at its own speed (with optional jitter) and can be down for stretches
+of the failure schedule. Events are processed in (time, sequence) order, so the same config and
+seed give bitwise-identical results.
+
+How rounds flow (the model this simulator commits to):
+- Round r syncs fragment r mod P. The syncer opens a round once K live learners have each taken
+  H/P steps since the previous round opened, so rounds come one every H/P steps of the K-th
+  fastest learner, and each fragment once every H such steps.
+- A learner offers the open round its current fragment (delta against its anchor, counters since
+  it last received that fragment) at its first step boundary after the round opens.
+- The round merges under the quorum/grace policy (`quorum.decide`); the merged fragment reaches
+  every live learner `sync_seconds` later and is applied at its next step boundary.
+- A learner never waits unless it would run more than tau steps past an obligation: more than
+  H/P + tau steps since the last round opened (no quorum: the run cannot advance), or more than
+  tau steps past an offer whose round has not come back. With K < M and the grace window bounded
+  by the slack, neither happens in steady state; with K = M, P = 1, tau = 0 this is synchronous
+  DiLoCo, where every learner waits at every sync.
+- A learner that fails loses the step in progress; contributions it already offered stay valid.
+  When it comes back it rejoins from the current global parameters and a healthy peer's AdamW
+  state, and continues its own data shard.
+- When the token budget is reached, open rounds are decided, then every fragment gets a final
+  round with every live learner, so the final global parameters include all of their progress.
+"""
+
+import heapq
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from diloco_core.config import ExperimentConfig
+from diloco_core.contribution import Contribution
+from diloco_core.data import BatchIterator, heldout_batches
+from diloco_core.evaluation import evaluate
+from diloco_core.fragments import fragment_of_round, join_fragments, plan_fragments, split_params
+from diloco_core.inner_step import InnerStep, TrainState
+from diloco_core.learner import LearnerSync
+from diloco_core.model import init_model, is_embedding
+from diloco_core.outer import build_outer_optimizer
+from diloco_core.quorum import Estimates, decide
+from diloco_core.simulation_result import LearnerStats, Rejoin, SimulationResult
+from diloco_core.syncer import SyncerState, merge_round
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass
+class _Learner:
+    index: int
+    name: str
+    speed: float
+    rng: np.random.Generator
+    train: TrainState
+    sync: LearnerSync
+    data: BatchIterator
+    stats: LearnerStats
+    up: bool = True
+    generation: int = 0                      # bumps on failure: stale step events are ignored
+    steps_since_open: int = 0
+    blocked_since: float | None = None
+    down_since: float | None = None
+    offered: dict[int, int] = field(default_factory=dict)   # round -> learner step of the offer
+    inbox: list[tuple[int, int, dict]] = field(default_factory=list)  # (round, version, values)
+    losses: list = field(default_factory=list)
+    rejoined_at: float | None = None
+    down_at: float | None = None
+
+
+@dataclass
+class _Round:
+    index: int
+    fragment: int
+    opened_at: float
+    arrivals: dict[str, float] = field(default_factory=dict)
+    contributions: dict[str, Contribution] = field(default_factory=dict)
+    decided: bool = False
+    deadline_event: float | None = None
+
+
+def _copy(tree):
+    """Fresh buffers: learner states are donated to the jitted step, the syncer's must survive."""
+    return jax.tree.map(lambda x: jnp.array(x, copy=True), tree)
+
+
+class Simulation:
+    """One simulated run. Use `run_simulation` unless you need to poke at the internals."""
+
+    def __init__(self, cfg: ExperimentConfig, learner_streams: Sequence[np.ndarray],
+                 heldout_stream: np.ndarray, method: str = "decoupled",
+                 progress: Progress | None = None):
+        m = cfg.learners.num_learners
+        if len(learner_streams) != m:
+            raise ValueError(f"{len(learner_streams)} learner streams for {m} learners")
+        self.cfg, self.method, self.progress = cfg, method, progress
+        self.sync_cfg = cfg.sync
+        self.model_def, params = init_model(cfg.model, cfg.seed)
+        self.plan = plan_fragments({k: v.shape for k, v in params.items()},
+                                   cfg.sync.num_fragments)
+        self.inner = InnerStep(self.model_def, cfg.inner, cfg.total_learner_steps)
+        self.tx = build_outer_optimizer(cfg.outer)
+        self.syncer = SyncerState.start(split_params(params, self.plan), self.tx)
+        self.heldout = heldout_batches(heldout_stream, cfg.data.batch_size, cfg.data.seq_len,
+                                       cfg.simulation.eval_batches)
+        self.estimates = Estimates(step_seconds=cfg.simulation.step_seconds,
+                                   sync_seconds=cfg.simulation.sync_seconds)
+        self.learners = [
+            _Learner(i, name, speed, np.random.default_rng([cfg.seed, i]),
+                     self.inner.init(_copy(params)),
+                     LearnerSync.start(name, list(self.syncer.fragments),
+                                       list(self.syncer.versions)),
+                     BatchIterator(learner_streams[i], cfg.data.batch_size, cfg.data.seq_len,
+                                   seed=cfg.seed * 1000 + i),
+                     LearnerStats(name))
+            for i, (name, speed) in enumerate(zip(cfg.learners.learner_names,
+                                                  cfg.learners.learner_speeds, strict=True))]
+        self.rounds: dict[int, _Round] = {}
+        self.next_round = 0
+        self.merges = []
+        self.evals: list[dict] = []
+        self.rejoins: list[Rejoin] = []
+        self.events: list = []
+        self.seq = 0
+        self.now = 0.0
+        self.up_time = 0.0
+        self.tokens = 0
+        self.bytes_up = 0
+        self.bytes_down = 0
+        self.merged_tokens = 0
+        self.merged_rounds = 0
+        self.finished = False
+
+    # ---- event plumbing -------------------------------------------------------------------
+    def _push(self, time: float, kind: str, *payload) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (time, self.seq, kind, payload))
+
+    def _advance_clock(self, t: float) -> None:
+        progressing = sum(1 for lr in self.learners if lr.up and lr.blocked_since is None)
+        if progressing >= self.sync_cfg.min_quorum:
+            self.up_time += t - self.now
+        self.now = t
+
+    def _step_seconds(self, learner: _Learner) -> float:
+        sim = self.cfg.simulation
+        jitter = 1.0 + sim.step_jitter * learner.rng.standard_normal() if sim.step_jitter else 1.0
+        return sim.step_seconds / learner.speed * max(jitter, 0.1)
+
+    def _schedule_step(self, learner: _Learner, t: float) -> None:
+        duration = self._step_seconds(learner)
+        self._push(t + duration, "step", learner.index, learner.generation, duration)
+
+    # ---- the run --------------------------------------------------------------------------
+    def run(self) -> SimulationResult:
+        for outage in self.cfg.simulation.outages:
+            self._push(outage.start, "down", outage.learner)
+            self._push(outage.end, "up", outage.learner)
+        for learner in self.learners:
+            self._schedule_step(learner, 0.0)
+        while self.events and not self.finished:
+            t, _, kind, payload = heapq.heappop(self.events)
+            self._advance_clock(t)
+            getattr(self, f"_on_{kind}")(t, *payload)
+        if not self.finished:
+            raise RuntimeError("simulation ran out of events before the token budget was reached "
+                               "(a learner is down forever and the quorum cannot be met)")
+        self._finish()
+        return self._result()
+
+    def _on_step(self, t: float, index: int, generation: int, duration: float) -> None:
+        learner = self.learners[index]
+        if generation != learner.generation or not learner.up:
+            return  # the learner failed during this step: the step is lost
+        batch = learner.data.next()
+        learner.train, metrics = self.inner.step(learner.train, batch)
+        tokens = int(batch.size)
+        learner.sync = learner.sync.after_step(tokens)
+        learner.losses.append(metrics["loss"])
+        learner.stats.steps += 1
+        learner.stats.tokens += tokens
+        learner.stats.busy_seconds += duration
+        learner.steps_since_open += 1
+        self.tokens += tokens
+        self.estimates = self.estimates.observe(self.sync_cfg.ema_decay,
+                                                step=duration)
+        if self.progress:
+            self.progress(self.tokens, self.cfg.token_budget)
+        self._apply_inbox(learner)
+        if self.tokens >= self.cfg.token_budget:
+            self.finished = True
+            return
+        self._boundary(learner, t)
+
+    def _on_down(self, t: float, index: int) -> None:
+        learner = self.learners[index]
+        if not learner.up:
+            return
+        self._unblock(learner, t)
+        learner.up = False
+        learner.generation += 1
+        learner.down_since = learner.down_at = t
+        learner.offered.clear()
+        learner.inbox.clear()
+        for rnd in self._open_rounds():
+            self._evaluate(rnd, t)   # the live set shrank: a round may now be complete
+
+    def _on_up(self, t: float, index: int) -> None:
+        learner = self.learners[index]
+        if learner.up:
+            return
+        learner.stats.down_seconds += t - learner.down_since
+        peers = [p for p in self.learners if p.up]
+        # Rejoin: global parameters from the syncer, AdamW state from the most advanced healthy
+        # peer (the learner's own state is stale by the whole outage), its own data position.
+        donor = max(peers, key=lambda p: p.stats.steps).train if peers else learner.train
+        params = _copy(join_fragments(self.syncer.fragments))
+        learner.train = TrainState(params=params, opt_state=_copy(donor.opt_state),
+                                   step=donor.step, tokens=learner.train.tokens)
+        learner.sync = LearnerSync.start(learner.name, list(self.syncer.fragments),
+                                         list(self.syncer.versions))
+        learner.up, learner.down_since, learner.rejoined_at = True, None, t
+        learner.steps_since_open = 0
+        self._boundary(learner, t)
+
+    def _on_deliver(self, t: float, round_index: int, version: int, values: dict | None) -> None:
+        for learner in self.learners:
+            if not learner.up:
+                continue
+            learner.inbox.append((round_index, version, values))
+            if values is not None:
+                self.bytes_down += sum(int(v.size) * 4 for v in values.values())
+            if learner.blocked_since is not None:
+                self._apply_inbox(learner)
+                self._boundary(learner, t)
+
+    def _on_deadline(self, t: float, round_index: int) -> None:
+        rnd = self.rounds[round_index]
+        rnd.deadline_event = None
+        if not rnd.decided:
+            self._evaluate(rnd, t)
+
+    # ---- learners at step boundaries --------------------------------------------------------
+    def _open_rounds(self) -> list[_Round]:
+        return [r for r in self.rounds.values() if not r.decided]
+
+    def _apply_inbox(self, learner: _Learner) -> None:
+        for round_index, version, values in sorted(learner.inbox, key=lambda d: d[1]):
+            if values is not None:
+                fragment = self.rounds[round_index].fragment
+                params, learner.sync = learner.sync.receive(
+                    learner.train.params, fragment, values, version,
+                    self.sync_cfg.receive_rule, self.sync_cfg.blend_alpha)
+                learner.train = learner.train.replace(params=params)
+            learner.offered.pop(round_index, None)
+        learner.inbox.clear()
+
+    def _may_proceed(self, learner: _Learner) -> bool:
+        tau = self.sync_cfg.overlap_steps
+        if learner.steps_since_open >= self.sync_cfg.round_interval_steps + tau:
+            return False
+        steps = learner.stats.steps
+        return all(steps < offered_at + tau for offered_at in learner.offered.values())
+
+    def _unblock(self, learner: _Learner, t: float) -> None:
+        if learner.blocked_since is not None:
+            learner.stats.idle_seconds += t - learner.blocked_since
+            learner.blocked_since = None
+
+    def _boundary(self, learner: _Learner, t: float) -> None:
+        """A learner between two steps: offer, maybe open a round, then step or wait."""
+        for rnd in self._open_rounds():
+            self._offer(learner, rnd, t)
+        self._maybe_open_round(t)
+        if self._may_proceed(learner):
+            self._unblock(learner, t)
+            self._schedule_step(learner, t)
+        elif learner.blocked_since is None:
+            learner.blocked_since = t
+
+    def _offer(self, learner: _Learner, rnd: _Round, t: float) -> None:
+        if rnd.decided or learner.name in rnd.arrivals or not learner.up:
+            return
+        if learner.sync.fragments[rnd.fragment].steps == 0:
+            return  # nothing new since it last received this fragment (e.g. just rejoined)
+        contribution = learner.sync.contribution(
+            learner.train.params, self.plan, rnd.fragment, rnd.index, learner.stats.steps, t,
+            self.sync_cfg.encoding, self.sync_cfg.encoding_block_size)
+        rnd.arrivals[learner.name] = t
+        rnd.contributions[learner.name] = contribution
+        learner.offered[rnd.index] = learner.stats.steps
+        self.bytes_up += contribution.nbytes
+        self._evaluate(rnd, t)
+
+    def _maybe_open_round(self, t: float) -> None:
+        interval = self.sync_cfg.round_interval_steps
+        ready = sum(1 for lr in self.learners if lr.up and lr.steps_since_open >= interval)
+        if ready < self.sync_cfg.min_quorum:
+            return
+        fragment = fragment_of_round(self.next_round, self.sync_cfg.num_fragments)
+        if any(r.fragment == fragment for r in self._open_rounds()):
+            return  # the previous round of this fragment is still undecided
+        rnd = _Round(self.next_round, fragment, t)
+        self.rounds[rnd.index] = rnd
+        self.next_round += 1
+        for learner in self.learners:
+            learner.steps_since_open = 0
+        # Learners waiting at a boundary offer right away; the others at their next boundary.
+        for learner in self.learners:
+            if learner.up and learner.blocked_since is not None:
+                self._offer(learner, rnd, t)
+                if self._may_proceed(learner):
+                    self._unblock(learner, t)
+                    self._schedule_step(learner, t)
+
+    # ---- the syncer -------------------------------------------------------------------------
+    def _live(self) -> list[str]:
+        return [lr.name for lr in self.learners if lr.up]
+
+    def _evaluate(self, rnd: _Round, t: float) -> None:
+        if rnd.decided:
+            return
+        decision = decide(t, rnd.arrivals, self._live(), self.estimates, self.sync_cfg)
+        if decision.merge:
+            quorum_at = sorted(rnd.arrivals.values())[self.sync_cfg.min_quorum - 1]
+            self.estimates = self.estimates.observe(self.sync_cfg.ema_decay,
+                                                    quorum=quorum_at - rnd.opened_at)
+            self._merge(rnd, t, decision.members, decision.late, decision.reason)
+        elif decision.deadline is not None and rnd.deadline_event != decision.deadline:
+            rnd.deadline_event = decision.deadline
+            self._push(decision.deadline, "deadline", rnd.index)
+
+    def _merge(self, rnd: _Round, t: float, members: Sequence[str], late: Sequence[str],
+               reason: str) -> None:
+        rnd.decided = True
+        contributions = [rnd.contributions[name] for name in members]
+        self.syncer, record = merge_round(self.syncer, self.plan, rnd.index, rnd.fragment,
+                                          contributions, self.sync_cfg, self.tx, is_embedding,
+                                          reason, late)
+        self.merges.append(record)
+        if record.merged:
+            self.merged_rounds += 1
+            self.merged_tokens += sum(record.tokens)
+            for learner in self.learners:
+                if (learner.name in record.members and learner.rejoined_at is not None):
+                    self.rejoins.append(Rejoin(learner.name, learner.down_at, learner.rejoined_at,
+                                               t))
+                    learner.rejoined_at = None
+        values = self.syncer.fragments[rnd.fragment] if record.merged else None
+        self._push(t + self.cfg.simulation.sync_seconds, "deliver", rnd.index,
+                   self.syncer.versions[rnd.fragment], values)
+        if record.merged and self.merged_rounds % self.cfg.simulation.eval_every_rounds == 0:
+            self._eval(t, rnd.index)
+
+    def _eval(self, t: float, round_index: int) -> None:
+        metrics = evaluate(self.model_def, join_fragments(self.syncer.fragments), self.heldout)
+        self.evals.append({"time": t, "tokens": self.tokens, "round": round_index,
+                           "loss": float(metrics["loss"]),
+                           "bits_per_byte": float(metrics["bits_per_byte"])})
+
+    def _finish(self) -> None:
+        """Decide what is open, then one final round per fragment with every live learner."""
+        t = self.now
+        for rnd in sorted(self._open_rounds(), key=lambda r: r.index):
+            if rnd.arrivals:
+                self._merge(rnd, t, sorted(rnd.arrivals, key=lambda n: (rnd.arrivals[n], n)), (),
+                            "run finished: merging the offers already received")
+            else:
+                rnd.decided = True
+        for learner in self.learners:
+            if learner.up:
+                learner.inbox.extend(self._in_flight())
+                self._apply_inbox(learner)
+        for fragment in range(self.sync_cfg.num_fragments):
+            rnd = _Round(self.next_round, fragment, t)
+            self.rounds[rnd.index] = rnd
+            self.next_round += 1
+            for learner in self.learners:
+                self._offer_final(learner, rnd, t)
+            if rnd.arrivals:
+                self._merge(rnd, t, sorted(rnd.arrivals), (),
+                            "final round at the end of the token budget: every live learner")
+            else:
+                rnd.decided = True
+        self.events.clear()
+        last = self.evals[-1]["round"] if self.evals else None
+        if last != self.next_round - 1:
+            self._eval(t, self.next_round - 1)
+
+    def _in_flight(self) -> list[tuple[int, int, dict | None]]:
+        return [payload for (_, _, kind, payload) in self.events if kind == "deliver"]
+
+    def _offer_final(self, learner: _Learner, rnd: _Round, t: float) -> None:
+        # The final round bypasses the quorum policy: every live learner with progress is merged.
+        if learner.up and learner.sync.fragments[rnd.fragment].steps > 0:
+            contribution = learner.sync.contribution(
+                learner.train.params, self.plan, rnd.fragment, rnd.index, learner.stats.steps, t,
+                self.sync_cfg.encoding, self.sync_cfg.encoding_block_size)
+            rnd.arrivals[learner.name] = t
+            rnd.contributions[learner.name] = contribution
+            self.bytes_up += contribution.nbytes
+
+    def _result(self) -> SimulationResult:
+        for learner in self.learners:
+            if learner.losses:
+                learner.stats.train_loss = [float(x) for x in np.asarray(jnp.stack(learner.losses))]
+            if learner.blocked_since is not None:
+                self._unblock(learner, self.now)
+            if not learner.up and learner.down_since is not None:
+                learner.stats.down_seconds += self.now - learner.down_since
+        wall = self.now
+        processed = self.tokens * self.sync_cfg.num_fragments
+        return SimulationResult(
+            method=self.method, wall_seconds=wall, tokens_processed=self.tokens,
+            evals=self.evals, merges=self.merges, learners=[lr.stats for lr in self.learners],
+            uptime=self.up_time / wall if wall else 1.0, bytes_up=self.bytes_up,
+            bytes_down=self.bytes_down,
+            merged_token_fraction=self.merged_tokens / processed if processed else 0.0,
+            rejoins=self.rejoins, final_params=join_fragments(self.syncer.fragments))
+
+
+def run_simulation(cfg: ExperimentConfig, learner_streams: Sequence[np.ndarray],
+                   heldout_stream: np.ndarray, method: str = "decoupled",
+                   progress: Progress | None = None) -> SimulationResult:
+    """Simulate one Decoupled DiLoCo run (or synchronous DiLoCo, given its config)."""
+    return Simulation(cfg, learner_streams, heldout_stream, method, progress).run()

@@ -1,0 +1,77 @@
+import math
+
+import pytest
+
+from diloco_core.config import ConfigError, ExperimentConfig, ModelConfig, SyncConfig
+from diloco_core.config_loading import (config_from_mapping, config_to_mapping,
+                                        parse_config_text)
+
+
+def test_defaults_are_valid_and_match_the_paper_where_it_speaks():
+    cfg = ExperimentConfig()
+    assert (cfg.outer.lr, cfg.outer.momentum, cfg.outer.nesterov) == (0.7, 0.9, True)
+    assert cfg.sync.merge_rule == "rda" and cfg.sync.receive_rule == "overwrite"
+    assert cfg.sync.weighting == "tokens"
+
+
+@pytest.mark.parametrize("overrides, field, reason", [
+    (["sync.min_quorum=5"], "sync.min_quorum", "<= learners.num_learners"),
+    (["sync.min_quorum=0"], "sync.min_quorum", ">= 1"),
+    (["sync.sync_period=10"], "sync.sync_period", "multiple of num_fragments"),
+    (["sync.grace_gamma=1.5"], "sync.grace_gamma", "[0, 1)"),
+    (["sync.merge_rule=median"], "sync.merge_rule", "rda, mean"),
+    (["sync.encoding=int3"], "sync.encoding", "one of"),
+    (["sync.receive_rule=average"], "sync.receive_rule", "overwrite, blend"),
+    (["sync.overlap_steps=-1"], "sync.overlap_steps", ">= 0"),
+    (["outer.lr=0"], "outer.lr", "> 0"),
+    (["outer.momentum=1.0"], "outer.momentum", "[0, 1)"),
+    (["inner.lr=.nan"], "inner.lr", "finite"),
+    (["inner.lr=nan"], "inner.lr", "must be a number"),
+    (["inner.b2=1"], "inner.b2", "[0, 1)"),
+    (["inner.schedule=linear"], "inner.schedule", "cosine"),
+    (["model.preset=huge"], "model.preset", "unknown preset"),
+    (["model.n_heads=3"], "model.n_heads", "divide d_model"),
+    (["data.seq_len=4096"], "data.seq_len", "max_seq_len"),
+    (["data.batch_size=0"], "data.batch_size", "positive"),
+    (["learners.speeds=[1.0, 0.5]"], "learners.speeds", "has 2 entries"),
+    (["learners.speeds=[1, 1, 1, -1]"], "learners.speeds[3]", "> 0"),
+    (["learners.names=[a, b, c, ../x]"], "learners.names[3]", "must match"),
+    (["name=../escape"], "name", "must match"),
+    (["token_budget=10"], "token_budget", "smaller than one learner step"),
+    (["sync.nonsense=1"], "sync.nonsense", "unknown field"),
+    (["sync.min_quorum=two"], "sync.min_quorum", "must be an integer"),
+    (["simulation.outages=[{learner: 9, start: 1, end: 2}]"], "simulation.outages[0].learner",
+     "< learners.num_learners"),
+    (["simulation.outages=[{learner: 0, start: 5, end: 2}]"], "simulation.outages[0].end",
+     "after start"),
+])
+def test_bad_values_name_the_field(overrides, field, reason):
+    with pytest.raises(ConfigError) as err:
+        config_from_mapping({}, overrides)
+    assert err.value.field == field
+    assert reason in str(err.value)
+
+
+def test_yaml_and_toml_round_trip_and_overrides():
+    yaml_text = """
+name: my-run
+model: {preset: tiny}
+data: {seq_len: 64, batch_size: 4}
+sync: {num_fragments: 2, sync_period: 8, min_quorum: 2}
+learners: {num_learners: 3, speeds: [1.0, 1.0, 0.5]}
+simulation:
+  outages: [{learner: 1, start: 10, end: 20}]
+"""
+    cfg = config_from_mapping(parse_config_text(yaml_text, "yaml"), ["sync.overlap_steps=2"])
+    assert cfg.model == ModelConfig.from_preset("tiny")
+    assert cfg.learners.learner_speeds == (1.0, 1.0, 0.5)
+    assert cfg.sync.overlap_steps == 2 and cfg.simulation.outages[0].end == 20.0
+    assert config_from_mapping(config_to_mapping(cfg)) == cfg
+    toml_text = '[sync]\nmin_quorum = 3\n[learners]\nnum_learners = 3\n'
+    assert config_from_mapping(parse_config_text(toml_text, "toml")).sync.min_quorum == 3
+
+
+def test_model_preset_with_overrides_and_infinite_grace_cap():
+    cfg = config_from_mapping({"model": {"preset": "tiny", "n_layers": 3}})
+    assert cfg.model.n_layers == 3 and cfg.model.d_model == 32
+    assert math.isinf(SyncConfig().grace_max_seconds)
