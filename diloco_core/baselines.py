@@ -14,12 +14,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from diloco_core.config import ExperimentConfig
-from diloco_core.data import BatchIterator, heldout_batches
+from diloco_core.data import heldout_batches
 from diloco_core.evaluation import evaluate
 from diloco_core.inner_step import InnerStep
 from diloco_core.model import init_model, param_count
 from diloco_core.simulation_result import LearnerStats, SimulationResult
-from diloco_core.simulator import Progress, run_simulation
+from diloco_core.simulator import Progress, learner_data, run_simulation
 
 
 def synchronous_config(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -57,9 +57,7 @@ def run_data_parallel(cfg: ExperimentConfig, learner_streams: Sequence[np.ndarra
     model_def, params = init_model(cfg.model, cfg.seed)
     inner = InnerStep(model_def, cfg.inner, cfg.total_learner_steps)
     state = inner.init(params)
-    iterators = [BatchIterator(stream, cfg.data.batch_size, cfg.data.seq_len,
-                               seed=cfg.seed * 1000 + i)
-                 for i, stream in enumerate(learner_streams)]
+    iterators = [learner_data(cfg, i, stream) for i, stream in enumerate(learner_streams)]
     heldout = heldout_batches(heldout_stream, cfg.data.batch_size, cfg.data.seq_len,
                               cfg.simulation.eval_batches)
     sim = cfg.simulation

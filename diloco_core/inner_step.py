@@ -33,13 +33,16 @@ def next_token_loss(model_def: ModelDef, params: FlatParams, tokens: jax.Array) 
 
 
 class InnerStep:
-    """Builds the optimizer and the jitted `step` once; `step` donates the incoming state."""
+    """Builds the optimizer and the jitted `step` once; `step` donates params and opt_state."""
 
     def __init__(self, model_def: ModelDef, inner_cfg: InnerOptConfig, total_steps: int):
         self.model_def = model_def
         self.optimizer = build_inner_optimizer(inner_cfg, total_steps)
         self.schedule = build_schedule(inner_cfg, total_steps)
-        self._step = jax.jit(self._update, donate_argnums=(0,))
+        # Donate params and optimizer state (updated in place, no second copy in memory); the
+        # step/token scalars are not donated, so a state that shares them with another (e.g. a
+        # rejoining learner adopting a peer's step count) cannot delete the other's.
+        self._step = jax.jit(self._update, donate_argnums=(0, 1))
 
     def init(self, params: FlatParams) -> TrainState:
         # Copy: `step` donates the state's buffers, which must not alias the caller's params.
@@ -49,27 +52,27 @@ class InnerStep:
 
     def step(self, state: TrainState, batch: jax.Array | np.ndarray,
              ) -> tuple[TrainState, dict[str, jax.Array]]:
-        """One update on batch int32 [B, L]. `state` is donated: use only the returned one.
+        """One update on batch int32 [B, L]. `state`'s params and opt_state are donated: use only
+        the returned state.
 
         Metrics ("loss", "grad_norm" before clipping, "lr" used for this step) stay on device so
         the caller decides when to sync.
         """
-        return self._step(state, batch)
+        params, opt_state, step, tokens, metrics = self._step(
+            state.params, state.opt_state, state.step, state.tokens, batch)
+        return TrainState(params=params, opt_state=opt_state, step=step, tokens=tokens), metrics
 
     @staticmethod
     def tokens_per_batch(batch: jax.Array | np.ndarray) -> int:
         """Tokens a step on `batch` processes (B * L), as counted in `TrainState.tokens`."""
         return int(np.prod(batch.shape))
 
-    def _update(self, state: TrainState, batch: jax.Array,
-                ) -> tuple[TrainState, dict[str, jax.Array]]:
+    def _update(self, params: FlatParams, opt_state: optax.OptState, step: jax.Array,
+                tokens: jax.Array, batch: jax.Array):
         batch = batch.astype(jnp.int32)
-        loss, grads = jax.value_and_grad(next_token_loss, argnums=1)(
-            self.model_def, state.params, batch)
-        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
-        new_state = state.replace(
-            params=optax.apply_updates(state.params, updates), opt_state=opt_state,
-            step=state.step + 1, tokens=state.tokens + batch.size)
-        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads),
-                   "lr": jnp.asarray(self.schedule(state.step), jnp.float32)}
-        return new_state, metrics
+        loss, grads = jax.value_and_grad(next_token_loss, argnums=1)(self.model_def, params, batch)
+        updates, opt_state = self.optimizer.update(grads, opt_state, params)
+        metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
+                   "lr": jnp.asarray(self.schedule(step), jnp.float32)}
+        return (optax.apply_updates(params, updates), opt_state, step + 1, tokens + batch.size,
+                metrics)

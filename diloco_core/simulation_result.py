@@ -40,6 +40,7 @@ class SimulationResult:
     bytes_down: int                           # syncer -> learners (fp32 merged fragments)
     merged_token_fraction: float = 1.0        # share of processed tokens that reached a merge
     rejoins: list[Rejoin] = field(default_factory=list)
+    merge_times: dict[int, float] = field(default_factory=dict)   # round -> fake-clock seconds
     final_params: dict | None = field(default=None, repr=False)
 
     @property

@@ -82,6 +82,12 @@ class _Round:
     deadline_event: float | None = None
 
 
+def learner_data(cfg: ExperimentConfig, index: int, stream: np.ndarray) -> BatchIterator:
+    """Learner `index`'s batches: its own shard, its own seeded order (shared with baselines)."""
+    return BatchIterator(stream, cfg.data.batch_size, cfg.data.seq_len,
+                         seed=cfg.seed * 1000 + index)
+
+
 def _copy(tree):
     """Fresh buffers: learner states are donated to the jitted step, the syncer's must survive."""
     return jax.tree.map(lambda x: jnp.array(x, copy=True), tree)
@@ -113,14 +119,14 @@ class Simulation:
                      self.inner.init(_copy(params)),
                      LearnerSync.start(name, list(self.syncer.fragments),
                                        list(self.syncer.versions)),
-                     BatchIterator(learner_streams[i], cfg.data.batch_size, cfg.data.seq_len,
-                                   seed=cfg.seed * 1000 + i),
+                     learner_data(cfg, i, learner_streams[i]),
                      LearnerStats(name))
             for i, (name, speed) in enumerate(zip(cfg.learners.learner_names,
                                                   cfg.learners.learner_speeds, strict=True))]
         self.rounds: dict[int, _Round] = {}
         self.next_round = 0
         self.merges = []
+        self.merge_times: dict[int, float] = {}
         self.evals: list[dict] = []
         self.rejoins: list[Rejoin] = []
         self.events: list = []
@@ -271,10 +277,10 @@ class Simulation:
             learner.blocked_since = None
 
     def _boundary(self, learner: _Learner, t: float) -> None:
-        """A learner between two steps: offer, maybe open a round, then step or wait."""
+        """A learner between two steps: maybe open a round, offer, then step or wait."""
+        self._maybe_open_round(t)
         for rnd in self._open_rounds():
             self._offer(learner, rnd, t)
-        self._maybe_open_round(t)
         if self._may_proceed(learner):
             self._unblock(learner, t)
             self._schedule_step(learner, t)
@@ -341,6 +347,7 @@ class Simulation:
                                           contributions, self.sync_cfg, self.tx, is_embedding,
                                           reason, late)
         self.merges.append(record)
+        self.merge_times[rnd.index] = t
         if record.merged:
             self.merged_rounds += 1
             self.merged_tokens += sum(record.tokens)
@@ -419,7 +426,8 @@ class Simulation:
             uptime=self.up_time / wall if wall else 1.0, bytes_up=self.bytes_up,
             bytes_down=self.bytes_down,
             merged_token_fraction=self.merged_tokens / processed if processed else 0.0,
-            rejoins=self.rejoins, final_params=join_fragments(self.syncer.fragments))
+            rejoins=self.rejoins, merge_times=self.merge_times,
+            final_params=join_fragments(self.syncer.fragments))
 
 
 def run_simulation(cfg: ExperimentConfig, learner_streams: Sequence[np.ndarray],

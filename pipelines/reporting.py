@@ -1,0 +1,69 @@
+"""Turning simulation results into a table, a JSON record and a loss-over-tokens plot."""
+
+import json
+import platform
+from collections.abc import Sequence
+from pathlib import Path
+
+from diloco_core.simulation_result import SimulationResult
+
+
+def machine_info() -> dict:
+    import os
+
+    import jax
+
+    return {"platform": platform.platform(), "python": platform.python_version(),
+            "cpu_count": os.cpu_count(), "jax": jax.__version__,
+            "devices": [str(d) for d in jax.devices()]}
+
+
+def results_table(results: Sequence[SimulationResult]) -> list[dict]:
+    base = next((r.final_loss for r in results if r.method == "data_parallel"), None)
+    rows = []
+    for r in results:
+        s = r.summary()
+        rows.append({
+            "method": r.method,
+            "heldout_loss": round(s["final_heldout_loss"], 4),
+            "vs_data_parallel": round(s["final_heldout_loss"] / base, 4) if base else None,
+            "bits_per_byte": round(s["final_bits_per_byte"], 4),
+            "goodput": round(s["goodput"], 3),
+            "uptime": round(s["uptime"], 3),
+            "rounds": s["rounds_merged"],
+            "bytes_up_per_token": round(s["bytes_up_per_token"], 2),
+            "sim_seconds": round(s["wall_seconds"], 1),
+        })
+    return rows
+
+
+def write_results(results: Sequence[SimulationResult], config: dict, out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    record = {"machine": machine_info(), "config": config, "table": results_table(results),
+              "runs": [r.summary() for r in results]}
+    path = out_dir / "results.json"
+    path.write_text(json.dumps(record, indent=2))
+    return path
+
+
+def plot_loss(results: Sequence[SimulationResult], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for r in results:
+        if r.evals:
+            ax.plot([e["tokens"] / 1e6 for e in r.evals], [e["loss"] for e in r.evals],
+                    marker="o", markersize=3, label=r.method)
+    ax.set_xlabel("tokens processed (millions)")
+    ax.set_ylabel("held-out loss (nats/byte)")
+    ax.set_title("Held-out loss over tokens")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

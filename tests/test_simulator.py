@@ -1,0 +1,153 @@
+"""The reference simulator: determinism, failures and rejoin, and the equivalences that pin it down
+(M=1 is plain training; K=M, P=1, tau=0 with equal tokens is synchronous DiLoCo)."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from diloco_core.baselines import run_data_parallel, run_synchronous_diloco, synchronous_config
+from diloco_core.config_loading import config_from_mapping
+from diloco_core.inner_step import InnerStep
+from diloco_core.merge import weighted_mean
+from diloco_core.model import init_model
+from diloco_core.outer import build_outer_optimizer, outer_step
+from diloco_core.simulator import learner_data, run_simulation
+from resources.corpus import load_corpus
+
+TINY = {
+    "model": {"preset": "tiny"},
+    "data": {"seq_len": 32, "batch_size": 4},
+    "inner": {"warmup_steps": 2},
+    "learners": {"num_learners": 3},
+    "sync": {"num_fragments": 2, "sync_period": 4, "overlap_steps": 1, "min_quorum": 1},
+    "simulation": {"eval_every_rounds": 4, "eval_batches": 2, "sync_seconds": 0.3},
+    # 3 learners x 24 steps x 128 tokens
+    "token_budget": 3 * 24 * 128,
+}
+
+
+def tiny_cfg(*overrides):
+    return config_from_mapping(TINY, list(overrides))
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return load_corpus("stdlib", 3, 0.05, max_bytes_per_split=300_000)
+
+
+def _streams(corpus, m):
+    return corpus.learner_streams[:m]
+
+
+def _assert_trees_equal(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b[k]), err_msg=k)
+
+
+def test_same_seed_and_schedule_give_bitwise_identical_runs(corpus):
+    cfg = tiny_cfg("simulation.step_jitter=0.1",
+                   "simulation.outages=[{learner: 2, start: 4.0, end: 9.0}]")
+    a = run_simulation(cfg, corpus.learner_streams, corpus.heldout_stream)
+    b = run_simulation(cfg, corpus.learner_streams, corpus.heldout_stream)
+    _assert_trees_equal(a.final_params, b.final_params)
+    assert [dataclasses.astuple(m) for m in a.merges] == [dataclasses.astuple(m) for m in b.merges]
+    assert a.evals == b.evals and a.wall_seconds == b.wall_seconds
+
+
+def test_global_model_keeps_advancing_while_a_learner_is_down_and_it_rejoins(corpus):
+    cfg = tiny_cfg("simulation.outages=[{learner: 1, start: 4.0, end: 10.0}]")
+    result = run_simulation(cfg, corpus.learner_streams, corpus.heldout_stream)
+    during = [m for m in result.merges if m.merged and 4.0 <= _merge_time(result, m) < 10.0]
+    assert len(during) >= 3, "merges must continue during the outage"
+    assert all("learner-1" not in m.members for m in during)
+    assert result.uptime == pytest.approx(1.0)
+    (rejoin,) = result.rejoins
+    assert rejoin.learner == "learner-1" and rejoin.up_at == 10.0
+    assert rejoin.first_merge_at is not None and rejoin.first_merge_at < 10.0 + 4 * 1.0
+    stats = {s.name: s for s in result.learners}
+    assert stats["learner-1"].down_seconds == pytest.approx(6.0)
+    assert result.tokens_processed >= cfg.token_budget
+    assert np.isfinite(result.final_loss)
+
+
+def _merge_time(result, record):
+    return result.merge_times[record.round]
+
+
+def test_synchronous_diloco_stalls_during_the_same_outage(corpus):
+    cfg = tiny_cfg("simulation.outages=[{learner: 1, start: 4.0, end: 10.0}]")
+    sync = run_synchronous_diloco(cfg, corpus.learner_streams, corpus.heldout_stream)
+    decoupled = run_simulation(cfg, corpus.learner_streams, corpus.heldout_stream)
+    assert sync.uptime < 0.85 < decoupled.uptime
+    assert sync.goodput < decoupled.goodput
+    assert all(m.members == ("learner-0", "learner-1", "learner-2")
+               for m in sync.merges if m.merged)
+
+
+def test_slow_learners_cost_goodput_only_when_the_quorum_waits_for_them(corpus):
+    speeds = "learners.speeds=[1.0, 1.0, 0.6]"
+    wait_all = run_simulation(tiny_cfg(speeds, "sync.min_quorum=3", "sync.grace_gamma=0"),
+                              corpus.learner_streams, corpus.heldout_stream)
+    k1 = run_simulation(tiny_cfg(speeds, "sync.min_quorum=1"), corpus.learner_streams,
+                        corpus.heldout_stream)
+    assert wait_all.goodput < 0.9
+    assert k1.goodput > 0.97
+
+
+def test_one_learner_with_outer_lr_1_and_no_momentum_is_plain_training(corpus):
+    cfg = tiny_cfg("learners.num_learners=1", "sync.num_fragments=1", "sync.overlap_steps=0",
+                   "outer.lr=1.0", "outer.momentum=0.0", "sync.encoding=fp32",
+                   "token_budget=3072")  # 24 steps of 128 tokens
+    result = run_simulation(cfg, corpus.learner_streams[:1], corpus.heldout_stream)
+    model_def, params = init_model(cfg.model, cfg.seed)
+    inner = InnerStep(model_def, cfg.inner, cfg.total_learner_steps)
+    state = inner.init(params)
+    data = learner_data(cfg, 0, corpus.learner_streams[0])
+    for _ in range(cfg.total_learner_steps):
+        state, _ = inner.step(state, data.next())
+    for k in params:
+        np.testing.assert_allclose(result.final_params[k], state.params[k], atol=2e-6, err_msg=k)
+
+
+def test_full_quorum_single_fragment_no_overlap_is_synchronous_diloco(corpus):
+    cfg = tiny_cfg("sync.min_quorum=3", "sync.num_fragments=1", "sync.overlap_steps=0",
+                   "sync.grace_gamma=0", "sync.encoding=fp32", "sync.merge_rule=mean")
+    result = run_simulation(cfg, corpus.learner_streams, corpus.heldout_stream)
+    # An independent, plain synchronous DiLoCo loop on the same data.
+    m, h = cfg.learners.num_learners, cfg.sync.sync_period
+    model_def, theta = init_model(cfg.model, cfg.seed)
+    inner = InnerStep(model_def, cfg.inner, cfg.total_learner_steps)
+    tx = build_outer_optimizer(cfg.outer)
+    opt = tx.init(theta)
+    states = [inner.init(jax.tree.map(jnp.array, theta)) for _ in range(m)]
+    data = [learner_data(cfg, i, corpus.learner_streams[i]) for i in range(m)]
+    for _ in range(cfg.total_learner_steps // h):
+        for i in range(m):
+            for _ in range(h):
+                states[i], _ = inner.step(states[i], data[i].next())
+        grads = {k: weighted_mean(jnp.stack([theta[k] - s.params[k] for s in states]),
+                                  jnp.full((m,), 1 / m)) for k in theta}
+        theta, opt = outer_step(tx, theta, opt, grads)
+        states = [s.replace(params=jax.tree.map(jnp.array, theta)) for s in states]
+    merged = [r for r in result.merges if r.merged]
+    assert len(merged) == cfg.total_learner_steps // h
+    assert all(len(r.members) == 3 for r in merged)
+    for k in theta:
+        np.testing.assert_allclose(result.final_params[k], theta[k], atol=2e-6, err_msg=k)
+    # And the synchronous-DiLoCo baseline is exactly this configuration (with uniform weights,
+    # which equal token weights here because every learner processes the same tokens).
+    sync_cfg = synchronous_config(tiny_cfg("sync.encoding=fp32"))
+    assert (sync_cfg.sync.min_quorum, sync_cfg.sync.num_fragments,
+            sync_cfg.sync.overlap_steps) == (3, 1, 0)
+
+
+def test_data_parallel_baseline_uses_the_same_budget(corpus):
+    cfg = tiny_cfg()
+    dp = run_data_parallel(cfg, corpus.learner_streams, corpus.heldout_stream)
+    assert dp.tokens_processed == cfg.token_budget
+    assert dp.method == "data_parallel" and np.isfinite(dp.final_loss)
+    assert dp.goodput == pytest.approx(1.0)
