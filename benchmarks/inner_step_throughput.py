@@ -169,8 +169,8 @@ def main(argv: list[str] | None = None) -> dict:
 def print_table(report: dict) -> None:
     s, m = report["settings"], report["machine"]
     print(f"preset {s['preset']} ({s['param_count']:,} params), batch {s['batch_size']} x "
-          f"{s['seq_len']}, {s['repeats']} x {s['steps']} steps each, on {m['device_kind']} "
-          f"({m['cpu_count']} CPUs), jax {m['jax']}")
+          f"{s['seq_len']}, {s['repeats']} x {s['steps_per_repeat']} steps each, "
+          f"on {m['device_kind']} ({m['cpu_count']} CPUs), jax {m['jax']}")
     print(f"{'variant':<12} {'median tok/s':>13} {'ms/step':>9} {'min tok/s':>10} "
           f"{'max tok/s':>10} {'compile s':>10}")
     for name, r in report["results"].items():

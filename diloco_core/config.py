@@ -187,7 +187,8 @@ class SyncConfig:
                  f"evenly staggered, got {self.sync_period}")
         _in_unit(self.grace_gamma, "grace_gamma", low_open=False, high_open=True)
         _require(self.grace_min_seconds >= 0 and math.isfinite(self.grace_min_seconds),
-                 "grace_min_seconds", f"must be a finite number >= 0, got {self.grace_min_seconds!r}")
+                 "grace_min_seconds",
+                 f"must be a finite number >= 0, got {self.grace_min_seconds!r}")
         _require(self.grace_max_seconds >= self.grace_min_seconds, "grace_max_seconds",
                  f"must be >= grace_min_seconds ({self.grace_min_seconds}), "
                  f"got {self.grace_max_seconds!r}")
@@ -261,7 +262,8 @@ class Outage:
                  f"must be a learner index >= 0, got {self.learner!r}")
         _require(self.start >= 0 and math.isfinite(self.start), "start",
                  f"must be a finite time >= 0, got {self.start!r}")
-        _require(self.end > self.start, "end", f"must be after start ({self.start}), got {self.end!r}")
+        _require(self.end > self.start, "end",
+                 f"must be after start ({self.start}), got {self.end!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -293,11 +295,12 @@ def _default_model() -> ModelConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ExperimentConfig:
-    """Everything one training run needs. Sub-configs validate themselves; cross-field checks here."""
+    """Everything one training run needs. Sub-configs validate themselves; cross-field checks
+    live here."""
 
     name: str = "diloco-demo"
     seed: int = 0
-    token_budget: int = 2_000_000  # tokens processed by all learners together
+    token_budget: int = 1_000_000  # tokens processed by all learners together
     model: ModelConfig = field(default_factory=_default_model)
     data: DataConfig = field(default_factory=DataConfig)
     inner: InnerOptConfig = field(default_factory=InnerOptConfig)
@@ -308,7 +311,8 @@ class ExperimentConfig:
 
     def __post_init__(self):
         _require(_is_safe_name(self.name), "name",
-                 f"must match [a-z0-9][a-z0-9_-]{{0,62}} (it names storage prefixes), got {self.name!r}")
+                 "must match [a-z0-9][a-z0-9_-]{0,62} (it names storage prefixes), "
+                 f"got {self.name!r}")
         _require(isinstance(self.seed, int) and self.seed >= 0, "seed",
                  f"must be an integer >= 0, got {self.seed!r}")
         _require(isinstance(self.token_budget, int) and self.token_budget > 0, "token_budget",
@@ -317,7 +321,8 @@ class ExperimentConfig:
         _require(self.sync.min_quorum <= m, "sync.min_quorum",
                  f"must be <= learners.num_learners ({m}), got {self.sync.min_quorum}")
         _require(self.data.seq_len <= self.model.max_seq_len, "data.seq_len",
-                 f"must be <= model.max_seq_len ({self.model.max_seq_len}), got {self.data.seq_len}")
+                 f"must be <= model.max_seq_len ({self.model.max_seq_len}), "
+                 f"got {self.data.seq_len}")
         for i, outage in enumerate(self.simulation.outages):
             _require(outage.learner < m, f"simulation.outages[{i}].learner",
                      f"must be < learners.num_learners ({m}), got {outage.learner}")
@@ -331,7 +336,8 @@ class ExperimentConfig:
     @property
     def total_learner_steps(self) -> int:
         """Inner steps per learner if all M learners share the budget equally."""
-        return max(1, self.token_budget // (self.tokens_per_learner_step * self.learners.num_learners))
+        per_round = self.tokens_per_learner_step * self.learners.num_learners
+        return max(1, self.token_budget // per_round)
 
     def replace(self, **changes) -> "ExperimentConfig":
         return dataclasses.replace(self, **changes)

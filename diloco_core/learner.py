@@ -66,7 +66,9 @@ class LearnerSync:
         new_params = dict(params)
         for name, value in merged.items():
             if rule == "overwrite":
-                new_params[name] = value
+                # A fresh buffer: the learner's params are donated to its jitted step, and the
+                # merged values are also the syncer's (and the anchor's).
+                new_params[name] = jnp.array(value, copy=True)
             elif rule == "blend":
                 new_params[name] = alpha * params[name] + (1.0 - alpha) * value
             else:

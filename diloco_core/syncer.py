@@ -79,7 +79,8 @@ def _validate(state: SyncerState, plan: FragmentPlan, c: Contribution) -> str | 
     if c.steps < 1 or c.tokens < 1:
         return f"no progress to merge (steps={c.steps}, tokens={c.tokens})"
     if c.base_version > state.versions[c.fragment]:
-        return f"base version {c.base_version} is newer than the syncer's {state.versions[c.fragment]}"
+        return (f"base version {c.base_version} is newer than the syncer's "
+                f"{state.versions[c.fragment]}")
     return None
 
 

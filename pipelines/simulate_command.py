@@ -15,9 +15,10 @@ BASELINES = ("data_parallel", "synchronous_diloco")
 
 
 def simulate(cfg: ExperimentConfig, baselines: str, out_dir: Path, as_json: bool) -> int:
+    from resources.corpus import load_corpus
+
     from diloco_core.baselines import run_data_parallel, run_synchronous_diloco
     from diloco_core.simulator import run_simulation
-    from resources.corpus import load_corpus
 
     chosen = [] if baselines in ("", "none") else [b.strip() for b in baselines.split(",")]
     unknown = [b for b in chosen if b not in BASELINES]

@@ -3,8 +3,7 @@ import math
 import pytest
 
 from diloco_core.config import ConfigError, ExperimentConfig, ModelConfig, SyncConfig
-from diloco_core.config_loading import (config_from_mapping, config_to_mapping,
-                                        parse_config_text)
+from diloco_core.config_loading import config_from_mapping, config_to_mapping, parse_config_text
 
 
 def test_defaults_are_valid_and_match_the_paper_where_it_speaks():

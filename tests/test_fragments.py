@@ -1,8 +1,13 @@
 import jax.numpy as jnp
 import pytest
 
-from diloco_core.fragments import (due_fragment, fragment_of_round, join_fragments,
-                                   plan_fragments, split_params)
+from diloco_core.fragments import (
+    due_fragment,
+    fragment_of_round,
+    join_fragments,
+    plan_fragments,
+    split_params,
+)
 
 
 def test_balanced_bin_packing_largest_first_ties_by_name():
@@ -47,6 +52,6 @@ def test_staggered_schedule_each_fragment_once_per_sync_period():
     assert due[:8] == [None, 0, None, 1, None, 2, None, 3]
     for frag in range(p):
         steps = [s for s in range(1, 33) if due_fragment(s, h, p) == frag]
-        assert all(b - a == h for a, b in zip(steps, steps[1:]))
+        assert all(b - a == h for a, b in zip(steps, steps[1:], strict=False))
         assert steps[0] == 2 * (frag + 1)   # evenly offset by H/P
     assert [fragment_of_round(r, p) for r in range(6)] == [0, 1, 2, 3, 0, 1]

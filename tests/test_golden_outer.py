@@ -7,9 +7,9 @@ worked out on paper; the derivations are in the comments.
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from diloco_core.compression import encode
 
 from diloco_core.config import OuterOptConfig, SyncConfig
-from diloco_core.compression import encode
 from diloco_core.contribution import Contribution
 from diloco_core.fragments import plan_fragments
 from diloco_core.merge import merge_outer_grads, radial_directional_average, weighted_mean

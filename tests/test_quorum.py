@@ -1,4 +1,4 @@
-"""Table-driven tests of the quorum / grace-window policy: (arrivals, time) -> (decision, reason)."""
+"""Table-driven tests of the quorum/grace policy: (arrivals, time) -> (decision, reason)."""
 
 import pytest
 

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from resources.corpus import load_corpus
 
 from diloco_core.baselines import run_data_parallel, run_synchronous_diloco, synchronous_config
 from diloco_core.config_loading import config_from_mapping
@@ -15,7 +16,6 @@ from diloco_core.merge import weighted_mean
 from diloco_core.model import init_model
 from diloco_core.outer import build_outer_optimizer, outer_step
 from diloco_core.simulator import learner_data, run_simulation
-from resources.corpus import load_corpus
 
 TINY = {
     "model": {"preset": "tiny"},
@@ -89,12 +89,13 @@ def test_synchronous_diloco_stalls_during_the_same_outage(corpus):
 
 
 def test_slow_learners_cost_goodput_only_when_the_quorum_waits_for_them(corpus):
-    speeds = "learners.speeds=[1.0, 1.0, 0.6]"
+    # Slow learner: 2 steps per round take 5 s; fast ones run tau=1 step ahead (3 s), then wait.
+    speeds = "learners.speeds=[1.0, 1.0, 0.4]"
     wait_all = run_simulation(tiny_cfg(speeds, "sync.min_quorum=3", "sync.grace_gamma=0"),
                               corpus.learner_streams, corpus.heldout_stream)
     k1 = run_simulation(tiny_cfg(speeds, "sync.min_quorum=1"), corpus.learner_streams,
                         corpus.heldout_stream)
-    assert wait_all.goodput < 0.9
+    assert wait_all.goodput < 0.85
     assert k1.goodput > 0.97
 
 
