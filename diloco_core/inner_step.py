@@ -1,5 +1,7 @@
 """The learner's inner step: one jitted AdamW update on a batch of next-token prediction."""
 
+import functools
+
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -37,12 +39,8 @@ class InnerStep:
 
     def __init__(self, model_def: ModelDef, inner_cfg: InnerOptConfig, total_steps: int):
         self.model_def = model_def
-        self.optimizer = build_inner_optimizer(inner_cfg, total_steps)
-        self.schedule = build_schedule(inner_cfg, total_steps)
-        # Donate params and optimizer state (updated in place, no second copy in memory); the
-        # step/token scalars are not donated, so a state that shares them with another (e.g. a
-        # rejoining learner adopting a peer's step count) cannot delete the other's.
-        self._step = jax.jit(self._update, donate_argnums=(0, 1))
+        self.optimizer, self.schedule, self._step = _compiled_update(model_def, inner_cfg,
+                                                                     total_steps)
 
     def init(self, params: FlatParams) -> TrainState:
         # Copy: `step` donates the state's buffers, which must not alias the caller's params.
@@ -67,12 +65,27 @@ class InnerStep:
         """Tokens a step on `batch` processes (B * L), as counted in `TrainState.tokens`."""
         return int(np.prod(batch.shape))
 
-    def _update(self, params: FlatParams, opt_state: optax.OptState, step: jax.Array,
-                tokens: jax.Array, batch: jax.Array):
+
+@functools.lru_cache(maxsize=16)
+def _compiled_update(model_def: ModelDef, inner_cfg: InnerOptConfig, total_steps: int):
+    """Optimizer, schedule and jitted update, shared by every InnerStep of the same setup.
+
+    Cached so that the M learners of a run, and the runs of a sweep, compile the step once.
+    Params and optimizer state are donated (updated in place, no second copy in memory); the
+    step/token scalars are not, so a state that shares them with another (e.g. a rejoining
+    learner adopting a peer's step count) cannot delete the other's.
+    """
+    optimizer = build_inner_optimizer(inner_cfg, total_steps)
+    schedule = build_schedule(inner_cfg, total_steps)
+
+    def update(params: FlatParams, opt_state: optax.OptState, step: jax.Array,
+               tokens: jax.Array, batch: jax.Array):
         batch = batch.astype(jnp.int32)
-        loss, grads = jax.value_and_grad(next_token_loss, argnums=1)(self.model_def, params, batch)
-        updates, opt_state = self.optimizer.update(grads, opt_state, params)
+        loss, grads = jax.value_and_grad(next_token_loss, argnums=1)(model_def, params, batch)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
         metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
-                   "lr": jnp.asarray(self.schedule(step), jnp.float32)}
+                   "lr": jnp.asarray(schedule(step), jnp.float32)}
         return (optax.apply_updates(params, updates), opt_state, step + 1, tokens + batch.size,
                 metrics)
+
+    return optimizer, schedule, jax.jit(update, donate_argnums=(0, 1))

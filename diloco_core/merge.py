@@ -11,6 +11,7 @@ outer learning rate does not need re-tuning when the number of merged learners c
 outer gradients are not near-orthogonal (rows of rare tokens), hence the plain mean there.
 """
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 
 import jax
@@ -55,18 +56,31 @@ def merge_outer_grads(grads: Sequence[Mapping[str, jax.Array]], weights: np.ndar
     for g in grads[1:]:
         if sorted(g) != names:
             raise ValueError("outer gradients cover different tensors")
-    w = jnp.asarray(weights, dtype=jnp.float32)
-    merged: FlatParams = {}
-    for name in names:
-        stack = jnp.stack([jnp.asarray(g[name], jnp.float32) for g in grads])
-        use_mean = rule == "mean" or is_embedding(name)
-        merged[name] = weighted_mean(stack, w) if use_mean else radial_directional_average(stack, w)
+    mean_names = frozenset(n for n in names if rule == "mean" or is_embedding(n))
+    return _merge_fragment(tuple(dict(g) for g in grads), jnp.asarray(weights, jnp.float32),
+                           mean_names)
+
+
+@functools.partial(jax.jit, static_argnames=("mean_names",))
+def _merge_fragment(grads: tuple[FlatParams, ...], weights: jax.Array,
+                    mean_names: frozenset[str]) -> FlatParams:
+    # One compiled program per (fragment layout, number of learners), not one per tensor.
+    merged = {}
+    for name in grads[0]:
+        stack = jnp.stack([g[name].astype(jnp.float32) for g in grads])
+        merged[name] = (weighted_mean(stack, weights) if name in mean_names
+                        else radial_directional_average(stack, weights))
     return merged
+
+
+@jax.jit
+def _tree_norm(tree: FlatParams) -> jax.Array:
+    return jnp.sqrt(sum(jnp.sum(jnp.square(v.astype(jnp.float32))) for v in tree.values()))
 
 
 def tree_norm(tree: Mapping[str, jax.Array]) -> float:
     """Global L2 norm of a flat dict of arrays."""
-    return float(jnp.sqrt(sum(jnp.sum(jnp.square(v.astype(jnp.float32))) for v in tree.values())))
+    return float(_tree_norm(dict(tree)))
 
 
 def pairwise_cosines(grads: Sequence[Mapping[str, jax.Array]]) -> np.ndarray:

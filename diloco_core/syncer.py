@@ -84,9 +84,18 @@ def _validate(state: SyncerState, plan: FragmentPlan, c: Contribution) -> str | 
     return None
 
 
+@jax.jit
+def _all_finite_device(tree: FlatParams) -> jax.Array:
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(v)) for v in tree.values()]))
+
+
+def _all_finite(tree: FlatParams) -> bool:
+    return bool(_all_finite_device(tree))
+
+
 def _outer_grad(state: SyncerState, c: Contribution, anchor: str) -> FlatParams | str:
     delta = {name: decode(enc) for name, enc in c.delta.items()}
-    if not all(bool(jnp.all(jnp.isfinite(v))) for v in delta.values()):
+    if not _all_finite(delta):
         return "outer gradient contains NaN or Inf"
     if anchor == "base" or c.base_version == state.versions[c.fragment]:
         return delta

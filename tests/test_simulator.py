@@ -7,7 +7,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from resources.corpus import load_corpus
 
 from diloco_core.baselines import run_data_parallel, run_synchronous_diloco, synchronous_config
 from diloco_core.config_loading import config_from_mapping
@@ -16,6 +15,7 @@ from diloco_core.merge import weighted_mean
 from diloco_core.model import init_model
 from diloco_core.outer import build_outer_optimizer, outer_step
 from diloco_core.simulator import learner_data, run_simulation
+from resources.corpus import load_corpus
 
 TINY = {
     "model": {"preset": "tiny"},
