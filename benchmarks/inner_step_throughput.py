@@ -1,10 +1,12 @@
-"""Inner-step throughput: a bare jitted Optax loop vs `InnerStep.step` as a learner drives it.
+"""Inner-step throughput: a bare jitted Optax loop vs the learner loop around `InnerStep.step`.
 
 (a) "bare": the benchmark's own `jax.jit` of loss + grad + optimizer update, same model
     (`apply_model`), same optimizer (`build_inner_optimizer`), one batch already on device, no
     metrics beyond the loss, synced once at the end of a repeat.
-(b) "inner_step": `InnerStep.step`, fed host numpy batches one per step (a host->device copy each
-    step, as the learner loop does), syncing metrics to the host every --sync-every steps.
+(b) "inner_step": the learner loop as the simulator runs it: batches from a `BatchIterator`
+    (a host->device copy each step), `InnerStep.step`, the per-fragment sync counters, an encoded
+    contribution of the fragment that comes due every H/P steps, and metrics pulled to the host
+    every --sync-every steps.
 
 Both are compiled and warmed up first, then timed in interleaved repeats (a, b, a, b, ...) so
 drifts in machine load hit both alike. Reports median tokens/s and the ratio b / a: how much of
@@ -30,8 +32,11 @@ import numpy as np
 import optax
 
 from diloco_core.config import InnerOptConfig, ModelConfig
+from diloco_core.data import BatchIterator
+from diloco_core.fragments import due_fragment, plan_fragments, split_params
 from diloco_core.inner_optimizer import build_inner_optimizer
 from diloco_core.inner_step import InnerStep
+from diloco_core.learner import LearnerSync
 from diloco_core.model import apply_model, init_model, param_count
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "inner_step_throughput.json"
@@ -47,6 +52,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sync-every", type=int, default=10,
                    help="(b) pulls metrics to the host every this many steps")
     p.add_argument("--warmup-steps", type=int, default=3, help="untimed steps after compiling")
+    p.add_argument("--sync-period", type=int, default=16, help="H of the learner loop")
+    p.add_argument("--num-fragments", type=int, default=4, help="P of the learner loop")
+    p.add_argument("--encoding", default="bf16", help="outer-gradient encoding of offers")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return p.parse_args(argv)
@@ -121,12 +129,28 @@ def main(argv: list[str] | None = None) -> dict:
         jax.block_until_ready((bare_params, loss))
         return time.perf_counter() - start
 
+    # The learner loop's own per-step work around the step: the data iterator, the sync
+    # counters, and every H/P steps an encoded contribution of the fragment that comes due.
+    stream = rng.integers(0, cfg.vocab_size, tokens_per_step * (args.steps + 1) * 2,
+                          dtype=np.uint8)
+    data = BatchIterator(stream, args.batch_size, args.seq_len, seed=args.seed)
+    plan = plan_fragments({k: v.shape for k, v in params.items()}, args.num_fragments)
+    sync = LearnerSync.start("bench", split_params(params, plan), [0] * args.num_fragments)
+    learner_steps = 0
+
     def run_inner() -> float:
-        nonlocal state
+        nonlocal state, sync, learner_steps
         start = time.perf_counter()
         synced = []
         for i in range(args.steps):
-            state, metrics = inner.step(state, host_batches[i])
+            state, metrics = inner.step(state, data.next())
+            sync = sync.after_step(tokens_per_step)
+            learner_steps += 1
+            fragment = due_fragment(learner_steps, args.sync_period, args.num_fragments)
+            if fragment is not None:
+                offer = sync.contribution(state.params, plan, fragment, learner_steps,
+                                          learner_steps, 0.0, args.encoding, 64)
+                jax.block_until_ready([e.payload for e in offer.delta.values()])
             if (i + 1) % args.sync_every == 0:
                 synced.append({k: float(v) for k, v in metrics.items()})
         jax.block_until_ready(state)
@@ -155,6 +179,8 @@ def main(argv: list[str] | None = None) -> dict:
                      "tokens_per_step": tokens_per_step, "steps_per_repeat": args.steps,
                      "repeats": args.repeats, "sync_every": args.sync_every,
                      "warmup_steps": args.warmup_steps, "dtype": cfg.dtype,
+                     "sync_period": args.sync_period, "num_fragments": args.num_fragments,
+                     "encoding": args.encoding,
                      "order": "interleaved: bare, inner_step, bare, inner_step, ..."},
         "results": results,
         "ratio_inner_step_over_bare": ratio,

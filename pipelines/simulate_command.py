@@ -15,10 +15,9 @@ BASELINES = ("data_parallel", "synchronous_diloco")
 
 
 def simulate(cfg: ExperimentConfig, baselines: str, out_dir: Path, as_json: bool) -> int:
-    from resources.corpus import load_corpus
-
     from diloco_core.baselines import run_data_parallel, run_synchronous_diloco
     from diloco_core.simulator import run_simulation
+    from resources.corpus import load_corpus
 
     chosen = [] if baselines in ("", "none") else [b.strip() for b in baselines.split(",")]
     unknown = [b for b in chosen if b not in BASELINES]
@@ -35,8 +34,13 @@ def simulate(cfg: ExperimentConfig, baselines: str, out_dir: Path, as_json: bool
         for method in ["decoupled_diloco", *chosen]:
             task = bar.add_task(method, total=cfg.token_budget)
 
-            def progress(done: int, total: int, task=task) -> None:
+            def progress(done: int, total: int, task=task, method=method) -> None:
                 bar.update(task, completed=min(done, total))
+                if not console.is_terminal:  # logs and CI: a live line every 10%
+                    decile = 10 * done // total
+                    if decile > bar.tasks[task].fields.get("decile", -1):
+                        bar.update(task, decile=decile)
+                        console.print(f"{method}: {min(done, total):,}/{total:,} tokens")
 
             result = runners[method](cfg, corpus.learner_streams, corpus.heldout_stream,
                                      progress=progress)

@@ -7,8 +7,8 @@ worked out on paper; the derivations are in the comments.
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from diloco_core.compression import encode
 
+from diloco_core.compression import encode
 from diloco_core.config import OuterOptConfig, SyncConfig
 from diloco_core.contribution import Contribution
 from diloco_core.fragments import plan_fragments

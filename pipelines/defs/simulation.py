@@ -18,10 +18,9 @@ class SimulationRunConfig(dg.Config):
                       "uptime, merges and bytes for one experiment config.")
 def reference_simulation(context: dg.AssetExecutionContext,
                          config: SimulationRunConfig) -> dg.MaterializeResult:
-    from resources.corpus import load_corpus
-
     from diloco_core.simulator import run_simulation
     from pipelines.cli import load_config
+    from resources.corpus import load_corpus
 
     cfg = load_config(config.config_path, list(config.overrides))
     corpus = load_corpus(cfg.data.corpus, cfg.learners.num_learners, cfg.data.heldout_fraction)

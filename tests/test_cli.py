@@ -1,0 +1,46 @@
+import json
+
+from pipelines.cli import main
+
+TINY = ["--set", "model.preset=tiny", "--set", "data.seq_len=32", "--set", "data.batch_size=4",
+        "--set", "learners.num_learners=2", "--set", "sync.num_fragments=2",
+        "--set", "sync.sync_period=4", "--set", "token_budget=2048",
+        "--set", "simulation.eval_batches=1"]
+
+
+def test_bad_config_is_refused_before_anything_runs(capsys, tmp_path):
+    code = main(["simulate", "--set", "sync.min_quorum=9", "--out", str(tmp_path)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "sync.min_quorum" in err and "<= learners.num_learners (4)" in err
+    assert not any(tmp_path.iterdir()), "nothing may be written for a bad config"
+    assert main(["config", "--config", str(tmp_path / "missing.yaml")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_config_prints_every_default_and_reads_files(capsys, tmp_path):
+    path = tmp_path / "exp.toml"
+    path.write_text('name = "from-toml"\n[sync]\nmin_quorum = 2\n')
+    assert main(["config", "--config", str(path), "--set", "sync.encoding=int4"]) == 0
+    out = capsys.readouterr().out
+    assert "name: from-toml" in out and "min_quorum: 2" in out and "encoding: int4" in out
+    assert "grace_gamma: 0.8" in out
+
+
+def test_params_counts_presets(capsys):
+    assert main(["params", "--preset", "tiny", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["parameters"] == 37_024 and row["fp32_bytes"] == 4 * 37_024
+
+
+def test_simulate_writes_results_and_plot(capsys, tmp_path):
+    code = main(["simulate", *TINY, "--baselines", "data_parallel", "--out", str(tmp_path),
+                 "--json"])
+    assert code == 0
+    printed = json.loads(capsys.readouterr().out)
+    methods = [row["method"] for row in printed["table"]]
+    assert methods == ["decoupled_diloco", "data_parallel"]
+    record = json.loads((tmp_path / "results.json").read_text())
+    assert record["machine"]["cpu_count"] >= 1
+    assert record["config"]["token_budget"] == 2048
+    assert (tmp_path / "heldout_loss.png").stat().st_size > 1000
