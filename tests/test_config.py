@@ -74,3 +74,14 @@ def test_model_preset_with_overrides_and_infinite_grace_cap():
     cfg = config_from_mapping({"model": {"preset": "tiny", "n_layers": 3}})
     assert cfg.model.n_layers == 3 and cfg.model.d_model == 32
     assert math.isinf(SyncConfig().grace_max_seconds)
+
+
+def test_example_configs_are_valid():
+    from pathlib import Path
+
+    from pipelines.cli import load_config
+
+    examples = sorted((Path(__file__).parent.parent / "examples").glob("*.*"))
+    assert examples
+    for path in examples:
+        load_config(str(path), [])

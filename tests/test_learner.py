@@ -1,0 +1,57 @@
+"""A learner's sync bookkeeping: counters, contributions, overwrite/blend on receipt."""
+
+import jax.numpy as jnp
+import numpy as np
+
+from diloco_core.compression import decode
+from diloco_core.fragments import plan_fragments, split_params
+from diloco_core.learner import LearnerSync
+
+
+def _setup():
+    params = {"a": jnp.array([1.0, 2.0]), "b": jnp.array([3.0])}
+    plan = plan_fragments({k: v.shape for k, v in params.items()}, 2)   # a -> 0, b -> 1
+    return params, plan, LearnerSync.start("l0", split_params(params, plan), [0, 0])
+
+
+def test_counters_count_every_fragment_and_contribution_is_anchor_minus_theta():
+    params, plan, sync = _setup()
+    sync = sync.after_step(128).after_step(64)
+    assert [(f.steps, f.tokens) for f in sync.fragments] == [(2, 192), (2, 192)]
+    trained = {"a": jnp.array([0.5, 2.5]), "b": jnp.array([3.0])}
+    c = sync.contribution(trained, plan, 0, round_index=7, learner_step=2, clock=1.5,
+                          encoding="fp32", block_size=64)
+    assert (c.learner, c.fragment, c.round, c.base_version) == ("l0", 0, 7, 0)
+    assert (c.tokens, c.steps, c.learner_step, c.clock) == (192, 2, 2, 1.5)
+    # delta = anchor - theta = (1 - 0.5, 2 - 2.5) = (0.5, -0.5): the outer-gradient sign.
+    np.testing.assert_allclose(decode(c.delta["a"]), [0.5, -0.5])
+    assert c.nbytes == 2 * 4
+
+
+def test_overwrite_resets_only_that_fragment_and_ignores_stale_versions():
+    params, plan, sync = _setup()
+    sync = sync.after_step(100)
+    local = {"a": jnp.array([9.0, 9.0]), "b": jnp.array([9.0])}
+    merged = {"a": jnp.array([4.0, 5.0])}
+    new, sync2 = sync.receive(local, 0, merged, version=1)
+    np.testing.assert_allclose(new["a"], [4.0, 5.0])
+    np.testing.assert_allclose(new["b"], [9.0])               # other fragment untouched
+    assert (sync2.fragments[0].steps, sync2.fragments[0].tokens, sync2.fragments[0].version) \
+        == (0, 0, 1)
+    assert (sync2.fragments[1].steps, sync2.fragments[1].tokens) == (1, 100)
+    np.testing.assert_allclose(sync2.fragments[0].anchor["a"], [4.0, 5.0])
+    # A fresh buffer: the learner's params get donated, the merged values must survive.
+    assert new["a"] is not merged["a"]
+    # An older or equal version arriving late changes nothing.
+    same, sync3 = sync2.receive(new, 0, {"a": jnp.array([0.0, 0.0])}, version=1)
+    assert sync3 is sync2 and same is new
+
+
+def test_blend_mixes_local_and_global():
+    params, plan, sync = _setup()
+    local = {"a": jnp.array([2.0, 4.0]), "b": jnp.array([0.0])}
+    new, sync = sync.receive(local, 0, {"a": jnp.array([0.0, 0.0])}, version=1,
+                             rule="blend", alpha=0.25)
+    # 0.25 * local + 0.75 * global = (0.5, 1.0)
+    np.testing.assert_allclose(new["a"], [0.5, 1.0])
+    assert sync.fragments[0].steps == 0
