@@ -64,8 +64,8 @@ def run_data_parallel(cfg: ExperimentConfig, learner_streams: Sequence[np.ndarra
     rng = np.random.default_rng([cfg.seed, 10_000])
     stats = [LearnerStats(name) for name in cfg.learners.learner_names]
     speeds = cfg.learners.learner_speeds
-    # Evaluate about as often as the DiLoCo run merges eval_every_rounds rounds.
-    eval_every = max(1, sim.eval_every_rounds * cfg.sync.round_interval_steps)
+    eval_interval_tokens = cfg.token_budget // sim.eval_points
+    next_eval = eval_interval_tokens
     grad_bytes_per_learner = param_count(cfg.model) * 2  # bf16 gradients, every step
     t, tokens, up_time, step, losses, evals = 0.0, 0, 0.0, 0, [], []
     while tokens < cfg.token_budget:
@@ -92,7 +92,8 @@ def run_data_parallel(cfg: ExperimentConfig, learner_streams: Sequence[np.ndarra
         step += 1
         if progress:
             progress(tokens, cfg.token_budget)
-        if step % eval_every == 0 or tokens >= cfg.token_budget:
+        if tokens >= next_eval or tokens >= cfg.token_budget:
+            next_eval = tokens + eval_interval_tokens
             ev = evaluate(model_def, state.params, heldout)
             evals.append({"time": t, "tokens": tokens, "round": step, "loss": float(ev["loss"]),
                           "bits_per_byte": float(ev["bits_per_byte"])})

@@ -274,7 +274,7 @@ class SimulationConfig:
     step_jitter: float = 0.0       # relative std-dev of each step time (e.g. 0.1 = 10%)
     sync_seconds: float = 0.3      # merge + transfer latency from decision to delivery
     outages: tuple[Outage, ...] = ()
-    eval_every_rounds: int = 8     # held-out eval of the global params every this many rounds
+    eval_points: int = 8           # held-out evals of the global params, evenly over the budget
     eval_batches: int = 4
 
     def __post_init__(self):
@@ -283,8 +283,8 @@ class SimulationConfig:
                  f"must be in [0, 1), got {self.step_jitter!r}")
         _require(self.sync_seconds >= 0 and math.isfinite(self.sync_seconds), "sync_seconds",
                  f"must be a finite number >= 0, got {self.sync_seconds!r}")
-        _require(isinstance(self.eval_every_rounds, int) and self.eval_every_rounds >= 1,
-                 "eval_every_rounds", f"must be an integer >= 1, got {self.eval_every_rounds!r}")
+        _require(isinstance(self.eval_points, int) and self.eval_points >= 1,
+                 "eval_points", f"must be an integer >= 1, got {self.eval_points!r}")
         _require(isinstance(self.eval_batches, int) and self.eval_batches >= 1, "eval_batches",
                  f"must be an integer >= 1, got {self.eval_batches!r}")
 

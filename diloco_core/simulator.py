@@ -26,6 +26,7 @@ How rounds flow (the model this simulator commits to):
 """
 
 import heapq
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -137,7 +138,9 @@ class Simulation:
         self.bytes_up = 0
         self.bytes_down = 0
         self.merged_tokens = 0
-        self.merged_rounds = 0
+        # Evaluate after the first merge past every budget / eval_points tokens, and at the end.
+        self.eval_interval_tokens = cfg.token_budget // cfg.simulation.eval_points
+        self.next_eval_tokens = self.eval_interval_tokens
         self.finished = False
 
     # ---- event plumbing -------------------------------------------------------------------
@@ -349,7 +352,6 @@ class Simulation:
         self.merges.append(record)
         self.merge_times[rnd.index] = t
         if record.merged:
-            self.merged_rounds += 1
             self.merged_tokens += sum(record.tokens)
             for learner in self.learners:
                 if (learner.name in record.members and learner.rejoined_at is not None):
@@ -359,10 +361,11 @@ class Simulation:
         values = self.syncer.fragments[rnd.fragment] if record.merged else None
         self._push(t + self.cfg.simulation.sync_seconds, "deliver", rnd.index,
                    self.syncer.versions[rnd.fragment], values)
-        if record.merged and self.merged_rounds % self.cfg.simulation.eval_every_rounds == 0:
+        if record.merged and self.tokens >= self.next_eval_tokens:
             self._eval(t, rnd.index)
 
     def _eval(self, t: float, round_index: int) -> None:
+        self.next_eval_tokens = self.tokens + self.eval_interval_tokens
         metrics = evaluate(self.model_def, join_fragments(self.syncer.fragments), self.heldout)
         self.evals.append({"time": t, "tokens": self.tokens, "round": round_index,
                            "loss": float(metrics["loss"]),
@@ -371,6 +374,7 @@ class Simulation:
     def _finish(self) -> None:
         """Decide what is open, then one final round per fragment with every live learner."""
         t = self.now
+        self.next_eval_tokens = math.inf  # one eval, after the final rounds
         for rnd in sorted(self._open_rounds(), key=lambda r: r.index):
             if rnd.arrivals:
                 self._merge(rnd, t, sorted(rnd.arrivals, key=lambda n: (rnd.arrivals[n], n)), (),
@@ -393,9 +397,7 @@ class Simulation:
             else:
                 rnd.decided = True
         self.events.clear()
-        last = self.evals[-1]["round"] if self.evals else None
-        if last != self.next_round - 1:
-            self._eval(t, self.next_round - 1)
+        self._eval(t, self.next_round - 1)
 
     def _in_flight(self) -> list[tuple[int, int, dict | None]]:
         return [payload for (_, _, kind, payload) in self.events if kind == "deliver"]

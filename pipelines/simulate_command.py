@@ -57,6 +57,6 @@ def simulate(cfg: ExperimentConfig, baselines: str, out_dir: Path, as_json: bool
         table.add_column(column)
     for row in rows:
         table.add_row(*["" if v is None else str(v) for v in row.values()])
-    Console().print(table)
+    Console(width=max(Console().width, 140)).print(table)
     console.print(f"results: {path}\nplot:    {plot}")
     return 0

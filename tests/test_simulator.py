@@ -23,7 +23,7 @@ TINY = {
     "inner": {"warmup_steps": 2},
     "learners": {"num_learners": 3},
     "sync": {"num_fragments": 2, "sync_period": 4, "overlap_steps": 1, "min_quorum": 1},
-    "simulation": {"eval_every_rounds": 4, "eval_batches": 2, "sync_seconds": 0.3},
+    "simulation": {"eval_points": 4, "eval_batches": 2, "sync_seconds": 0.3},
     # 3 learners x 24 steps x 128 tokens
     "token_budget": 3 * 24 * 128,
 }
