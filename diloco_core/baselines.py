@@ -50,6 +50,12 @@ def _stalled_until(t: float, cfg: ExperimentConfig) -> float:
     return end
 
 
+def _first_failure_in(start: float, end: float, cfg: ExperimentConfig) -> float | None:
+    """The first outage that begins strictly inside (start, end), if any."""
+    starts = [o.start for o in cfg.simulation.outages if start < o.start < end]
+    return min(starts) if starts else None
+
+
 def run_data_parallel(cfg: ExperimentConfig, learner_streams: Sequence[np.ndarray],
                       heldout_stream: np.ndarray, progress: Progress | None = None
                       ) -> SimulationResult:
@@ -77,10 +83,16 @@ def run_data_parallel(cfg: ExperimentConfig, learner_streams: Sequence[np.ndarra
         durations = [sim.step_seconds / speed * max(
             1.0 + sim.step_jitter * rng.standard_normal() if sim.step_jitter else 1.0, 0.1)
             for speed in speeds]
+        step_time = max(durations)
+        failed_at = _first_failure_in(t, t + step_time, cfg)
+        if failed_at is not None:  # a learner fails mid-step: the step is lost, the job stalls
+            for s in stats:
+                s.lost_seconds += failed_at - t
+            t = failed_at
+            continue
         batch = np.concatenate([it.next() for it in iterators])
         state, metrics = inner.step(state, batch)
         losses.append(metrics["loss"])
-        step_time = max(durations)
         for s, d in zip(stats, durations, strict=True):
             s.busy_seconds += d
             s.idle_seconds += step_time - d

@@ -323,9 +323,15 @@ class ExperimentConfig:
         _require(self.data.seq_len <= self.model.max_seq_len, "data.seq_len",
                  f"must be <= model.max_seq_len ({self.model.max_seq_len}), "
                  f"got {self.data.seq_len}")
-        for i, outage in enumerate(self.simulation.outages):
+        last_end: dict[int, float] = {}
+        for i, outage in sorted(enumerate(self.simulation.outages), key=lambda x: x[1].start):
             _require(outage.learner < m, f"simulation.outages[{i}].learner",
                      f"must be < learners.num_learners ({m}), got {outage.learner}")
+            _require(outage.start >= last_end.get(outage.learner, -1.0),
+                     f"simulation.outages[{i}].start",
+                     f"overlaps an earlier outage of learner {outage.learner} "
+                     f"(ending at {last_end.get(outage.learner)}); merge them into one")
+            last_end[outage.learner] = outage.end
         _require(self.tokens_per_learner_step <= self.token_budget, "token_budget",
                  f"is smaller than one learner step ({self.tokens_per_learner_step} tokens)")
 

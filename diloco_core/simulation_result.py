@@ -16,6 +16,7 @@ class LearnerStats:
     busy_seconds: float = 0.0      # completed inner steps
     idle_seconds: float = 0.0      # up but waiting for a round or a merged fragment
     down_seconds: float = 0.0      # failed, not yet rejoined
+    lost_seconds: float = 0.0      # partial steps cut off by a failure or by the end of the run
     train_loss: list[float] = field(default_factory=list)
 
 

@@ -70,6 +70,7 @@ class _Learner:
     losses: list = field(default_factory=list)
     rejoined_at: float | None = None
     down_at: float | None = None
+    step_started_at: float | None = None     # a step is in progress (at most one per learner)
 
 
 @dataclass
@@ -160,6 +161,9 @@ class Simulation:
         return sim.step_seconds / learner.speed * max(jitter, 0.1)
 
     def _schedule_step(self, learner: _Learner, t: float) -> None:
+        if learner.step_started_at is not None:
+            return  # already stepping: one step chain per learner
+        learner.step_started_at = t
         duration = self._step_seconds(learner)
         self._push(t + duration, "step", learner.index, learner.generation, duration)
 
@@ -184,6 +188,7 @@ class Simulation:
         learner = self.learners[index]
         if generation != learner.generation or not learner.up:
             return  # the learner failed during this step: the step is lost
+        learner.step_started_at = None
         batch = learner.data.next()
         learner.train, metrics = self.inner.step(learner.train, batch)
         tokens = int(batch.size)
@@ -209,6 +214,12 @@ class Simulation:
         if not learner.up:
             return
         self._unblock(learner, t)
+        if learner.step_started_at is not None:
+            learner.stats.lost_seconds += t - learner.step_started_at
+            learner.step_started_at = None
+        if learner.rejoined_at is not None:  # failed again before any merge admitted it
+            self.rejoins.append(Rejoin(learner.name, learner.down_at, learner.rejoined_at, None))
+            learner.rejoined_at = None
         learner.up = False
         learner.generation += 1
         learner.down_since = learner.down_at = t
@@ -216,6 +227,7 @@ class Simulation:
         learner.inbox.clear()
         for rnd in self._open_rounds():
             self._evaluate(rnd, t)   # the live set shrank: a round may now be complete
+        self._maybe_open_round(t)
 
     def _on_up(self, t: float, index: int) -> None:
         learner = self.learners[index]
@@ -251,6 +263,7 @@ class Simulation:
         rnd.deadline_event = None
         if not rnd.decided:
             self._evaluate(rnd, t)
+            self._maybe_open_round(t)
 
     # ---- learners at step boundaries --------------------------------------------------------
     def _open_rounds(self) -> list[_Round]:
@@ -293,8 +306,8 @@ class Simulation:
     def _offer(self, learner: _Learner, rnd: _Round, t: float) -> None:
         if rnd.decided or learner.name in rnd.arrivals or not learner.up:
             return
-        if learner.sync.fragments[rnd.fragment].steps == 0:
-            return  # nothing new since it last received this fragment (e.g. just rejoined)
+        if not self._has_news(learner, rnd.fragment):
+            return
         contribution = learner.sync.contribution(
             learner.train.params, self.plan, rnd.fragment, rnd.index, learner.stats.steps, t,
             self.sync_cfg.encoding, self.sync_cfg.encoding_block_size)
@@ -303,6 +316,16 @@ class Simulation:
         learner.offered[rnd.index] = learner.stats.steps
         self.bytes_up += contribution.nbytes
         self._evaluate(rnd, t)
+
+    def _has_news(self, learner: _Learner, fragment: int) -> bool:
+        """Whether the learner has progress on `fragment` that no offer of it covers yet.
+
+        Counters run from the last *receipt*, so while an offer of this fragment is in flight
+        (merged or not, not yet received) a second offer would count its steps twice.
+        """
+        if learner.sync.fragments[fragment].steps == 0:
+            return False  # nothing since it last received this fragment (e.g. just rejoined)
+        return not any(self.rounds[r].fragment == fragment for r in learner.offered)
 
     def _maybe_open_round(self, t: float) -> None:
         interval = self.sync_cfg.round_interval_steps
@@ -354,7 +377,8 @@ class Simulation:
         if record.merged:
             self.merged_tokens += sum(record.tokens)
             for learner in self.learners:
-                if (learner.name in record.members and learner.rejoined_at is not None):
+                if (learner.name in record.members and learner.rejoined_at is not None
+                        and rnd.contributions[learner.name].clock >= learner.rejoined_at):
                     self.rejoins.append(Rejoin(learner.name, learner.down_at, learner.rejoined_at,
                                                t))
                     learner.rejoined_at = None
@@ -372,15 +396,18 @@ class Simulation:
                            "bits_per_byte": float(metrics["bits_per_byte"])})
 
     def _finish(self) -> None:
-        """Decide what is open, then one final round per fragment with every live learner."""
+        """End of the budget: every live learner offers the open rounds, which merge; merges in
+        flight land; then one final round per fragment merges whatever progress no offer covers
+        yet. Only what overwrite discards anyway is left out: steps taken on a fragment while an
+        offer of it was in flight (at most tau per fragment)."""
         t = self.now
         self.next_eval_tokens = math.inf  # one eval, after the final rounds
+        for learner in self.learners:
+            if learner.step_started_at is not None:  # steps still running are not useful work
+                learner.stats.lost_seconds += t - learner.step_started_at
+                learner.step_started_at = None
         for rnd in sorted(self._open_rounds(), key=lambda r: r.index):
-            if rnd.arrivals:
-                self._merge(rnd, t, sorted(rnd.arrivals, key=lambda n: (rnd.arrivals[n], n)), (),
-                            "run finished: merging the offers already received")
-            else:
-                rnd.decided = True
+            self._final_round(rnd, t, "run finished: every live learner offers the open round")
         for learner in self.learners:
             if learner.up:
                 learner.inbox.extend(self._in_flight())
@@ -389,28 +416,31 @@ class Simulation:
             rnd = _Round(self.next_round, fragment, t)
             self.rounds[rnd.index] = rnd
             self.next_round += 1
-            for learner in self.learners:
-                self._offer_final(learner, rnd, t)
-            if rnd.arrivals:
-                self._merge(rnd, t, sorted(rnd.arrivals), (),
-                            "final round at the end of the token budget: every live learner")
-            else:
-                rnd.decided = True
+            self._final_round(rnd, t, "final round at the end of the token budget")
         self.events.clear()
         self._eval(t, self.next_round - 1)
 
     def _in_flight(self) -> list[tuple[int, int, dict | None]]:
         return [payload for (_, _, kind, payload) in self.events if kind == "deliver"]
 
-    def _offer_final(self, learner: _Learner, rnd: _Round, t: float) -> None:
-        # The final round bypasses the quorum policy: every live learner with progress is merged.
-        if learner.up and learner.sync.fragments[rnd.fragment].steps > 0:
-            contribution = learner.sync.contribution(
-                learner.train.params, self.plan, rnd.fragment, rnd.index, learner.stats.steps, t,
-                self.sync_cfg.encoding, self.sync_cfg.encoding_block_size)
-            rnd.arrivals[learner.name] = t
-            rnd.contributions[learner.name] = contribution
-            self.bytes_up += contribution.nbytes
+    def _final_round(self, rnd: _Round, t: float, reason: str) -> None:
+        # Bypasses the quorum policy: every live learner with uncovered progress is merged.
+        for learner in self.learners:
+            if learner.up and learner.name not in rnd.arrivals and self._has_news(
+                    learner, rnd.fragment):
+                contribution = learner.sync.contribution(
+                    learner.train.params, self.plan, rnd.fragment, rnd.index,
+                    learner.stats.steps, t, self.sync_cfg.encoding,
+                    self.sync_cfg.encoding_block_size)
+                rnd.arrivals[learner.name] = t
+                rnd.contributions[learner.name] = contribution
+                learner.offered[rnd.index] = learner.stats.steps
+                self.bytes_up += contribution.nbytes
+        if rnd.arrivals:
+            self._merge(rnd, t, sorted(rnd.arrivals, key=lambda n: (rnd.arrivals[n], n)), (),
+                        reason)
+        else:
+            rnd.decided = True
 
     def _result(self) -> SimulationResult:
         for learner in self.learners:

@@ -43,6 +43,8 @@ def test_defaults_are_valid_and_match_the_paper_where_it_speaks():
      "< learners.num_learners"),
     (["simulation.outages=[{learner: 0, start: 5, end: 2}]"], "simulation.outages[0].end",
      "after start"),
+    (["simulation.outages=[{learner: 0, start: 3, end: 12}, {learner: 0, start: 2, end: 6}]"],
+     "simulation.outages[0].start", "overlaps an earlier outage of learner 0"),
 ])
 def test_bad_values_name_the_field(overrides, field, reason):
     with pytest.raises(ConfigError) as err:

@@ -152,3 +152,39 @@ def test_data_parallel_baseline_uses_the_same_budget(corpus):
     assert dp.tokens_processed == cfg.token_budget
     assert dp.method == "data_parallel" and np.isfinite(dp.final_loss)
     assert dp.goodput == pytest.approx(1.0)
+
+
+def _assert_time_accounts_for_wall(result):
+    for s in result.learners:
+        total = s.busy_seconds + s.idle_seconds + s.down_seconds + s.lost_seconds
+        assert total == pytest.approx(result.wall_seconds, abs=1e-6), s
+
+
+@pytest.mark.parametrize("overrides", [
+    # The paper's shape: one fragment per step (P = H), two in flight (tau = 2), uneven speeds.
+    ["sync.num_fragments=2", "sync.sync_period=2", "sync.overlap_steps=2", "sync.min_quorum=2",
+     "learners.speeds=[1.0, 1.0, 1.7]", "simulation.step_jitter=0.3"],
+    ["sync.num_fragments=1", "sync.sync_period=1", "sync.overlap_steps=2",
+     "simulation.outages=[{learner: 0, start: 2.5, end: 7.2}]"],
+    ["sync.min_quorum=3", "sync.grace_min_seconds=2.0", "simulation.step_jitter=0.2",
+     "simulation.outages=[{learner: 2, start: 3.3, end: 5.1}, {learner: 2, start: 8, end: 9}]"],
+])
+def test_accounting_is_exact_and_no_step_is_merged_twice(corpus, overrides):
+    result = run_simulation(tiny_cfg(*overrides), corpus.learner_streams, corpus.heldout_stream)
+    _assert_time_accounts_for_wall(result)
+    assert 0 < result.goodput <= 1.0
+    # Each learner step counts in at most one merge per fragment: a learner's merged steps per
+    # fragment never exceed the steps it took.
+    for s in result.learners:
+        for fragment in {m.fragment for m in result.merges}:
+            merged = sum(st for m in result.merges if m.merged and m.fragment == fragment
+                         for name, st in zip(m.members, m.steps, strict=True) if name == s.name)
+            assert merged <= s.steps, (s.name, fragment, merged, s.steps)
+
+
+def test_data_parallel_loses_the_step_a_failure_interrupts(corpus):
+    cfg = tiny_cfg("simulation.outages=[{learner: 1, start: 4.2, end: 4.8}]")
+    dp = run_data_parallel(cfg, corpus.learner_streams, corpus.heldout_stream)
+    # 24 steps of 1 s, plus 0.2 s of the interrupted step and 0.6 s stalled.
+    assert dp.wall_seconds == pytest.approx(24.8)
+    _assert_time_accounts_for_wall(dp)
