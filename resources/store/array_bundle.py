@@ -1,0 +1,89 @@
+"""Array bundles: named arrays in one plain `.npz` object, with a checksum.
+
+Why `.npz` and not Orbax/TensorStore for contributions and global fragments: each is a small,
+write-once set of arrays that must be readable by anyone with numpy (`np.load(...,
+allow_pickle=False)` never unpickles), verified by a SHA-256 before use, and written in a
+single object so that it appears whole or not at all. Orbax is used where it shines: learner
+checkpoints (`checkpoints.py`), with their optimizer state and restore into abstract targets.
+
+Dtypes numpy's format cannot describe (bfloat16) are stored as same-width unsigned integers and
+their real dtype is recorded in the manifest, so plain numpy readers get the raw bits and a note.
+"""
+
+import hashlib
+import io
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+_VIEW_AS = {"bfloat16": np.uint16}
+_NATIVE = {"float32", "float16", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16",
+           "uint32", "uint64", "bool"}
+
+
+class BadBundle(ValueError):
+    """A stored bundle that cannot be trusted: wrong size or checksum, not arrays, wrong shape."""
+
+
+@dataclass(frozen=True)
+class Bundle:
+    data: bytes
+    sha256: str
+    dtypes: dict[str, str]              # array name -> dtype name
+    shapes: dict[str, list[int]]
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def encode_bundle(arrays: Mapping[str, np.ndarray]) -> Bundle:
+    stored, dtypes, shapes = {}, {}, {}
+    for name, value in arrays.items():
+        array = np.asarray(value)
+        dtype = array.dtype.name
+        if dtype in _VIEW_AS:
+            array = array.view(_VIEW_AS[dtype])
+        elif dtype not in _NATIVE:
+            raise TypeError(f"array {name!r} has unsupported dtype {dtype}")
+        stored[name] = np.ascontiguousarray(array)
+        dtypes[name] = dtype
+        shapes[name] = list(array.shape)
+    buffer = io.BytesIO()
+    np.savez(buffer, **stored)
+    data = buffer.getvalue()
+    return Bundle(data, sha256(data), dtypes, shapes)
+
+
+def decode_bundle(data: bytes, *, expected_sha256: str, expected_size: int,
+                  dtypes: Mapping[str, str], shapes: Mapping[str, list[int]]
+                  ) -> dict[str, np.ndarray]:
+    """Verify, then parse without ever unpickling; every array must match the manifest."""
+    if len(data) != expected_size:
+        raise BadBundle(f"size {len(data)} != manifest size {expected_size} (truncated?)")
+    if sha256(data) != expected_sha256:
+        raise BadBundle("checksum mismatch: the object is not what the manifest committed")
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            raw = {name: npz[name] for name in npz.files}
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as err:
+        raise BadBundle(f"not a plain array bundle: {err}") from None
+    if set(raw) != set(dtypes):
+        raise BadBundle(f"arrays {sorted(raw)} do not match the manifest's {sorted(dtypes)}")
+    arrays = {}
+    for name, value in raw.items():
+        dtype = dtypes[name]
+        if dtype in _VIEW_AS:
+            if value.dtype != _VIEW_AS[dtype]:
+                raise BadBundle(f"array {name!r} stored as {value.dtype}, expected raw {dtype}")
+            value = value.view(getattr(ml_dtypes, dtype))
+        elif value.dtype.name != dtype:
+            raise BadBundle(f"array {name!r} is {value.dtype}, manifest says {dtype}")
+        if list(value.shape) != list(shapes[name]):
+            raise BadBundle(f"array {name!r} has shape {list(value.shape)}, "
+                            f"manifest says {shapes[name]}")
+        arrays[name] = value
+    return arrays

@@ -1,0 +1,324 @@
+"""The artifact store: one experiment's config, global fragments, contributions, decisions, evals.
+
+Same code over a local directory or a GCS prefix (any `BlobStore`). The rules that make it safe:
+- payload objects are written once, create-only, under names that carry their checksum;
+- a small JSON manifest is written last, create-only, and is the commit point: readers look only
+  at manifests, verify every object's size and SHA-256, and parse arrays without unpickling;
+- a fragment's current version is a pointer moved by compare-and-swap on its generation, only
+  after the new version is fully committed, so nothing partial is ever visible;
+- writing the same thing twice is a no-op; writing something different where something is
+  committed is refused (`Conflict`).
+See `layout.py` for the keys.
+"""
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+from diloco_core.compression import Encoded, encoded_nbytes
+from diloco_core.config import ENCODINGS
+from diloco_core.contribution import Contribution
+from resources.store import layout
+from resources.store.array_bundle import BadBundle, decode_bundle, encode_bundle
+from resources.store.blobs import BlobNotFound, BlobStore, PreconditionFailed
+from resources.store.names import check_name
+
+FORMAT = 1
+DEFAULT_MAX_OBJECT_BYTES = 4 * 2**30
+
+
+class Conflict(RuntimeError):
+    """Something different is already committed where this write would go."""
+
+
+class RejectedArtifact(ValueError):
+    """A stored artifact that must not be used; `reason` says why (logged, never merged)."""
+
+    def __init__(self, key: str, reason: str):
+        self.key, self.reason = key, reason
+        super().__init__(f"{key}: {reason}")
+
+
+@dataclass(frozen=True)
+class GlobalFragment:
+    fragment: int
+    version: int
+    params: dict[str, np.ndarray]
+    outer_state: Any                 # optax state in the template's structure, or a leaf list
+    meta: dict
+
+
+def _json_bytes(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, indent=1, allow_nan=False).encode()
+
+
+class ArtifactStore:
+    """One experiment's artifacts in a blob store."""
+
+    def __init__(self, blobs: BlobStore, experiment: str,
+                 max_object_bytes: int = DEFAULT_MAX_OBJECT_BYTES):
+        self.blobs = blobs
+        self.experiment = check_name("experiment", experiment)
+        self.max_object_bytes = max_object_bytes
+
+    # ---- write-once primitives ----------------------------------------------------------------
+    def _write_once(self, key: str, data: bytes) -> None:
+        """Create `key`; if it exists with the same bytes, fine; if different, `Conflict`."""
+        try:
+            self.blobs.write(key, data, if_generation=0)
+        except PreconditionFailed:
+            if self.blobs.read(key) != data:
+                raise Conflict(f"{key} is already committed with different content") from None
+
+    def _read_json(self, key: str) -> dict | None:
+        try:
+            data = self.blobs.read(key)
+        except BlobNotFound:
+            return None
+        try:
+            value = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise RejectedArtifact(key, f"not valid JSON: {err}") from None
+        if not isinstance(value, dict):
+            raise RejectedArtifact(key, "not a JSON object")
+        return value
+
+    def _read_object(self, key: str, entry: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        info = self.blobs.info(key)
+        if info is None:
+            raise RejectedArtifact(key, "manifest names an object that does not exist")
+        if info.size > self.max_object_bytes:
+            raise RejectedArtifact(key, f"oversized: {info.size} bytes > limit "
+                                        f"{self.max_object_bytes}")
+        try:
+            return decode_bundle(self.blobs.read(key), expected_sha256=entry["sha256"],
+                                 expected_size=entry["size"], dtypes=entry["dtypes"],
+                                 shapes=entry["shapes"])
+        except BadBundle as err:
+            raise RejectedArtifact(key, str(err)) from None
+
+    def _put_arrays(self, directory: str, stem: str, arrays: Mapping[str, np.ndarray]) -> dict:
+        bundle = encode_bundle(arrays)
+        if len(bundle.data) > self.max_object_bytes:
+            raise ValueError(f"{stem} bundle of {len(bundle.data)} bytes exceeds the limit")
+        name = f"{stem}-{bundle.sha256[:16]}.npz"
+        self._write_once(f"{directory}/{name}", bundle.data)
+        return {"name": name, "size": len(bundle.data), "sha256": bundle.sha256,
+                "dtypes": bundle.dtypes, "shapes": bundle.shapes}
+
+    # ---- experiment config and summary --------------------------------------------------------
+    def put_config(self, config: Mapping[str, Any]) -> None:
+        self._write_once(layout.config(self.experiment), _json_bytes(dict(config)))
+
+    def get_config(self) -> dict | None:
+        return self._read_json(layout.config(self.experiment))
+
+    def put_summary(self, summary: Mapping[str, Any]) -> None:
+        # The one object that is rewritten: the latest summary of a (possibly resumed) run.
+        self.blobs.write(layout.summary(self.experiment), _json_bytes(dict(summary)))
+
+    def get_summary(self) -> dict | None:
+        return self._read_json(layout.summary(self.experiment))
+
+    # ---- global fragments ---------------------------------------------------------------------
+    def current_version(self, fragment: int) -> int | None:
+        pointer = self._read_json(layout.pointer(self.experiment, fragment))
+        return None if pointer is None else int(pointer["version"])
+
+    def versions(self, fragment: int) -> list[int]:
+        prefix = layout.fragment_dir(self.experiment, fragment) + "/v"
+        return sorted(int(key[len(prefix):].split("/")[0]) for key in self.blobs.list(prefix)
+                      if key.endswith("/" + layout.MANIFEST))
+
+    def commit_global(self, fragment: int, version: int, params: Mapping[str, Any],
+                      outer_state: Any, meta: Mapping[str, Any] | None = None) -> None:
+        """Commit version `version` of a fragment and move its pointer there.
+
+        Version 0 creates the pointer; version v > 0 requires the pointer at v - 1 (compare and
+        swap), so two syncers cannot both advance the same fragment. Re-committing an identical
+        version that is already current is a no-op (a retried merge run).
+        """
+        directory = layout.version_dir(self.experiment, fragment, version)
+        leaves = jax.tree_util.tree_leaves(outer_state)
+        objects = {
+            "params": self._put_arrays(directory, "params",
+                                       {k: np.asarray(v) for k, v in params.items()}),
+            "outer": self._put_arrays(directory, "outer",
+                                      {f"leaf{i:05d}": np.asarray(v) for i, v in enumerate(leaves)}),
+        }
+        manifest = {"format": FORMAT, "kind": "global_fragment", "experiment": self.experiment,
+                    "fragment": fragment, "version": version, "objects": objects,
+                    "meta": dict(meta or {})}
+        self._write_once(f"{directory}/{layout.MANIFEST}", _json_bytes(manifest))
+        self._move_pointer(fragment, version)
+
+    def _move_pointer(self, fragment: int, version: int) -> None:
+        key = layout.pointer(self.experiment, fragment)
+        info = self.blobs.info(key)
+        current = None if info is None else self.current_version(fragment)
+        if current == version:
+            return
+        expected = -1 if current is None else current
+        if version != expected + 1:
+            raise Conflict(f"fragment {fragment}: cannot move the pointer from version "
+                           f"{current} to {version}")
+        try:
+            self.blobs.write(key, _json_bytes({"version": version}),
+                             if_generation=0 if info is None else info.generation)
+        except PreconditionFailed:
+            raise Conflict(f"fragment {fragment}: the pointer moved concurrently") from None
+
+    def load_global(self, fragment: int, version: int | None = None,
+                    outer_template: Any = None) -> GlobalFragment:
+        """A committed version (default: the current one), verified. With `outer_template`
+        (e.g. `tx.init(fragment)`) the outer state comes back in its optax structure."""
+        if version is None:
+            version = self.current_version(fragment)
+            if version is None:
+                raise KeyError(f"fragment {fragment} has no committed version")
+        directory = layout.version_dir(self.experiment, fragment, version)
+        manifest = self._read_json(f"{directory}/{layout.MANIFEST}")
+        if manifest is None:
+            raise KeyError(f"fragment {fragment} version {version} is not committed")
+        objects = manifest["objects"]
+        params = self._read_object(f"{directory}/{objects['params']['name']}", objects["params"])
+        outer = self._read_object(f"{directory}/{objects['outer']['name']}", objects["outer"])
+        leaves = [outer[name] for name in sorted(outer)]
+        if outer_template is not None:
+            treedef = jax.tree_util.tree_structure(outer_template)
+            outer_state = jax.tree_util.tree_unflatten(treedef, leaves)
+        else:
+            outer_state = leaves
+        return GlobalFragment(fragment, version, params, outer_state, manifest["meta"])
+
+    # ---- contributions ------------------------------------------------------------------------
+    def put_contribution(self, c: Contribution) -> int:
+        """Commit a learner's contribution to a round; returns the payload bytes written."""
+        directory = layout.contribution_dir(self.experiment, c.round, c.learner)
+        names = sorted(c.delta)
+        arrays: dict[str, np.ndarray] = {}
+        tensors = []
+        for i, name in enumerate(names):
+            enc = c.delta[name]
+            arrays[f"t{i:04d}.payload"] = np.asarray(enc.payload)
+            if enc.scales is not None:
+                arrays[f"t{i:04d}.scales"] = np.asarray(enc.scales)
+            tensors.append({"name": name, "shape": list(enc.shape), "encoding": enc.encoding,
+                            "block_size": enc.block_size, "scales": enc.scales is not None})
+        delta = self._put_arrays(directory, "delta", arrays)
+        manifest = {"format": FORMAT, "kind": "contribution", "experiment": self.experiment,
+                    "learner": c.learner, "round": c.round, "fragment": c.fragment,
+                    "base_version": c.base_version, "tokens": c.tokens, "steps": c.steps,
+                    "learner_step": c.learner_step, "clock": c.clock,
+                    "encoding": sorted({t["encoding"] for t in tensors}),
+                    "nbytes": c.nbytes, "tensors": tensors, "objects": {"delta": delta}}
+        self._write_once(f"{directory}/{layout.MANIFEST}", _json_bytes(manifest))
+        return delta["size"]
+
+    def list_contributions(self, round_index: int) -> list[str]:
+        """Learners with a committed contribution to the round (a prefix listing)."""
+        prefix = layout.contributions_prefix(self.experiment, round_index)
+        learners = []
+        for key in self.blobs.list(prefix):
+            parts = key[len(prefix):].split("/")
+            if len(parts) == 2 and parts[1] == layout.MANIFEST:
+                learners.append(parts[0])
+        return sorted(learners)
+
+    def load_contribution(self, round_index: int, learner: str) -> Contribution:
+        """A committed contribution, verified; `RejectedArtifact` with the reason otherwise."""
+        directory = layout.contribution_dir(self.experiment, round_index, learner)
+        key = f"{directory}/{layout.MANIFEST}"
+        manifest = self._read_json(key)
+        if manifest is None:
+            raise KeyError(f"no committed contribution from {learner} to round {round_index}")
+        _check_contribution_manifest(key, manifest, round_index, learner)
+        entry = manifest["objects"]["delta"]
+        arrays = self._read_object(f"{directory}/{entry['name']}", entry)
+        delta = {}
+        for i, t in enumerate(manifest["tensors"]):
+            payload = arrays.get(f"t{i:04d}.payload")
+            scales = arrays.get(f"t{i:04d}.scales") if t["scales"] else None
+            if payload is None or (t["scales"] and scales is None):
+                raise RejectedArtifact(key, f"tensor {t['name']} is missing from the payload")
+            wire = payload.nbytes + (0 if scales is None else scales.nbytes)
+            expected = encoded_nbytes(math.prod(t["shape"]), t["encoding"], t["block_size"])
+            if wire != expected:
+                raise RejectedArtifact(key, f"tensor {t['name']}: {wire} payload bytes, "
+                                            f"{expected} expected for its shape and encoding")
+            delta[t["name"]] = Encoded(t["encoding"], tuple(t["shape"]), t["block_size"],
+                                       payload, scales)
+        return Contribution(manifest["learner"], manifest["fragment"], manifest["round"],
+                            manifest["base_version"], manifest["tokens"], manifest["steps"],
+                            manifest["learner_step"], manifest["clock"], delta)
+
+    # ---- decisions and evals ------------------------------------------------------------------
+    def put_decision(self, round_index: int, record: Mapping[str, Any]) -> None:
+        self._write_once(layout.decision(self.experiment, round_index), _json_bytes(dict(record)))
+
+    def get_decision(self, round_index: int) -> dict | None:
+        return self._read_json(layout.decision(self.experiment, round_index))
+
+    def put_eval(self, round_index: int, result: Mapping[str, Any]) -> None:
+        self._write_once(layout.evaluation(self.experiment, round_index), _json_bytes(dict(result)))
+
+    def get_eval(self, round_index: int) -> dict | None:
+        return self._read_json(layout.evaluation(self.experiment, round_index))
+
+    def checkpoint_uri(self, learner: str) -> str:
+        """Where a learner's Orbax CheckpointManager lives (a path or gs:// URI)."""
+        return f"{self.blobs.uri.rstrip('/')}/{layout.checkpoints(self.experiment, learner)}"
+
+    # ---- garbage collection -------------------------------------------------------------------
+    def gc_global_versions(self, keep_last: int, num_fragments: int) -> list[tuple[int, int]]:
+        """Delete all but the last `keep_last` versions of each fragment (never the current
+        one). The manifest goes first, so a version is never half-visible. Returns what went."""
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+        deleted = []
+        for fragment in range(num_fragments):
+            current = self.current_version(fragment)
+            for version in self.versions(fragment)[:-keep_last]:
+                if version == current:
+                    continue
+                directory = layout.version_dir(self.experiment, fragment, version)
+                self.blobs.delete(f"{directory}/{layout.MANIFEST}")
+                for key in self.blobs.list(directory + "/"):
+                    self.blobs.delete(key)
+                deleted.append((fragment, version))
+        return deleted
+
+
+def _check_contribution_manifest(key: str, m: Mapping[str, Any], round_index: int,
+                                 learner: str) -> None:
+    """Refuse manifests that lie about who and what they are, before reading any payload."""
+    def bad(reason: str) -> RejectedArtifact:
+        return RejectedArtifact(key, reason)
+
+    if m.get("format") != FORMAT or m.get("kind") != "contribution":
+        raise bad(f"unknown format/kind {m.get('format')!r}/{m.get('kind')!r}")
+    if m.get("learner") != learner or m.get("round") != round_index:
+        raise bad(f"manifest says learner {m.get('learner')!r} round {m.get('round')!r}")
+    for field in ("fragment", "base_version", "tokens", "steps", "learner_step"):
+        value = m.get(field)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise bad(f"{field} must be an integer >= 0, got {value!r}")
+    if not isinstance(m.get("clock"), int | float):
+        raise bad(f"clock must be a number, got {m.get('clock')!r}")
+    tensors = m.get("tensors")
+    if not isinstance(tensors, Sequence) or not tensors:
+        raise bad("no tensors")
+    for t in tensors:
+        if t.get("encoding") not in ENCODINGS:
+            raise bad(f"tensor {t.get('name')!r} has unknown encoding {t.get('encoding')!r}")
+        shape = t.get("shape")
+        if (not isinstance(shape, list)
+                or not all(isinstance(d, int) and d >= 0 for d in shape)):
+            raise bad(f"tensor {t.get('name')!r} has a bad shape {shape!r}")
+        if not isinstance(t.get("block_size"), int) or t["block_size"] < 1:
+            raise bad(f"tensor {t.get('name')!r} has a bad block size")

@@ -1,0 +1,75 @@
+"""Where everything lives, per experiment (keys relative to the store root).
+
+    experiments/{exp}/config.json                                  experiment config (write-once)
+    experiments/{exp}/global/f{p:03d}/CURRENT                      pointer to the current version
+    experiments/{exp}/global/f{p:03d}/v{ver:08d}/manifest.json     commit point of that version
+    experiments/{exp}/global/f{p:03d}/v{ver:08d}/params-{sha}.npz  fragment values
+    experiments/{exp}/global/f{p:03d}/v{ver:08d}/outer-{sha}.npz   outer-optimizer state
+    experiments/{exp}/rounds/r{round:08d}/contributions/{learner}/manifest.json   commit point
+    experiments/{exp}/rounds/r{round:08d}/contributions/{learner}/delta-{sha}.npz
+    experiments/{exp}/rounds/r{round:08d}/decision.json            the merge's decision record
+    experiments/{exp}/evals/r{round:08d}.json                      held-out eval of that round
+    experiments/{exp}/learners/{learner}/checkpoints/              Orbax CheckpointManager
+    experiments/{exp}/summary.json                                 the run summary
+
+Payload objects carry their SHA-256 prefix in their name, so every object is written once under
+a unique name; the manifest is written last and is what makes a write visible.
+"""
+
+from resources.store.names import check_name, join_key
+
+MANIFEST = "manifest.json"
+
+
+def experiment(exp: str) -> str:
+    return join_key("experiments", check_name("experiment", exp))
+
+
+def config(exp: str) -> str:
+    return f"{experiment(exp)}/config.json"
+
+
+def fragment_dir(exp: str, fragment: int) -> str:
+    return f"{experiment(exp)}/global/f{_index(fragment, 'fragment'):03d}"
+
+
+def pointer(exp: str, fragment: int) -> str:
+    return f"{fragment_dir(exp, fragment)}/CURRENT"
+
+
+def version_dir(exp: str, fragment: int, version: int) -> str:
+    return f"{fragment_dir(exp, fragment)}/v{_index(version, 'version'):08d}"
+
+
+def round_dir(exp: str, round_index: int) -> str:
+    return f"{experiment(exp)}/rounds/r{_index(round_index, 'round'):08d}"
+
+
+def contributions_prefix(exp: str, round_index: int) -> str:
+    return f"{round_dir(exp, round_index)}/contributions/"
+
+
+def contribution_dir(exp: str, round_index: int, learner: str) -> str:
+    return contributions_prefix(exp, round_index) + check_name("learner", learner)
+
+
+def decision(exp: str, round_index: int) -> str:
+    return f"{round_dir(exp, round_index)}/decision.json"
+
+
+def evaluation(exp: str, round_index: int) -> str:
+    return f"{experiment(exp)}/evals/r{_index(round_index, 'round'):08d}.json"
+
+
+def checkpoints(exp: str, learner: str) -> str:
+    return f"{experiment(exp)}/learners/{check_name('learner', learner)}/checkpoints"
+
+
+def summary(exp: str) -> str:
+    return f"{experiment(exp)}/summary.json"
+
+
+def _index(value: int, kind: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{kind} must be an integer >= 0, got {value!r}")
+    return value
