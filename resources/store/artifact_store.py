@@ -144,12 +144,12 @@ class ArtifactStore:
         version that is already current is a no-op (a retried merge run).
         """
         directory = layout.version_dir(self.experiment, fragment, version)
-        leaves = jax.tree_util.tree_leaves(outer_state)
+        leaves = {f"leaf{i:05d}": np.asarray(v)
+                  for i, v in enumerate(jax.tree_util.tree_leaves(outer_state))}
         objects = {
             "params": self._put_arrays(directory, "params",
                                        {k: np.asarray(v) for k, v in params.items()}),
-            "outer": self._put_arrays(directory, "outer",
-                                      {f"leaf{i:05d}": np.asarray(v) for i, v in enumerate(leaves)}),
+            "outer": self._put_arrays(directory, "outer", leaves),
         }
         manifest = {"format": FORMAT, "kind": "global_fragment", "experiment": self.experiment,
                     "fragment": fragment, "version": version, "objects": objects,
