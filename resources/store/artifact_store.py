@@ -72,7 +72,11 @@ class ArtifactStore:
         try:
             self.blobs.write(key, data, if_generation=0)
         except PreconditionFailed:
-            if self.blobs.read(key) != data:
+            try:
+                same = self.blobs.read(key) == data
+            except BlobNotFound:
+                same = False  # existed a moment ago and is gone: someone else is at work here
+            if not same:
                 raise Conflict(f"{key} is already committed with different content") from None
 
     def _read_json(self, key: str) -> dict | None:
@@ -171,7 +175,9 @@ class ArtifactStore:
             self.blobs.write(key, _json_bytes({"version": version}),
                              if_generation=0 if info is None else info.generation)
         except PreconditionFailed:
-            raise Conflict(f"fragment {fragment}: the pointer moved concurrently") from None
+            # A retried request whose first attempt landed also ends here: check before failing.
+            if self.current_version(fragment) != version:
+                raise Conflict(f"fragment {fragment}: the pointer moved concurrently") from None
 
     def load_global(self, fragment: int, version: int | None = None,
                     outer_template: Any = None) -> GlobalFragment:

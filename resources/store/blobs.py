@@ -76,6 +76,8 @@ class LocalBlobStore(BlobStore):
         return str(self.root)
 
     def _path(self, key: str) -> Path:
+        if key.startswith("/") or any(part in ("", ".", "..") for part in key.split("/")):
+            raise ValueError(f"unsafe key {key!r}")
         path = (self.root / key).resolve()
         if path != self.root and self.root not in path.parents:
             raise ValueError(f"key {key!r} escapes the store root")

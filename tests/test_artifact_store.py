@@ -1,0 +1,303 @@
+"""The artifact store, one suite over a local directory and a real GCS API server on loopback."""
+
+import io
+import json
+import pickle
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from diloco_core.compression import decode
+from diloco_core.config import OuterOptConfig
+from diloco_core.fragments import plan_fragments, split_params
+from diloco_core.learner import LearnerSync
+from diloco_core.outer import build_outer_optimizer
+from resources.store import layout
+from resources.store.artifact_store import ArtifactStore, Conflict, RejectedArtifact
+from resources.store.backends import open_blob_store
+from resources.store.names import InvalidName
+
+EXP = "exp-1"
+
+
+def enforces_preconditions(store) -> bool:
+    """The loopback GCS server ignores ifGenerationMatch (real GCS enforces it): conflicts are
+    asserted on the local backend, and for GCS `test_gcs_conditional_writes` checks that every
+    create-only write and pointer move sends its precondition and handles a 412."""
+    return not store.blobs.uri.startswith("gs://")
+
+
+@pytest.fixture(params=["local", "gcs"])
+def store(request, tmp_path):
+    if request.param == "local":
+        blobs = open_blob_store(str(tmp_path / "store"))
+    else:
+        request.getfixturevalue("gcs_server")
+        blobs = open_blob_store(f"gs://diloco-test/t-{uuid.uuid4().hex[:12]}")
+    return ArtifactStore(blobs, EXP)
+
+
+PARAMS = {"a/kernel": jnp.arange(12, dtype=jnp.float32).reshape(3, 4) / 7,
+          "b/scale": jnp.ones(5, jnp.float32)}
+PLAN = plan_fragments({k: v.shape for k, v in PARAMS.items()}, 2)
+
+
+def _contribution(learner="learner-0", round_index=3, encoding="int4", shift=0.1):
+    sync = LearnerSync.start(learner, split_params(PARAMS, PLAN), [0, 0]).after_step(256)
+    trained = {k: v + shift for k, v in PARAMS.items()}
+    return sync.contribution(trained, PLAN, 0, round_index, 1, 12.5, encoding, 4)
+
+
+def test_config_is_write_once_and_idempotent(store):
+    assert store.get_config() is None
+    store.put_config({"name": EXP, "seed": 0})
+    store.put_config({"name": EXP, "seed": 0})          # same again: fine
+    if enforces_preconditions(store):
+        with pytest.raises(Conflict):
+            store.put_config({"name": EXP, "seed": 1})
+    assert store.get_config() == {"name": EXP, "seed": 0}
+
+
+def test_global_versions_pointer_and_outer_state(store):
+    tx = build_outer_optimizer(OuterOptConfig())
+    frag = split_params(PARAMS, PLAN)[0]
+    state = tx.init(frag)
+    store.commit_global(0, 0, frag, state, {"round": None})
+    moved = {k: v - 1 for k, v in frag.items()}
+    store.commit_global(0, 1, moved, state, {"round": 0, "members": ["learner-0"]})
+    store.commit_global(0, 1, moved, state, {"round": 0, "members": ["learner-0"]})  # retry
+    assert store.current_version(0) == 1 and store.versions(0) == [0, 1]
+    got = store.load_global(0, outer_template=state)
+    assert got.version == 1 and got.meta["members"] == ["learner-0"]
+    for k in frag:
+        np.testing.assert_array_equal(got.params[k], np.asarray(moved[k]))
+    assert type(got.outer_state) is type(state)
+    old = store.load_global(0, version=0)
+    np.testing.assert_array_equal(old.params["a/kernel"], np.asarray(frag["a/kernel"]))
+    with pytest.raises(Conflict, match="cannot move the pointer from version 1 to 3"):
+        store.commit_global(0, 3, moved, state)
+    if enforces_preconditions(store):
+        with pytest.raises(Conflict):                    # same version, different content
+            store.commit_global(0, 1, frag, state)
+    assert store.current_version(1) is None
+
+
+def test_contribution_round_trip_listing_and_idempotence(store):
+    c = _contribution()
+    size = store.put_contribution(c)
+    assert size > 0
+    assert store.put_contribution(c) == size             # written twice: no-op
+    store.put_contribution(_contribution("learner-1"))
+    store.put_contribution(_contribution("learner-2", round_index=4))
+    assert store.list_contributions(3) == ["learner-0", "learner-1"]
+    assert store.list_contributions(4) == ["learner-2"]
+    assert store.list_contributions(5) == []
+    back = store.load_contribution(3, "learner-0")
+    assert (back.learner, back.round, back.fragment, back.tokens, back.steps, back.clock) == \
+        (c.learner, c.round, c.fragment, c.tokens, c.steps, c.clock)
+    assert back.nbytes == c.nbytes
+    for name in c.delta:
+        np.testing.assert_array_equal(decode(back.delta[name]), decode(c.delta[name]))
+    if enforces_preconditions(store):
+        with pytest.raises(Conflict):
+            store.put_contribution(_contribution(shift=0.5))  # different content, same round
+
+
+def _delta_key(store, round_index, learner):
+    directory = layout.contribution_dir(EXP, round_index, learner)
+    manifest = json.loads(store.blobs.read(f"{directory}/manifest.json"))
+    return f"{directory}/{manifest['objects']['delta']['name']}", manifest
+
+
+def test_truncated_and_tampered_payloads_are_rejected_with_a_reason(store):
+    store.put_contribution(_contribution("learner-0"))
+    store.put_contribution(_contribution("learner-1"))
+    key0, _ = _delta_key(store, 3, "learner-0")
+    data = store.blobs.read(key0)
+    store.blobs.write(key0, data[: len(data) // 2])
+    with pytest.raises(RejectedArtifact, match="truncated"):
+        store.load_contribution(3, "learner-0")
+    key1, _ = _delta_key(store, 3, "learner-1")
+    data = bytearray(store.blobs.read(key1))
+    data[-30] ^= 0xFF
+    store.blobs.write(key1, bytes(data))
+    with pytest.raises(RejectedArtifact, match="checksum mismatch"):
+        store.load_contribution(3, "learner-1")
+
+
+def test_missing_manifest_means_invisible_and_manifest_without_payload_is_rejected(store):
+    store.put_contribution(_contribution("learner-0"))
+    key, _ = _delta_key(store, 3, "learner-0")
+    directory = layout.contribution_dir(EXP, 3, "learner-0")
+    # A payload without its manifest (a writer died before committing) is not listed.
+    store.blobs.delete(f"{directory}/manifest.json")
+    assert store.list_contributions(3) == []
+    # A manifest whose payload is gone is listed but refused with a reason.
+    store.put_contribution(_contribution("learner-0"))
+    store.blobs.delete(key)
+    with pytest.raises(RejectedArtifact, match="does not exist"):
+        store.load_contribution(3, "learner-0")
+
+
+UNPICKLED = []
+
+
+def _explode():
+    UNPICKLED.append(True)
+
+
+class _Exploding:
+    def __reduce__(self):
+        return (_explode, ())
+
+
+def test_hostile_payloads_are_never_deserialized(store):
+    store.put_contribution(_contribution("learner-0"))
+    key, manifest = _delta_key(store, 3, "learner-0")
+    # A pickle whose size and checksum the manifest "commits": still refused, never unpickled.
+    evil = pickle.dumps(_Exploding())
+    from resources.store.array_bundle import sha256
+    manifest["objects"]["delta"].update(size=len(evil), sha256=sha256(evil))
+    directory = layout.contribution_dir(EXP, 3, "learner-0")
+    store.blobs.write(key, evil)
+    store.blobs.write(f"{directory}/manifest.json", json.dumps(manifest).encode())
+    with pytest.raises(RejectedArtifact, match="not a plain array bundle"):
+        store.load_contribution(3, "learner-0")
+    assert not UNPICKLED
+    # A manifest that lies about who wrote it, or about its shape.
+    manifest["learner"] = "learner-9"
+    store.blobs.write(f"{directory}/manifest.json", json.dumps(manifest).encode())
+    with pytest.raises(RejectedArtifact, match="manifest says learner"):
+        store.load_contribution(3, "learner-0")
+    # Oversized objects are refused before they are read.
+    small = ArtifactStore(store.blobs, EXP, max_object_bytes=64)
+    store.put_contribution(_contribution("learner-1"))
+    with pytest.raises(RejectedArtifact, match="oversized"):
+        small.load_contribution(3, "learner-1")
+    # Names that would escape their prefix never become keys.
+    for bad in ("../x", "a/b", "A", "", ".."):
+        with pytest.raises(InvalidName):
+            store.load_contribution(3, bad)
+    with pytest.raises(InvalidName):
+        ArtifactStore(store.blobs, "../other")
+
+
+def test_several_learners_write_at_once_and_readers_never_see_partial_state(store):
+    learners = [f"learner-{i}" for i in range(8)]
+    stop = threading.Event()
+    seen: list[str] = []
+    errors: list[Exception] = []
+
+    def reader():
+        while not stop.is_set():
+            for learner in store.list_contributions(3):
+                try:
+                    store.load_contribution(3, learner)
+                    seen.append(learner)
+                except Exception as err:  # noqa: BLE001 - any failure is the test's failure
+                    errors.append(err)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda name: store.put_contribution(_contribution(name)), learners))
+    stop.set()
+    thread.join()
+    assert not errors, errors[:3]
+    assert store.list_contributions(3) == sorted(learners)
+
+
+def test_decisions_evals_summary_and_checkpoint_location(store):
+    store.put_decision(3, {"merged": True, "members": ["learner-0"], "reason": "quorum"})
+    store.put_decision(3, {"merged": True, "members": ["learner-0"], "reason": "quorum"})
+    if enforces_preconditions(store):
+        with pytest.raises(Conflict):
+            store.put_decision(3, {"merged": False})
+    assert store.get_decision(3)["reason"] == "quorum"
+    store.put_eval(3, {"loss": 2.5})
+    assert store.get_eval(3) == {"loss": 2.5} and store.get_eval(4) is None
+    store.put_summary({"rounds": 3})
+    store.put_summary({"rounds": 4})
+    assert store.get_summary() == {"rounds": 4}
+    assert store.checkpoint_uri("learner-0").endswith(
+        "experiments/exp-1/learners/learner-0/checkpoints")
+
+
+def test_gc_keeps_the_last_versions_and_the_current_one(store):
+    tx = build_outer_optimizer(OuterOptConfig())
+    frag = split_params(PARAMS, PLAN)[0]
+    state = tx.init(frag)
+    for version in range(5):
+        store.commit_global(0, version, {k: v + version for k, v in frag.items()}, state)
+    deleted = store.gc_global_versions(keep_last=2, num_fragments=1)
+    assert deleted == [(0, 0), (0, 1), (0, 2)]
+    assert store.versions(0) == [3, 4] and store.current_version(0) == 4
+    assert store.load_global(0).params["a/kernel"][0, 0] == pytest.approx(4.0)
+    with pytest.raises(ValueError):
+        store.gc_global_versions(keep_last=0, num_fragments=1)
+
+
+def test_plain_tools_can_read_what_the_store_wrote(store):
+    """Interoperability: the documented layout is readable without this project's code."""
+    c = _contribution("learner-0", encoding="fp32")
+    store.put_contribution(c)
+    directory = layout.contribution_dir(EXP, 3, "learner-0")
+    if store.blobs.uri.startswith("gs://"):
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud import storage
+
+        bucket, _, prefix = store.blobs.uri[len("gs://"):].partition("/")
+        client = storage.Client(project="test", credentials=AnonymousCredentials())
+        read = lambda key: client.bucket(bucket).blob(f"{prefix}/{key}").download_as_bytes()  # noqa: E731
+    else:
+        from pathlib import Path
+
+        read = lambda key: (Path(store.blobs.uri) / key).read_bytes()  # noqa: E731
+    manifest = json.loads(read(f"{directory}/manifest.json"))
+    assert manifest["learner"] == "learner-0" and manifest["tokens"] == 256
+    npz = np.load(io.BytesIO(read(f"{directory}/{manifest['objects']['delta']['name']}")),
+                  allow_pickle=False)
+    name = manifest["tensors"][0]["name"]
+    np.testing.assert_array_equal(npz["t0000.payload"], np.asarray(c.delta[name].payload))
+
+
+def test_gcs_conditional_writes_send_preconditions_and_map_412(gcs_server, monkeypatch):
+    from google.api_core import exceptions as gexc
+    from google.cloud.storage import Blob
+
+    store = ArtifactStore(open_blob_store(f"gs://diloco-test/t-{uuid.uuid4().hex[:12]}"), EXP)
+    sent = []
+    original = Blob.upload_from_string
+
+    def recording(self, data, **kwargs):
+        sent.append((self.name.rsplit("/", 1)[-1], kwargs.get("if_generation_match")))
+        return original(self, data, **kwargs)
+
+    monkeypatch.setattr(Blob, "upload_from_string", recording)
+    tx = build_outer_optimizer(OuterOptConfig())
+    frag = split_params(PARAMS, PLAN)[0]
+    store.commit_global(0, 0, frag, tx.init(frag))
+    store.commit_global(0, 1, frag, tx.init(frag))
+    store.put_contribution(_contribution())
+    conditions = dict(sent)
+    # Payloads and manifests are create-only; the pointer moves from the generation it read.
+    assert all(cond == 0 for name, cond in sent if name != "CURRENT")
+    pointer_moves = [cond for name, cond in sent if name == "CURRENT"]
+    assert pointer_moves[0] == 0 and pointer_moves[1] > 0
+    assert "manifest.json" in conditions
+
+    # What real GCS answers to a lost race (HTTP 412) becomes a Conflict for different content.
+    def precondition_failed(self, data, **kwargs):
+        if self.name.endswith(("CURRENT", "decision.json")):
+            raise gexc.PreconditionFailed("conditionNotMet")
+        return original(self, data, **kwargs)
+
+    monkeypatch.setattr(Blob, "upload_from_string", precondition_failed)
+    with pytest.raises(Conflict, match="pointer moved concurrently"):
+        store.commit_global(0, 2, frag, tx.init(frag))
+    with pytest.raises(Conflict, match="already committed with different content"):
+        store.put_decision(5, {"merged": True})  # the "existing" object is absent -> differs
