@@ -301,3 +301,14 @@ def test_gcs_conditional_writes_send_preconditions_and_map_412(gcs_server, monke
         store.commit_global(0, 2, frag, tx.init(frag))
     with pytest.raises(Conflict, match="already committed with different content"):
         store.put_decision(5, {"merged": True})  # the "existing" object is absent -> differs
+
+
+def test_dagster_resource_opens_the_store(tmp_path):
+    from resources.store.resource import ArtifactStoreResource
+
+    resource = ArtifactStoreResource(base_uri=str(tmp_path / "s"), experiment="exp-2")
+    store = resource.store()
+    store.put_config({"name": "exp-2"})
+    assert store.get_config() == {"name": "exp-2"}
+    with pytest.raises(InvalidName):
+        ArtifactStoreResource(base_uri=str(tmp_path), experiment="../up").store()

@@ -9,6 +9,11 @@ A checkpoint is two Orbax items under one step directory:
 Saves block until durable (`wait_until_finished`), so a learner killed right after `save`
 returns still has that checkpoint. On GCS, Orbax writes through TensorStore, which a loopback
 test server reaches through `TENSORSTORE_GCS_HTTP_URL` (see tests/gcs_emulator.py).
+
+`use_ocdbt` (Orbax's default, on) packs arrays into an OCDBT database whose manifest TensorStore
+writes conditionally on object generations. The loopback test server (gcp-storage-emulator)
+does not implement those semantics and intermittently fails them ("Malformed
+StorageGeneration"), so the tests use `use_ocdbt=False` against it; real GCS supports OCDBT.
 """
 
 from typing import Any
@@ -25,10 +30,12 @@ def abstract_target(tree: Any) -> Any:
 class LearnerCheckpoints:
     """One learner's checkpoints: save, list, restore (into an abstract target), keep the last N."""
 
-    def __init__(self, directory: str, max_to_keep: int = 3):
+    def __init__(self, directory: str, max_to_keep: int = 3, use_ocdbt: bool = True):
         self.directory = directory
         self.manager = ocp.CheckpointManager(
-            directory, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True))
+            directory, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
+            item_handlers={"state": ocp.StandardCheckpointHandler(use_ocdbt=use_ocdbt),
+                           "meta": ocp.JsonCheckpointHandler()})
 
     def save(self, step: int, state: Any, meta: dict) -> None:
         self.manager.save(step, args=ocp.args.Composite(
