@@ -3,6 +3,7 @@
     diloco simulate [--config FILE] [--set field.path=value ...]   # the main job for now
     diloco config   [--config FILE] [--set ...]                    # validate and print a config
     diloco params   [--preset NAME]                                # parameter counts and bytes
+    diloco bandwidth [--params N] [--sites S] ...                  # cross-site bandwidth plan
 
 Heavy imports (JAX) happen inside the commands so `diloco --help` and config errors are instant.
 """
@@ -62,6 +63,37 @@ def _cmd_params(args) -> int:
     return 0
 
 
+def _cmd_bandwidth(args) -> int:
+    import dataclasses
+
+    from diloco_core.bandwidth import plan_bandwidth
+    from diloco_core.config import ModelConfig
+    from diloco_core.model import param_count
+    from pipelines.reporting import plot_utilisation
+
+    num_params = args.params or param_count(ModelConfig.from_preset(args.preset))
+    kwargs = dict(sites=args.sites, sync_period=args.sync_period,
+                  num_fragments=args.fragments, overlap_steps=args.overlap,
+                  step_seconds=args.step_seconds, bits=args.bits, dp_bits=args.dp_bits,
+                  download_bits=args.download_bits)
+    plans = plan_bandwidth(num_params, available_gbps=args.available_gbps, **kwargs)
+    rows = [dataclasses.asdict(p) for p in plans.values()]
+    plot = plot_utilisation(lambda gbps: plan_bandwidth(num_params, available_gbps=gbps,
+                                                        **kwargs), Path(args.plot))
+    if args.json:
+        print(json.dumps({"num_params": num_params, **kwargs, "plans": rows,
+                          "plot": str(plot)}, indent=2))
+        return 0
+    print(f"{num_params / 1e9:.2f}B parameters, {args.sites} sites, H={args.sync_period}, "
+          f"P={args.fragments}, tau={args.overlap}, {args.step_seconds}s/step")
+    print(f"{'method':<18}{'avg Gbps':>12}{'peak Gbps':>12}{'utilisation':>13}")
+    for r in rows:
+        util = "" if r["utilisation"] is None else f"{r['utilisation']:.3f}"
+        print(f"{r['method']:<18}{r['average_gbps']:>12.3f}{r['peak_gbps']:>12.3f}{util:>13}")
+    print(f"plot: {plot}")
+    return 0
+
+
 def _cmd_simulate(args) -> int:
     from pipelines.simulate_command import simulate
 
@@ -85,6 +117,23 @@ def build_parser() -> argparse.ArgumentParser:
     cfg = sub.add_parser("config", help="validate a config and print it with every default")
     _add_config_args(cfg)
     cfg.set_defaults(func=_cmd_config)
+
+    bw = sub.add_parser("bandwidth", help="cross-site bandwidth: data-parallel vs DiLoCo vs "
+                        "Decoupled DiLoCo")
+    bw.add_argument("--preset", default="12b", help="model preset (ignored with --params)")
+    bw.add_argument("--params", type=float, help="parameter count, e.g. 12e9")
+    bw.add_argument("--sites", type=int, default=4)
+    bw.add_argument("--sync-period", type=int, default=24, help="H")
+    bw.add_argument("--fragments", type=int, default=24, help="P")
+    bw.add_argument("--overlap", type=int, default=2, help="tau")
+    bw.add_argument("--step-seconds", type=float, default=1.0)
+    bw.add_argument("--bits", type=float, default=16, help="outer-gradient bits per value")
+    bw.add_argument("--dp-bits", type=float, default=16, help="data-parallel gradient bits")
+    bw.add_argument("--download-bits", type=float, default=16)
+    bw.add_argument("--available-gbps", type=float, help="link speed per site")
+    bw.add_argument("--plot", default="runs/bandwidth.png")
+    bw.add_argument("--json", action="store_true")
+    bw.set_defaults(func=_cmd_bandwidth)
 
     params = sub.add_parser("params", help="parameter counts of the model presets")
     params.add_argument("--preset")

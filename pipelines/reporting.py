@@ -67,3 +67,32 @@ def plot_loss(results: Sequence[SimulationResult], path: Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def plot_utilisation(plan_at, path: Path) -> Path:
+    """Compute utilisation of each method against the available link speed (log scale)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    speeds = np.logspace(-2, 3, 120)
+    curves: dict[str, list[float]] = {}
+    for gbps in speeds:
+        for method, plan in plan_at(float(gbps)).items():
+            curves.setdefault(method, []).append(plan.utilisation)
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for method, values in curves.items():
+        ax.plot(speeds, values, label=method)
+    ax.set_xscale("log")
+    ax.set_xlabel("available cross-site bandwidth per site (Gbps)")
+    ax.set_ylabel("compute utilisation")
+    ax.set_ylim(0, 1.05)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -44,3 +44,15 @@ def test_simulate_writes_results_and_plot(capsys, tmp_path):
     assert record["machine"]["cpu_count"] >= 1
     assert record["config"]["token_budget"] == 2048
     assert (tmp_path / "heldout_loss.png").stat().st_size > 1000
+
+
+def test_bandwidth_plan(capsys, tmp_path):
+    code = main(["bandwidth", "--params", "1e9", "--sites", "4", "--sync-period", "8",
+                 "--fragments", "4", "--overlap", "1", "--available-gbps", "10", "--json",
+                 "--plot", str(tmp_path / "bw.png")])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    plans = {p["method"]: p for p in out["plans"]}
+    assert abs(plans["data_parallel"]["average_gbps"] - 24.0) < 1e-9
+    assert plans["decoupled_diloco"]["utilisation"] == 1.0
+    assert (tmp_path / "bw.png").stat().st_size > 1000
