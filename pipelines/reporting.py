@@ -46,13 +46,28 @@ def write_results(results: Sequence[SimulationResult], config: dict, out_dir: Pa
     return path
 
 
-def plot_loss(results: Sequence[SimulationResult], path: Path) -> Path:
+def _axes():
     import matplotlib
 
-    matplotlib.use("Agg")
+    matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    return plt.subplots(figsize=(7, 4.2))
+
+
+def _save(fig, ax, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_loss(results: Sequence[SimulationResult], path: Path) -> Path:
+    fig, ax = _axes()
     for r in results:
         if r.evals:
             ax.plot([e["tokens"] / 1e6 for e in r.evals], [e["loss"] for e in r.evals],
@@ -61,20 +76,11 @@ def plot_loss(results: Sequence[SimulationResult], path: Path) -> Path:
     ax.set_ylabel("held-out loss (nats/byte)")
     ax.set_title("Held-out loss over tokens")
     ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, path)
 
 
 def plot_utilisation(plan_at, path: Path) -> Path:
     """Compute utilisation of each method against the available link speed (log scale)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
     speeds = np.logspace(-2, 3, 120)
@@ -82,7 +88,7 @@ def plot_utilisation(plan_at, path: Path) -> Path:
     for gbps in speeds:
         for method, plan in plan_at(float(gbps)).items():
             curves.setdefault(method, []).append(plan.utilisation)
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = _axes()
     for method, values in curves.items():
         ax.plot(speeds, values, label=method)
     ax.set_xscale("log")
@@ -90,9 +96,4 @@ def plot_utilisation(plan_at, path: Path) -> Path:
     ax.set_ylabel("compute utilisation")
     ax.set_ylim(0, 1.05)
     ax.grid(alpha=0.3, which="both")
-    ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, path)
