@@ -4,6 +4,7 @@
     diloco config   [--config FILE] [--set ...]                    # validate and print a config
     diloco params   [--preset NAME]                                # parameter counts and bytes
     diloco bandwidth [--params N] [--sites S] ...                  # cross-site bandwidth plan
+    diloco goodput  --chips N [--learners M] [--json]              # goodput under failures
 
 Heavy imports (JAX) happen inside the commands so `diloco --help` and config errors are instant.
 """
@@ -63,6 +64,32 @@ def _cmd_params(args) -> int:
     return 0
 
 
+def _cmd_goodput(args) -> int:
+    from diloco_core.goodput import GoodputParams, goodput_with_ci
+    from pipelines.reporting import plot_goodput
+
+    def params(chips: int) -> GoodputParams:
+        return GoodputParams(chips=chips - chips % 256, learners=args.learners,
+                             min_quorum=args.min_quorum, mtbi_years=args.mtbi_years)
+
+    result = goodput_with_ci(params(args.chips), seeds=args.seeds)
+    figures = {k: result[k]["mean"] for k in
+               ("data_parallel", "data_parallel_elastic", "decoupled", "decoupled_uptime")}
+    plot = plot_goodput(lambda chips: goodput_with_ci(params(chips), seeds=args.seeds),
+                        Path(args.plot)) if args.plot else None
+    if args.json:
+        print(json.dumps({**figures, "ci95": {k: result[k]["ci95"] for k in figures},
+                          "plot": str(plot) if plot else None}, indent=2))
+        return 0
+    print(f"{args.chips:,} chips, {args.learners} learners, MTBI {args.mtbi_years} years per "
+          f"chip, {args.seeds} seeds (mean ± 95% CI)")
+    for key in figures:
+        print(f"  {key:<24}{100 * result[key]['mean']:6.1f}% ± {100 * result[key]['ci95']:.1f}")
+    if plot:
+        print(f"plot: {plot}")
+    return 0
+
+
 def _cmd_bandwidth(args) -> int:
     import dataclasses
 
@@ -117,6 +144,16 @@ def build_parser() -> argparse.ArgumentParser:
     cfg = sub.add_parser("config", help="validate a config and print it with every default")
     _add_config_args(cfg)
     cfg.set_defaults(func=_cmd_config)
+
+    gp = sub.add_parser("goodput", help="goodput under chip failures at datacentre scale")
+    gp.add_argument("--chips", type=int, required=True)
+    gp.add_argument("--learners", type=int, default=8)
+    gp.add_argument("--min-quorum", type=int, default=1)
+    gp.add_argument("--mtbi-years", type=float, default=1.0)
+    gp.add_argument("--seeds", type=int, default=5)
+    gp.add_argument("--plot", default="runs/goodput.png", help="'' for no plot")
+    gp.add_argument("--json", action="store_true")
+    gp.set_defaults(func=_cmd_goodput)
 
     bw = sub.add_parser("bandwidth", help="cross-site bandwidth: data-parallel vs DiLoCo vs "
                         "Decoupled DiLoCo")

@@ -97,3 +97,20 @@ def plot_utilisation(plan_at, path: Path) -> Path:
     ax.set_ylim(0, 1.05)
     ax.grid(alpha=0.3, which="both")
     return _save(fig, ax, path)
+
+
+def plot_goodput(goodput_at, path: Path) -> Path:
+    """Goodput of each system against chip count (150k to 2.4M), with 95% intervals."""
+    chips = [150_016, 300_032, 600_064, 1_200_128, 2_400_000]
+    fig, ax = _axes()
+    results = [goodput_at(n) for n in chips]
+    for key in ("data_parallel", "data_parallel_elastic", "decoupled"):
+        ax.errorbar([n / 1e6 for n in chips], [100 * r[key]["mean"] for r in results],
+                    yerr=[100 * r[key]["ci95"] for r in results], marker="o", capsize=3,
+                    label=key)
+    ax.set_xscale("log")
+    ax.set_xlabel("chips (millions)")
+    ax.set_ylabel("goodput (%)")
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3, which="both")
+    return _save(fig, ax, path)

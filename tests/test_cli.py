@@ -56,3 +56,14 @@ def test_bandwidth_plan(capsys, tmp_path):
     assert abs(plans["data_parallel"]["average_gbps"] - 24.0) < 1e-9
     assert plans["decoupled_diloco"]["utilisation"] == 1.0
     assert (tmp_path / "bw.png").stat().st_size > 1000
+
+
+def test_goodput_json(capsys, tmp_path):
+    code = main(["goodput", "--chips", "150016", "--learners", "8", "--seeds", "2", "--json",
+                 "--plot", str(tmp_path / "g.png")])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("data_parallel", "data_parallel_elastic", "decoupled", "decoupled_uptime"):
+        assert 0.0 <= out[key] <= 1.0
+    assert out["decoupled"] > out["data_parallel"]
+    assert (tmp_path / "g.png").stat().st_size > 1000
