@@ -27,3 +27,18 @@ def test_reference_simulation_materializes_with_metadata():
     assert 0 < meta["heldout_loss"].value < 10
     assert meta["rounds_merged"].value >= 1
     assert "final round" in meta["last_decision"].value
+
+
+def test_goodput_asset_materializes_table_and_plot(tmp_path):
+    from pipelines.defs.goodput import goodput_at_scale
+
+    result = dg.materialize(
+        [goodput_at_scale],
+        run_config={"ops": {"goodput_at_scale": {"config": {
+            "seeds": 2, "plot_path": str(tmp_path / "g.png")}}}})
+    assert result.success
+    (mat,) = result.asset_materializations_for_node("goodput_at_scale")
+    assert "| 1,200,128 |" in mat.metadata["table"].value
+    assert mat.metadata["decoupled_at_largest"].value > mat.metadata[
+        "data_parallel_at_largest"].value
+    assert (tmp_path / "g.png").stat().st_size > 1000
