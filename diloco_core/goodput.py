@@ -9,9 +9,10 @@ for `repair_seconds` (a failure inside a slice already out changes nothing). Sys
 - data-parallel with elasticity (slice granularity): every failure pauses the whole job for
   `downscale_seconds` and every repaired slice's return for `upscale_seconds`; in between it
   trains on the slices that are up;
-- Decoupled DiLoCo with M learners: each learner owns N/M chips and is itself elastic as above,
-  but its pauses and lost slices are its own; the global model advances while at least K
-  learners are training (uptime).
+- synchronous DiLoCo with M learners: each learner owns N/M chips and is elastic as above, but
+  every sync waits for all learners, so any learner's pause stalls all of them;
+- Decoupled DiLoCo with M learners: the same learners, but their pauses and lost slices are
+  their own; the global model advances while at least K learners are training (uptime).
 
 Goodput = useful chip-seconds / allocated chip-seconds. Failures are drawn once per seed and
 shared by all systems, so they are compared on the same failure trace.
@@ -99,8 +100,9 @@ def _covering(points: np.ndarray, intervals: list[tuple[float, float]]) -> np.nd
 
 
 def _elastic(p: GoodputParams, outages: list[Outage], slices: list[int]
-             ) -> tuple[float, np.ndarray, np.ndarray]:
-    """An elastic job on `slices`: useful slice-seconds, and its training mask over a grid."""
+             ) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
+    """An elastic job on `slices`: useful slice-seconds, then per segment between `edges`
+    whether it trains and how many of its slices are up."""
     members = set(slices)
     mine = [(a, b) for a, b, s in outages if s in members]
     pauses = _renewal([a for a, _ in mine], p.downscale_seconds)
@@ -112,9 +114,10 @@ def _elastic(p: GoodputParams, outages: list[Outage], slices: list[int]
     mids = (edges[:-1] + edges[1:]) / 2
     down = _covering(mids, mine)
     paused = _covering(mids, pauses) > 0
-    training = ~paused & (len(slices) - down > 0)
-    useful = float(np.sum(np.where(training, len(slices) - down, 0.0) * np.diff(edges)))
-    return useful, edges, training
+    up = len(slices) - down
+    training = ~paused & (up > 0)
+    useful = float(np.sum(np.where(training, up, 0.0) * np.diff(edges)))
+    return useful, edges, training, up
 
 
 def simulate_goodput(p: GoodputParams, seed: int = 0) -> dict[str, float]:
@@ -130,21 +133,25 @@ def simulate_goodput(p: GoodputParams, seed: int = 0) -> dict[str, float]:
     dp_elastic = _elastic(p, outages, list(range(n_slices)))[0] / allocated
 
     groups = [list(range(m, n_slices, p.learners)) for m in range(p.learners)]
-    useful, masks = 0.0, []
-    for group in groups:
-        u, edges, training = _elastic(p, outages, group)
-        useful += u
-        masks.append((edges, training))
-    # Uptime: the share of time at least K learners are training, on a common fine grid.
+    # Per learner, on a common fine grid: is it training, and on how many slices.
     grid = np.linspace(0.0, horizon, 20_001)
     mids = (grid[:-1] + grid[1:]) / 2
-    training_count = np.zeros_like(mids)
-    for edges, training in masks:
+    useful, training_on_grid, up_on_grid = 0.0, [], []
+    for group in groups:
+        u, edges, training, up = _elastic(p, outages, group)
+        useful += u
         idx = np.clip(np.searchsorted(edges, mids, side="right") - 1, 0, len(training) - 1)
-        training_count += training[idx]
-    uptime = float(np.mean(training_count >= p.min_quorum))
+        training_on_grid.append(training[idx])
+        up_on_grid.append(up[idx])
+    training_count = np.sum(training_on_grid, axis=0)
+    # Synchronous DiLoCo: the same elastic learners, but every sync waits for all of them, so
+    # any learner's pause stalls everyone (the stall is spread over the run, as in DP).
+    everyone = training_count == p.learners
+    sync_useful = float(np.sum(everyone * np.sum(up_on_grid, axis=0))) * (horizon / len(mids))
     return {"data_parallel": dp, "data_parallel_elastic": dp_elastic,
-            "decoupled": useful / allocated, "decoupled_uptime": uptime,
+            "synchronous_diloco": sync_useful / allocated,
+            "decoupled": useful / allocated,
+            "decoupled_uptime": float(np.mean(training_count >= p.min_quorum)),
             "failures": int(len(outages))}
 
 

@@ -74,7 +74,8 @@ def _cmd_goodput(args) -> int:
 
     result = goodput_with_ci(params(args.chips), seeds=args.seeds)
     figures = {k: result[k]["mean"] for k in
-               ("data_parallel", "data_parallel_elastic", "decoupled", "decoupled_uptime")}
+               ("data_parallel", "data_parallel_elastic", "synchronous_diloco", "decoupled",
+                "decoupled_uptime")}
     plot = plot_goodput(lambda chips: goodput_with_ci(params(chips), seeds=args.seeds),
                         Path(args.plot)) if args.plot else None
     if args.json:

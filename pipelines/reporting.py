@@ -104,7 +104,7 @@ def plot_goodput(goodput_at, path: Path) -> Path:
     chips = [150_016, 300_032, 600_064, 1_200_128, 2_400_000]
     fig, ax = _axes()
     results = [goodput_at(n) for n in chips]
-    for key in ("data_parallel", "data_parallel_elastic", "decoupled"):
+    for key in ("data_parallel", "data_parallel_elastic", "synchronous_diloco", "decoupled"):
         ax.errorbar([n / 1e6 for n in chips], [100 * r[key]["mean"] for r in results],
                     yerr=[100 * r[key]["ci95"] for r in results], marker="o", capsize=3,
                     label=key)

@@ -9,6 +9,7 @@ def test_no_failures_means_full_goodput():
     r = simulate_goodput(GoodputParams(chips=4096, mtbi_years=1e12), seed=0)
     assert r["failures"] == 0
     assert r["data_parallel"] == r["data_parallel_elastic"] == r["decoupled"] == 1.0
+    assert r["synchronous_diloco"] == pytest.approx(1.0)
     assert r["decoupled_uptime"] == 1.0
 
 
@@ -26,6 +27,7 @@ def test_decoupled_beats_elastic_beats_static_and_degrades_with_scale():
     for r in (small, large):
         assert (r["decoupled"]["mean"] > r["data_parallel_elastic"]["mean"]
                 > r["data_parallel"]["mean"])
+        assert r["decoupled"]["mean"] > r["synchronous_diloco"]["mean"]
         assert r["decoupled_uptime"]["mean"] == 1.0
     for key in ("data_parallel", "data_parallel_elastic", "decoupled"):
         assert large[key]["mean"] < small[key]["mean"]

@@ -32,10 +32,12 @@ def goodput_at_scale(context: dg.AssetExecutionContext,
         return cache[chips]
 
     path = plot_goodput(at, Path(config.plot_path))
-    rows = ["| chips | data-parallel | elastic | Decoupled | uptime |", "|---|---|---|---|---|"]
+    rows = ["| chips | data-parallel | elastic | sync DiLoCo | Decoupled | uptime |",
+            "|---|---|---|---|---|---|"]
     for chips, r in sorted(cache.items()):
         rows.append(f"| {chips:,} | {100 * r['data_parallel']['mean']:.1f}% | "
                     f"{100 * r['data_parallel_elastic']['mean']:.1f}% | "
+                    f"{100 * r['synchronous_diloco']['mean']:.1f}% | "
                     f"{100 * r['decoupled']['mean']:.1f}% | "
                     f"{100 * r['decoupled_uptime']['mean']:.1f}% |")
     image = base64.b64encode(path.read_bytes()).decode()
