@@ -40,3 +40,15 @@ def test_same_seed_same_answer_and_bad_params():
         GoodputParams(chips=1000)
     with pytest.raises(ValueError, match="min_quorum"):
         GoodputParams(chips=4096, min_quorum=9)
+
+
+def test_goodput_rises_with_learners_and_full_quorum_never_has_better_uptime():
+    by_m = {m: goodput_with_ci(GoodputParams(chips=1_200_128, learners=m), seeds=3)
+            for m in (2, 4, 8, 16)}
+    means = [by_m[m]["decoupled"]["mean"] for m in (2, 4, 8, 16)]
+    assert means == sorted(means), means
+    for seed in range(3):
+        k1 = simulate_goodput(GoodputParams(chips=600_064, learners=8, min_quorum=1), seed)
+        k8 = simulate_goodput(GoodputParams(chips=600_064, learners=8, min_quorum=8), seed)
+        assert k8["decoupled_uptime"] <= k1["decoupled_uptime"]
+        assert k8["decoupled_uptime"] < 1.0
