@@ -1,105 +1,318 @@
-"""The object layer: one contract over a local directory and the loopback GCS server."""
+"""The object layer: one contract over a local directory and a loopback GCS server, plus the GCS
+backend's request-level behaviour (preconditions sent, retries, permanent errors) checked by
+scripting HTTP responses between the client and the server."""
 
+import json
+import re
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from http import HTTPStatus
 
 import pytest
+import requests
 
 from resources.store.backends import open_blob_store
 from resources.store.blobs import BlobNotFound, LocalBlobStore, PreconditionFailed
 
+BUCKET = "diloco-test"
+
+
+def _unique(request) -> str:
+    name = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40]
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
 
 @pytest.fixture(params=["local", "gcs"])
-def blobs(request, tmp_path):
+def blob_store(request, tmp_path):
     if request.param == "local":
-        return open_blob_store(str(tmp_path))
+        return open_blob_store(str(tmp_path / "store"))
     request.getfixturevalue("gcs_server")
-    return open_blob_store(f"gs://diloco-test/b-{uuid.uuid4().hex[:12]}")
+    return open_blob_store(f"gs://{BUCKET}/{_unique(request)}")
 
 
-def test_round_trip_info_list_delete(blobs):
-    info = blobs.write("a/b/one.bin", b"12345")
-    assert info.size == 5 and info.generation > 0
-    assert blobs.read("a/b/one.bin") == b"12345"
-    assert blobs.info("a/b/one.bin").size == 5 and blobs.info("a/b/none") is None
-    blobs.write("a/b/two.bin", b"x")
-    blobs.write("a/c/three.bin", b"y")
-    blobs.write("ab/four.bin", b"z")
-    assert blobs.list("a/b/") == ["a/b/one.bin", "a/b/two.bin"]
-    assert blobs.list("a/") == ["a/b/one.bin", "a/b/two.bin", "a/c/three.bin"]
-    assert blobs.list("zzz/") == []
+@pytest.fixture
+def gcs_store(request, gcs_server):
+    store = open_blob_store(f"gs://{BUCKET}/{_unique(request)}")
+    store.initial_backoff, store.max_backoff = 0.01, 0.05
+    return store
+
+
+# ---- the contract, on both backends ----------------------------------------------------------
+def test_write_read_info_round_trip(blob_store):
+    info = blob_store.write("a/b/one.bin", b"12345")
+    assert (info.key, info.size) == ("a/b/one.bin", 5) and info.generation > 0
+    assert blob_store.read("a/b/one.bin") == b"12345"
+    assert blob_store.info("a/b/one.bin") == info
+    empty = blob_store.write("empty", b"")
+    assert empty.size == 0 and blob_store.read("empty") == b""
+    binary = bytes(range(256)) * 64
+    blob_store.write("bin", binary)
+    assert blob_store.read("bin") == binary
+
+
+def test_missing_key(blob_store):
     with pytest.raises(BlobNotFound):
-        blobs.read("a/b/none")
-    blobs.delete("a/b/one.bin")
-    blobs.delete("a/b/one.bin")  # idempotent
-    assert blobs.list("a/b/") == ["a/b/two.bin"]
+        blob_store.read("a/none")
+    assert blob_store.info("a/none") is None
+    assert blob_store.list("a/") == []
 
 
-def test_create_only_and_generation_checked_writes_on_local(tmp_path):
+def test_list_is_a_sorted_relative_prefix_listing(blob_store):
+    for key in ("a/c/three.bin", "a/b/two.bin", "ab/four.bin", "a/b/one.bin", "z"):
+        blob_store.write(key, key.encode())
+    sibling = open_blob_store(blob_store.uri + "-sib")  # a neighbouring root sharing a prefix
+    sibling.write("a/b/other.bin", b"not mine")
+    assert blob_store.list("a/b/") == ["a/b/one.bin", "a/b/two.bin"]
+    assert blob_store.list("a/") == ["a/b/one.bin", "a/b/two.bin", "a/c/three.bin"]
+    assert blob_store.list("a") == ["a/b/one.bin", "a/b/two.bin", "a/c/three.bin", "ab/four.bin"]
+    assert blob_store.list("") == ["a/b/one.bin", "a/b/two.bin", "a/c/three.bin", "ab/four.bin",
+                                   "z"]
+    assert blob_store.list("zzz/") == [] and blob_store.list("a/b/o") == ["a/b/one.bin"]
+    assert sibling.list("") == ["a/b/other.bin"]
+
+
+def test_delete_is_idempotent(blob_store):
+    blob_store.write("k/one", b"1")
+    blob_store.write("k/two", b"2")
+    blob_store.delete("k/one")
+    blob_store.delete("k/one")
+    blob_store.delete("k/never-written")
+    assert blob_store.list("k/") == ["k/two"] and blob_store.info("k/one") is None
+
+
+def test_create_only_and_generation_checked_overwrite(blob_store):
+    first = blob_store.write("ptr", b"v0", if_generation=0)
+    assert blob_store.info("ptr") == first
+    second = blob_store.write("ptr", b"v1", if_generation=first.generation)
+    assert second.generation != first.generation and blob_store.read("ptr") == b"v1"
+    assert blob_store.info("ptr").generation == second.generation
+    third = blob_store.write("ptr", b"v2")  # unconditional
+    assert blob_store.read("ptr") == b"v2" and blob_store.info("ptr") == third
+
+
+def test_keys_cannot_escape_the_root(blob_store):
+    for bad in ("../x", "a/../../x", "/etc/passwd", "a//b", "a/./b", "a/.."):
+        with pytest.raises(ValueError):
+            blob_store.write(bad, b"no")
+        with pytest.raises(ValueError):
+            blob_store.read(bad)
+
+
+def test_many_writers_at_once(blob_store):
+    keys = [f"w{w}/obj{i}" for w in range(8) for i in range(10)]
+
+    def writer(w):
+        return [blob_store.write(k, k.encode(), if_generation=0) for k in keys[w * 10:w * 10 + 10]]
+
+    with ThreadPoolExecutor(8) as pool:
+        infos = [info for batch in pool.map(writer, range(8)) for info in batch]
+    assert [i.key for i in infos] == keys
+    assert blob_store.list("w") == sorted(keys)
+    assert all(blob_store.read(k) == k.encode() for k in keys)
+
+
+# ---- preconditions: enforced for real on the local backend ----------------------------------
+def test_precondition_failures_on_local(tmp_path):
     blobs = LocalBlobStore(tmp_path)
     first = blobs.write("p", b"1", if_generation=0)
     with pytest.raises(PreconditionFailed):
-        blobs.write("p", b"2", if_generation=0)
+        blobs.write("p", b"2", if_generation=0)  # create-only on an existing key
     second = blobs.write("p", b"2", if_generation=first.generation)
     with pytest.raises(PreconditionFailed):
         blobs.write("p", b"3", if_generation=first.generation)  # stale generation
+    with pytest.raises(PreconditionFailed):
+        blobs.write("absent", b"x", if_generation=second.generation)  # expects an object
     assert blobs.read("p") == b"2" and second.generation != first.generation
 
 
-def test_keys_cannot_escape_the_root(blobs):
-    for bad in ("../x", "a/../../x", "/etc/passwd", "a//b"):
-        with pytest.raises(ValueError):
-            blobs.write(bad, b"no")
+# ---- GCS at the HTTP level: the loopback server ignores preconditions, so check the requests --
+def _response(status: int, method: str, url: str) -> requests.Response:
+    response = requests.Response()
+    response.status_code = status
+    response.url = url
+    response.reason = HTTPStatus(status).phrase
+    response.headers["Content-Type"] = "application/json"
+    response._content = json.dumps(
+        {"error": {"code": status, "message": HTTPStatus(status).phrase}}).encode()
+    response.request = requests.Request(method, url).prepare()
+    return response
 
 
-def test_many_writers_at_once(blobs):
-    keys = [f"w{w}/obj{i}" for w in range(8) for i in range(10)]
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda k: blobs.write(k, k.encode(), if_generation=0), keys))
-    assert blobs.list("w") == sorted(keys)
-    assert all(blobs.read(k) == k.encode() for k in keys[::7])
+_BUCKET_METADATA = re.compile(r"/storage/v1/b/[^/?]+(\?|$)")
 
 
-def test_open_blob_store_dispatch(tmp_path):
-    assert isinstance(open_blob_store(str(tmp_path)), LocalBlobStore)
-    assert isinstance(open_blob_store(f"file://{tmp_path}"), LocalBlobStore)
-    with pytest.raises(ValueError, match="unsupported store URI"):
-        open_blob_store("s3://bucket/x")
+def _intercept(monkeypatch, store, handler):
+    """Route the store's object requests through `handler(n, method, url, forward)`; `n` counts
+    them. Returns the list of (method, url) seen. Bucket-metadata reads, which the library also
+    makes from a background thread (its bucket metadata cache), go straight through."""
+    session = store.client._http
+    real = session.request
+    seen = []
+
+    def request(method, url, *args, **kwargs):
+        if _BUCKET_METADATA.search(url):
+            return real(method, url, *args, **kwargs)
+        seen.append((method, url))
+        return handler(len(seen), method, url, lambda: real(method, url, *args, **kwargs))
+
+    monkeypatch.setattr(session, "request", request)
+    return seen
 
 
-def test_gcs_retries_transient_errors_and_fails_fast_on_permanent_ones(gcs_server, monkeypatch):
+def _uploads(seen):
+    return [url for method, url in seen if method == "POST" and "/upload/" in url]
+
+
+def test_gcs_sends_the_generation_preconditions(gcs_store, monkeypatch):
+    seen = _intercept(monkeypatch, gcs_store, lambda n, m, u, forward: forward())
+    first = gcs_store.write("ptr", b"v0", if_generation=0)
+    gcs_store.write("ptr", b"v1", if_generation=first.generation)
+    gcs_store.write("ptr", b"v2")
+    create, replace, plain = _uploads(seen)
+    assert "ifGenerationMatch=0" in create
+    assert f"ifGenerationMatch={first.generation}" in replace
+    assert "ifGenerationMatch" not in plain
+    assert all(f"/upload/storage/v1/b/{BUCKET}/o?" in url for url in (create, replace, plain))
+
+
+def test_gcs_412_is_precondition_failed_and_not_retried(gcs_store, monkeypatch):
+    gcs_store.write("ptr", b"theirs")
+    seen = _intercept(monkeypatch, gcs_store, lambda n, method, url, forward:
+                      _response(412, method, url) if "/upload/" in url else forward())
+    with pytest.raises(PreconditionFailed, match=rf"gs://{BUCKET}/.*/ptr"):
+        gcs_store.write("ptr", b"mine", if_generation=0)
+    assert len(_uploads(seen)) == 1
+    assert gcs_store.read("ptr") == b"theirs"
+
+
+def test_gcs_maps_the_librarys_precondition_error(gcs_store, monkeypatch):
     from google.api_core import exceptions as gexc
     from google.cloud.storage import Blob
 
+    def stub(self, data, **kwargs):
+        assert kwargs["if_generation_match"] == 7
+        raise gexc.PreconditionFailed("conditionNotMet")
+
+    monkeypatch.setattr(Blob, "upload_from_string", stub)
+    with pytest.raises(PreconditionFailed):
+        gcs_store.write("ptr", b"x", if_generation=7)
+
+
+def test_gcs_retries_transient_errors(gcs_store, monkeypatch):
+    def flaky(n, method, url, forward):
+        if n == 1:
+            return _response(503, method, url)  # the upload's first attempt
+        if n == 3:
+            raise requests.ConnectionError("connection reset by peer")  # the download's
+        if n == 5:
+            return _response(429, method, url)  # the metadata read's
+        return forward()
+
+    seen = _intercept(monkeypatch, gcs_store, flaky)
+    info = gcs_store.write("k", b"payload", if_generation=0)
+    assert len(_uploads(seen)) == 2
+    assert gcs_store.read("k") == b"payload"
+    assert gcs_store.info("k") == info
+    assert len(seen) == 6
+
+
+def test_gcs_conditional_write_whose_response_was_lost(gcs_store, monkeypatch):
+    """The first attempt lands but its response is a 503; the retry meets its own write (412).
+    The store sees that the object holds its bytes and reports success."""
+    def lost_response(n, method, url, forward):
+        if "/upload/" not in url:
+            return forward()
+        if n == 1:
+            forward()
+            return _response(503, method, url)
+        return _response(412, method, url)
+
+    _intercept(monkeypatch, gcs_store, lost_response)
+    info = gcs_store.write("ptr", b"mine", if_generation=0)
+    monkeypatch.undo()
+    assert gcs_store.read("ptr") == b"mine" and gcs_store.info("ptr") == info
+
+
+def test_gcs_retried_conditional_write_that_really_lost(gcs_store, monkeypatch):
+    gcs_store.write("ptr", b"theirs")
+
+    def lost_race(n, method, url, forward):
+        if "/upload/" not in url:
+            return forward()
+        return _response(503 if n == 1 else 412, method, url)
+
+    _intercept(monkeypatch, gcs_store, lost_race)
+    with pytest.raises(PreconditionFailed):
+        gcs_store.write("ptr", b"mine", if_generation=0)
+
+
+def test_gcs_permanent_errors_fail_fast_naming_bucket_and_key(gcs_store, monkeypatch):
     from resources.store.gcs_blobs import GCSStoreError
 
-    blobs = open_blob_store(f"gs://diloco-test/r-{uuid.uuid4().hex[:12]}")
-    blobs.retry = blobs.retry.with_delay(initial=0.01, maximum=0.02)
-    calls = []
-    original = Blob.download_as_bytes
+    seen = _intercept(monkeypatch, gcs_store, lambda n, method, url, forward:
+                      _response(403, method, url))
+    where = rf"gs://{BUCKET}/{gcs_store.prefix}/dir/k"
+    with pytest.raises(GCSStoreError, match=rf"write {where} failed: 403 .*permissions"):
+        gcs_store.write("dir/k", b"x", if_generation=0)
+    with pytest.raises(GCSStoreError, match=rf"read {where} failed: 403"):
+        gcs_store.read("dir/k")
+    with pytest.raises(GCSStoreError, match=rf"info {where} failed: 403"):
+        gcs_store.info("dir/k")
+    assert len(seen) == 3  # one attempt each
+    monkeypatch.undo()
 
-    def flaky(self, **kwargs):
-        # Stand-in for the transport: the first attempt gets a 503, the retry goes through.
-        def attempt():
-            calls.append(1)
-            if len(calls) == 1:
-                raise gexc.ServiceUnavailable("try again")
-            return original(self, **{**kwargs, "retry": None})
-        return kwargs["retry"](attempt)()
+    _intercept(monkeypatch, gcs_store, lambda n, method, url, forward: _response(400, method, url))
+    with pytest.raises(GCSStoreError, match=rf"list gs://{BUCKET}/{gcs_store.prefix}/dir/\*"):
+        gcs_store.list("dir/")
 
-    blobs.write("k", b"payload")
-    monkeypatch.setattr(Blob, "download_as_bytes", flaky)
-    assert blobs.read("k") == b"payload" and len(calls) == 2
 
-    calls.clear()
+def test_gcs_gives_up_after_the_retry_deadline(gcs_store, monkeypatch):
+    from resources.store.gcs_blobs import GCSStoreError
 
-    def forbidden(self, **kwargs):
-        def attempt():
-            calls.append(1)
-            raise gexc.Forbidden("no access")
-        return kwargs["retry"](attempt)()
+    gcs_store.retry_deadline = 0.3
+    seen = _intercept(monkeypatch, gcs_store, lambda n, method, url, forward:
+                      _response(503, method, url))
+    with pytest.raises(GCSStoreError, match=r"still failing after retrying for 0.3s"):
+        gcs_store.write("k", b"x")
+    assert len(seen) > 1
 
-    monkeypatch.setattr(Blob, "download_as_bytes", forbidden)
-    with pytest.raises(GCSStoreError, match=r"gs://diloco-test/r-.*/k: 403"):
-        blobs.read("k")
-    assert len(calls) == 1
+
+def test_gcs_missing_bucket_is_not_an_absent_key(gcs_server):
+    from resources.store.gcs_blobs import GCSStoreError
+
+    store = open_blob_store("gs://no-such-bucket/p")
+    for call in (lambda: store.read("k"), lambda: store.info("k"), lambda: store.list("")):
+        with pytest.raises(GCSStoreError, match="no-such-bucket"):
+            call()
+
+
+def test_gcs_prefix_and_key_join_with_one_slash(gcs_server):
+    from resources.store.gcs_blobs import GCSBlobStore
+
+    prefix = f"join-{uuid.uuid4().hex[:8]}"
+    store = GCSBlobStore(BUCKET, f"/{prefix}/sub/")
+    assert store.uri == f"gs://{BUCKET}/{prefix}/sub"
+    store.write("k/v", b"x")
+    assert store.client.bucket(BUCKET).get_blob(f"{prefix}/sub/k/v").size == 1
+    assert GCSBlobStore(BUCKET).uri == f"gs://{BUCKET}"
+    for bad in ("bad/bucket", "", "UPPER"):
+        with pytest.raises(ValueError):
+            GCSBlobStore(bad)
+    with pytest.raises(ValueError):
+        GCSBlobStore(BUCKET, "a/../b")
+
+
+# ---- open_blob_store ---------------------------------------------------------------------------
+def test_open_blob_store_dispatch(tmp_path, gcs_server):
+    from resources.store.gcs_blobs import GCSBlobStore
+
+    assert isinstance(open_blob_store(str(tmp_path / "a")), LocalBlobStore)
+    local = open_blob_store(f"file://{tmp_path}/b")
+    assert isinstance(local, LocalBlobStore) and local.uri == str(tmp_path / "b")
+    gcs = open_blob_store(f"gs://{BUCKET}/runs/exp1/")
+    assert isinstance(gcs, GCSBlobStore)
+    assert (gcs.bucket_name, gcs.prefix, gcs.uri) == (BUCKET, "runs/exp1",
+                                                      f"gs://{BUCKET}/runs/exp1")
+    for bad in ("s3://bucket/x", "http://example.com/x", "gs:///x", "", "file://host/x"):
+        with pytest.raises(ValueError, match=re.escape(repr(bad))):
+            open_blob_store(bad)
