@@ -172,6 +172,7 @@ class SyncConfig:
     blend_alpha: float = 0.5       # theta <- alpha * local + (1 - alpha) * global, for "blend"
     encoding: str = "bf16"         # outer-gradient wire format
     encoding_block_size: int = 64  # values per scale for int8/int4/int2
+    max_norm_ratio: float = 10.0   # exclude an outer grad > this x the others' median norm
     anchor: str = "global"         # outer grad vs the current global ("global", the paper)
     # or vs the version the learner started from ("base")
 
@@ -199,6 +200,9 @@ class SyncConfig:
             value = getattr(self, name)
             _require(value in allowed, name, f"must be one of {', '.join(allowed)}, got {value!r}")
         _in_unit(self.blend_alpha, "blend_alpha", low_open=False, high_open=True)
+        _require(isinstance(self.max_norm_ratio, int | float) and self.max_norm_ratio > 1,
+                 "max_norm_ratio", f"must be a number > 1 (inf disables), "
+                                   f"got {self.max_norm_ratio!r}")
 
     @property
     def round_interval_steps(self) -> int:
@@ -289,6 +293,39 @@ class SimulationConfig:
                  f"must be an integer >= 1, got {self.eval_batches!r}")
 
 
+@dataclass(frozen=True, kw_only=True)
+class OrchestrationConfig:
+    """How the orchestrated run (learner processes + Dagster sensors) paces and heals itself.
+
+    These are wall-clock settings of the real system; the reference simulator ignores them.
+    """
+
+    heartbeat_seconds: float = 2.0        # how often a learner publishes its progress
+    poll_seconds: float = 0.5             # how often a learner looks for open rounds / merges
+    checkpoint_every_steps: int = 50      # learner Orbax checkpoints (params, AdamW, data position)
+    learner_timeout_seconds: float = 60.0  # heartbeat older than this: the learner counts as down
+    restart_backoff_seconds: float = 5.0  # first relaunch delay; doubles per consecutive failure
+    restart_backoff_max_seconds: float = 60.0
+    max_restarts: int = 20                # per learner, over the whole run
+    rejoin_max_versions_behind: int = 2   # own checkpoint is fresh if no fragment is further behind
+    round_timeout_seconds: float = 300.0  # a final round stops waiting for silent learners
+    eval_batches: int = 4                 # held-out batches per round eval
+
+    def __post_init__(self):
+        for name in ("heartbeat_seconds", "poll_seconds", "learner_timeout_seconds",
+                     "restart_backoff_seconds", "restart_backoff_max_seconds",
+                     "round_timeout_seconds"):
+            _finite_positive(getattr(self, name), name)
+        for name, low in (("checkpoint_every_steps", 1), ("max_restarts", 0),
+                          ("rejoin_max_versions_behind", 0), ("eval_batches", 1)):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and not isinstance(value, bool) and value >= low,
+                     name, f"must be an integer >= {low}, got {value!r}")
+        _require(self.learner_timeout_seconds > self.heartbeat_seconds, "learner_timeout_seconds",
+                 f"must exceed heartbeat_seconds ({self.heartbeat_seconds}), "
+                 f"got {self.learner_timeout_seconds}")
+
+
 def _default_model() -> ModelConfig:
     return ModelConfig.from_preset("small")
 
@@ -308,6 +345,7 @@ class ExperimentConfig:
     sync: SyncConfig = field(default_factory=SyncConfig)
     learners: LearnersConfig = field(default_factory=LearnersConfig)
     simulation: SimulationConfig = field(default_factory=SimulationConfig)
+    orchestration: OrchestrationConfig = field(default_factory=OrchestrationConfig)
 
     def __post_init__(self):
         _require(_is_safe_name(self.name), "name",

@@ -6,6 +6,7 @@ path, before anything is computed. Reading the file itself is the caller's job (
 
 import dataclasses
 import json
+import math
 import tomllib
 import types
 import typing
@@ -29,6 +30,9 @@ def parse_config_text(text: str, fmt: str) -> dict:
             raise ConfigError("<root>", f"must be a mapping, got {type(loaded).__name__}")
         return dict(loaded)
     raise ValueError(f"unknown config format {fmt!r}; use yaml or toml")
+
+
+_INFINITY = ("inf", "+inf", "infinity", "+infinity")
 
 
 def _coerce(value: Any, annotation: Any, path: str) -> Any:
@@ -57,6 +61,8 @@ def _coerce(value: Any, annotation: Any, path: str) -> Any:
             raise ConfigError(path, f"must be an integer, got {value!r}")
         return value
     if annotation is float:
+        if isinstance(value, str) and value.strip().lower() in _INFINITY:
+            return math.inf  # how strict JSON (config_to_mapping) spells an unbounded setting
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(path, f"must be a number, got {value!r}")
         return float(value)
@@ -123,5 +129,15 @@ def config_from_mapping(mapping: Mapping[str, Any] | None = None,
 
 
 def config_to_mapping(cfg: ExperimentConfig) -> dict:
-    """The full config as plain data (JSON/YAML-safe), e.g. to record with a run."""
-    return json.loads(json.dumps(dataclasses.asdict(cfg)))
+    """The full config as plain data (strict JSON/YAML-safe, infinity as "inf"), e.g. to record
+    with a run; `config_from_mapping` reads it back to an equal config."""
+    def strict(value: Any) -> Any:
+        if isinstance(value, float) and math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        if isinstance(value, dict):
+            return {k: strict(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [strict(v) for v in value]
+        return value
+
+    return strict(json.loads(json.dumps(dataclasses.asdict(cfg))))

@@ -24,6 +24,7 @@ from diloco_core.contribution import Contribution
 from diloco_core.fragments import FragmentPlan
 from diloco_core.merge import merge_outer_grads, tree_norm
 from diloco_core.outer import outer_step
+from diloco_core.screening import screen_norms
 from diloco_core.weights import normalized_weights
 
 FlatParams = dict[str, jax.Array]
@@ -66,21 +67,34 @@ class MergeRecord:
     bytes_in: int = 0
 
 
-def _validate(state: SyncerState, plan: FragmentPlan, c: Contribution) -> str | None:
+@dataclass(frozen=True)
+class FragmentState:
+    """What a merge of one fragment needs: Theta_p, its version, its outer-optimizer state, and
+    a way to look up an older version (for learners whose base version is behind)."""
+
+    params: FlatParams
+    version: int
+    outer_state: optax.OptState
+    base_of: Callable[[int], FlatParams | None]
+
+
+def _validate(current: FragmentState, names: Sequence[str], fragment: int, num_fragments: int,
+              c: Contribution) -> str | None:
     """Why a contribution cannot be merged, or None if it can."""
-    if not 0 <= c.fragment < plan.num_fragments:
-        return f"fragment {c.fragment} does not exist (P={plan.num_fragments})"
-    if set(c.delta) != set(plan.fragments[c.fragment]):
+    if c.fragment != fragment:
+        if not 0 <= c.fragment < num_fragments:
+            return f"fragment {c.fragment} does not exist (P={num_fragments})"
+        return f"offered fragment {c.fragment} to a round of fragment {fragment}"
+    if set(c.delta) != set(names):
         return "tensor names do not match the fragment"
-    current = state.fragments[c.fragment]
     for name, enc in c.delta.items():
-        if tuple(enc.shape) != tuple(current[name].shape):
-            return f"tensor {name} has shape {tuple(enc.shape)}, expected {current[name].shape}"
+        if tuple(enc.shape) != tuple(current.params[name].shape):
+            return (f"tensor {name} has shape {tuple(enc.shape)}, expected "
+                    f"{tuple(current.params[name].shape)}")
     if c.steps < 1 or c.tokens < 1:
         return f"no progress to merge (steps={c.steps}, tokens={c.tokens})"
-    if c.base_version > state.versions[c.fragment]:
-        return (f"base version {c.base_version} is newer than the syncer's "
-                f"{state.versions[c.fragment]}")
+    if c.base_version > current.version:
+        return f"base version {c.base_version} is newer than the syncer's {current.version}"
     return None
 
 
@@ -89,55 +103,85 @@ def _all_finite_device(tree: FlatParams) -> jax.Array:
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(v)) for v in tree.values()]))
 
 
-def _all_finite(tree: FlatParams) -> bool:
+def all_finite(tree: FlatParams) -> bool:
     return bool(_all_finite_device(tree))
 
 
-def _outer_grad(state: SyncerState, c: Contribution, anchor: str) -> FlatParams | str:
+def _outer_grad(current: FragmentState, c: Contribution, anchor: str) -> FlatParams | str:
     delta = {name: decode(enc) for name, enc in c.delta.items()}
-    if not _all_finite(delta):
+    if not all_finite(delta):
         return "outer gradient contains NaN or Inf"
-    if anchor == "base" or c.base_version == state.versions[c.fragment]:
+    if anchor == "base" or c.base_version == current.version:
         return delta
-    base = state.history[c.fragment].get(c.base_version)
+    base = current.base_of(c.base_version)
     if base is None:
-        return (f"base version {c.base_version} is older than the {state.history_size} versions "
-                "the syncer keeps")
-    current = state.fragments[c.fragment]
-    return {name: (current[name] - base[name]) + delta[name] for name in delta}
+        return f"base version {c.base_version} is no longer kept by the syncer"
+    return {name: (current.params[name] - base[name]) + delta[name] for name in delta}
+
+
+def merge_fragment(current: FragmentState, names: Sequence[str], num_fragments: int,
+                   round_index: int, fragment: int, contributions: Sequence[Contribution],
+                   cfg: SyncConfig, tx: optax.GradientTransformation,
+                   is_embedding: Callable[[str], bool], reason: str, late: Sequence[str] = ()
+                   ) -> tuple[FlatParams | None, optax.OptState | None, MergeRecord]:
+    """Merge the admitted contributions of one round into one fragment.
+
+    Returns the new fragment values and outer state (None when nothing could be merged) and the
+    decision record. Each contribution is validated, turned into an outer gradient, and screened
+    for an absurd norm (`screen_norms`); the rest are weighted, combined and applied.
+    """
+    rejected: dict[str, str] = {}
+    accepted: list[tuple[Contribution, FlatParams]] = []
+    for c in contributions:
+        why = _validate(current, names, fragment, num_fragments, c)
+        grad = why if why is not None else _outer_grad(current, c, cfg.anchor)
+        if isinstance(grad, str):
+            rejected[c.learner] = grad
+        else:
+            accepted.append((c, grad))
+    norms = [tree_norm(g) for _, g in accepted]
+    outliers = screen_norms([c.learner for c, _ in accepted], norms, cfg.max_norm_ratio)
+    rejected.update(outliers)
+    kept = [(c, g, n) for (c, g), n in zip(accepted, norms, strict=True)
+            if c.learner not in outliers]
+    bytes_in = sum(c.nbytes for c in contributions)
+    if not kept:
+        return None, None, MergeRecord(
+            round_index, fragment, False, current.version,
+            f"{reason}; nothing merged: every contribution was rejected",
+            rejected=rejected, late=tuple(late), bytes_in=bytes_in)
+
+    members = [c for c, _, _ in kept]
+    grads = [g for _, g, _ in kept]
+    weights = normalized_weights([c.tokens for c in members], [c.steps for c in members],
+                                 cfg.weighting)
+    merged = merge_outer_grads(grads, weights, cfg.merge_rule, is_embedding)
+    new_params, new_opt = outer_step(tx, current.params, current.outer_state, merged)
+    update = {k: new_params[k] - current.params[k] for k in new_params}
+    record = MergeRecord(
+        round_index, fragment, True, current.version + 1, reason,
+        members=tuple(c.learner for c in members),
+        weights=tuple(float(w) for w in weights),
+        tokens=tuple(c.tokens for c in members), steps=tuple(c.steps for c in members),
+        rejected=rejected, late=tuple(late),
+        outer_grad_norms=tuple(n for _, _, n in kept),
+        merged_norm=tree_norm(merged), update_norm=tree_norm(update), bytes_in=bytes_in)
+    return new_params, new_opt, record
 
 
 def merge_round(state: SyncerState, plan: FragmentPlan, round_index: int, fragment: int,
                 contributions: Sequence[Contribution], cfg: SyncConfig,
                 tx: optax.GradientTransformation, is_embedding: Callable[[str], bool],
                 reason: str, late: Sequence[str] = ()) -> tuple[SyncerState, MergeRecord]:
-    """Merge the admitted contributions of one round into fragment `fragment`."""
-    rejected: dict[str, str] = {}
-    accepted: list[tuple[Contribution, FlatParams]] = []
-    for c in contributions:
-        why = _validate(state, plan, c) if c.fragment == fragment else (
-            f"offered fragment {c.fragment} to a round of fragment {fragment}")
-        grad = why if why is not None else _outer_grad(state, c, cfg.anchor)
-        if isinstance(grad, str):
-            rejected[c.learner] = grad
-        else:
-            accepted.append((c, grad))
-    bytes_in = sum(c.nbytes for c in contributions)
-    if not accepted:
-        return state, MergeRecord(round_index, fragment, False, state.versions[fragment],
-                                  f"{reason}; nothing merged: every contribution was rejected",
-                                  rejected=rejected, late=tuple(late), bytes_in=bytes_in)
-
-    members = [c for c, _ in accepted]
-    grads = [g for _, g in accepted]
-    weights = normalized_weights([c.tokens for c in members], [c.steps for c in members],
-                                 cfg.weighting)
-    merged = merge_outer_grads(grads, weights, cfg.merge_rule, is_embedding)
-    new_fragment, new_opt = outer_step(tx, state.fragments[fragment],
-                                       state.outer_states[fragment], merged)
-    version = state.versions[fragment] + 1
-    update = {k: new_fragment[k] - state.fragments[fragment][k] for k in new_fragment}
-
+    """Merge the admitted contributions of one round into fragment `fragment` of `state`."""
+    current = FragmentState(state.fragments[fragment], state.versions[fragment],
+                            state.outer_states[fragment], state.history[fragment].get)
+    new_fragment, new_opt, record = merge_fragment(
+        current, plan.fragments[fragment], plan.num_fragments, round_index, fragment,
+        contributions, cfg, tx, is_embedding, reason, late)
+    if new_fragment is None:
+        return state, record
+    version = record.version
     history = dict(state.history[fragment])
     history[version] = new_fragment
     for old in sorted(history)[:-state.history_size]:
@@ -148,16 +192,7 @@ def merge_round(state: SyncerState, plan: FragmentPlan, round_index: int, fragme
         items[fragment] = value
         return tuple(items)
 
-    new_state = replace(state, fragments=put(state.fragments, new_fragment),
-                        versions=put(state.versions, version),
-                        outer_states=put(state.outer_states, new_opt),
-                        history=put(state.history, history))
-    record = MergeRecord(
-        round_index, fragment, True, version, reason,
-        members=tuple(c.learner for c in members),
-        weights=tuple(float(w) for w in weights),
-        tokens=tuple(c.tokens for c in members), steps=tuple(c.steps for c in members),
-        rejected=rejected, late=tuple(late),
-        outer_grad_norms=tuple(tree_norm(g) for g in grads),
-        merged_norm=tree_norm(merged), update_norm=tree_norm(update), bytes_in=bytes_in)
-    return new_state, record
+    return replace(state, fragments=put(state.fragments, new_fragment),
+                   versions=put(state.versions, version),
+                   outer_states=put(state.outer_states, new_opt),
+                   history=put(state.history, history)), record

@@ -9,7 +9,7 @@ from pipelines.defs.simulation import reference_simulation
 def test_code_location_loads():
     definitions = defs()
     dg.Definitions.validate_loadable(definitions)
-    keys = {a.key for a in definitions.assets}
+    keys = {key for a in definitions.assets for key in a.keys}
     assert dg.AssetKey("reference_simulation") in keys
 
 

@@ -203,8 +203,9 @@ class ArtifactStore:
         return GlobalFragment(fragment, version, params, outer_state, manifest["meta"])
 
     # ---- contributions ------------------------------------------------------------------------
-    def put_contribution(self, c: Contribution) -> int:
-        """Commit a learner's contribution to a round; returns the payload bytes written."""
+    def put_contribution(self, c: Contribution, extra: Mapping[str, Any] | None = None) -> int:
+        """Commit a learner's contribution to a round; returns the payload bytes written.
+        `extra` is free-form JSON for observers (e.g. the learner's recent train loss)."""
         directory = layout.contribution_dir(self.experiment, c.round, c.learner)
         names = sorted(c.delta)
         arrays: dict[str, np.ndarray] = {}
@@ -222,9 +223,15 @@ class ArtifactStore:
                     "base_version": c.base_version, "tokens": c.tokens, "steps": c.steps,
                     "learner_step": c.learner_step, "clock": c.clock,
                     "encoding": sorted({t["encoding"] for t in tensors}),
-                    "nbytes": c.nbytes, "tensors": tensors, "objects": {"delta": delta}}
+                    "nbytes": c.nbytes, "tensors": tensors, "objects": {"delta": delta},
+                    "extra": dict(extra or {})}
         self._write_once(f"{directory}/{layout.MANIFEST}", _json_bytes(manifest))
         return delta["size"]
+
+    def contribution_manifest(self, round_index: int, learner: str) -> dict | None:
+        """The committed manifest (metadata only, no payload), or None if not committed."""
+        return self._read_json(
+            f"{layout.contribution_dir(self.experiment, round_index, learner)}/{layout.MANIFEST}")
 
     def list_contributions(self, round_index: int) -> list[str]:
         """Learners with a committed contribution to the round (a prefix listing)."""
@@ -275,6 +282,34 @@ class ArtifactStore:
 
     def get_eval(self, round_index: int) -> dict | None:
         return self._read_json(layout.evaluation(self.experiment, round_index))
+
+    # ---- rounds, heartbeats and the run's lifecycle (the data plane's control records) --------
+    def open_round(self, round_index: int, record: Mapping[str, Any]) -> None:
+        """Open a round: its record is write-once; then the OPEN pointer moves to it (learners
+        read only the pointer, one small object per poll)."""
+        body = {**dict(record), "round": round_index}
+        self._write_once(layout.round_open(self.experiment, round_index), _json_bytes(body))
+        latest = self.latest_open_round()
+        if latest is None or latest["round"] < round_index:
+            self.blobs.write(layout.open_pointer(self.experiment), _json_bytes(body))
+
+    def latest_open_round(self) -> dict | None:
+        return self._read_json(layout.open_pointer(self.experiment))
+
+    def get_round_open(self, round_index: int) -> dict | None:
+        return self._read_json(layout.round_open(self.experiment, round_index))
+
+    def put_heartbeat(self, learner: str, beat: Mapping[str, Any]) -> None:
+        self.blobs.write(layout.heartbeat(self.experiment, learner), _json_bytes(dict(beat)))
+
+    def get_heartbeat(self, learner: str) -> dict | None:
+        return self._read_json(layout.heartbeat(self.experiment, learner))
+
+    def request_stop(self, record: Mapping[str, Any]) -> None:
+        self._write_once(layout.stop(self.experiment), _json_bytes(dict(record)))
+
+    def stop_requested(self) -> dict | None:
+        return self._read_json(layout.stop(self.experiment))
 
     def checkpoint_uri(self, learner: str) -> str:
         """Where a learner's Orbax CheckpointManager lives (a path or gs:// URI)."""
@@ -328,3 +363,21 @@ def _check_contribution_manifest(key: str, m: Mapping[str, Any], round_index: in
             raise bad(f"tensor {t.get('name')!r} has a bad shape {shape!r}")
         if not isinstance(t.get("block_size"), int) or t["block_size"] < 1:
             raise bad(f"tensor {t.get('name')!r} has a bad block size")
+
+
+def set_active_experiment(blobs: BlobStore, experiment: str | None) -> None:
+    """Point the sensors at `experiment` (None: no experiment is running)."""
+    if experiment is not None:
+        check_name("experiment", experiment)
+    blobs.write(layout.ACTIVE, _json_bytes({"experiment": experiment}))
+
+
+def active_experiment(blobs: BlobStore) -> str | None:
+    try:
+        value = json.loads(blobs.read(layout.ACTIVE))
+    except BlobNotFound:
+        return None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise RejectedArtifact(layout.ACTIVE, f"not valid JSON: {err}") from None
+    name = value.get("experiment") if isinstance(value, dict) else None
+    return None if name is None else check_name("experiment", name)

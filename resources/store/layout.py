@@ -7,10 +7,16 @@
     experiments/{exp}/global/f{p:03d}/v{ver:08d}/outer-{sha}.npz   outer-optimizer state
     experiments/{exp}/rounds/r{round:08d}/contributions/{learner}/manifest.json   commit point
     experiments/{exp}/rounds/r{round:08d}/contributions/{learner}/delta-{sha}.npz
-    experiments/{exp}/rounds/r{round:08d}/decision.json            the merge's decision record
+    experiments/{exp}/rounds/OPEN                                  the newest opened round (moves)
+    experiments/{exp}/rounds/r{round:08d}/open.json                when and why it opened
+    experiments/{exp}/rounds/r{round:08d}/decision.json            the quorum decision record
     experiments/{exp}/evals/r{round:08d}.json                      held-out eval of that round
     experiments/{exp}/learners/{learner}/checkpoints/              Orbax CheckpointManager
+    experiments/{exp}/learners/{learner}/heartbeat.json            its latest progress (moves)
+    experiments/{exp}/STOP                                         token budget reached
     experiments/{exp}/summary.json                                 the run summary
+
+    ACTIVE                                                         the experiment sensors drive
 
 Payload objects carry their SHA-256 prefix in their name, so every object is written once under
 a unique name; the manifest is written last and is what makes a write visible.
@@ -73,3 +79,22 @@ def _index(value: int, kind: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ValueError(f"{kind} must be an integer >= 0, got {value!r}")
     return value
+
+
+def open_pointer(exp: str) -> str:
+    return f"{experiment(exp)}/rounds/OPEN"
+
+
+def round_open(exp: str, round_index: int) -> str:
+    return f"{round_dir(exp, round_index)}/open.json"
+
+
+def heartbeat(exp: str, learner: str) -> str:
+    return f"{experiment(exp)}/learners/{check_name('learner', learner)}/heartbeat.json"
+
+
+def stop(exp: str) -> str:
+    return f"{experiment(exp)}/STOP"
+
+
+ACTIVE = "ACTIVE"

@@ -2,16 +2,36 @@
 
 import dagster as dg
 
-from resources.store.artifact_store import ArtifactStore
+from resources.store.artifact_store import ArtifactStore, active_experiment, set_active_experiment
 from resources.store.backends import open_blob_store
+from resources.store.blobs import BlobStore
 
 
 class ArtifactStoreResource(dg.ConfigurableResource):
-    """Where one experiment's artifacts live. `base_uri` is a path or gs://bucket/prefix; set it
-    per deployment (e.g. `dg.EnvVar("DILOCO_STORE_URI")`); credentials come from ADC."""
+    """Where experiments' artifacts live. `base_uri` is a path or gs://bucket/prefix; set it per
+    deployment (e.g. `dg.EnvVar("DILOCO_STORE_URI")`); credentials come from ADC.
+
+    `experiment` names the default experiment; the orchestration follows the experiment marked
+    active in the store (set by the `train` job) unless a run names one in its tags.
+    """
 
     base_uri: str = "runs/store"
     experiment: str = "diloco-demo"
+    # Learner checkpoints pack arrays into OCDBT (Orbax's default). Off only for test servers
+    # that lack GCS's generation semantics (see resources/store/checkpoints.py).
+    checkpoint_ocdbt: bool = True
 
-    def store(self) -> ArtifactStore:
-        return ArtifactStore(open_blob_store(self.base_uri), self.experiment)
+    def blobs(self) -> BlobStore:
+        return open_blob_store(self.base_uri)
+
+    def store(self, experiment: str | None = None) -> ArtifactStore:
+        return ArtifactStore(self.blobs(), experiment or self.experiment)
+
+    def active(self) -> ArtifactStore | None:
+        """The experiment the sensors drive, or None when no run is active."""
+        blobs = self.blobs()
+        name = active_experiment(blobs)
+        return None if name is None else ArtifactStore(blobs, name)
+
+    def set_active(self, experiment: str | None) -> None:
+        set_active_experiment(self.blobs(), experiment)

@@ -1,0 +1,93 @@
+"""Starting a training run: the experiment config and the initial global parameters.
+
+Launch the `train` job from the launchpad (the config form's defaults run out of the box) or
+from the CLI (`diloco demo`). The config is validated before any compute; a bad field fails
+the run with the field and the reason. The experiment then becomes the active one: the learner
+supervisor dispatches its learners and the quorum sensor starts opening rounds.
+"""
+
+import dagster as dg
+from pydantic import Field
+
+from pipelines.defs.partitions import learners
+from resources.store.resource import ArtifactStoreResource
+
+
+class TrainingConfig(dg.Config):
+    config_path: str | None = Field(
+        default=None, description="YAML or TOML experiment config (default: embedded defaults)")
+    overrides: list[str] = Field(
+        default=[], description="field.path=value overrides, e.g. sync.min_quorum=2")
+
+
+@dg.multi_asset(
+    specs=[
+        dg.AssetSpec("experiment", group_name="diloco", kinds={"python"},
+                     description="The experiment config of the training run, as committed to "
+                                 "the store (write-once): model, data, learners, M, H, P, K, "
+                                 "grace, outer optimizer, token budget."),
+        dg.AssetSpec("initial_params", deps=["experiment"], group_name="diloco",
+                     kinds={"jax"},
+                     description="Version 0 of every global fragment (the seeded model init) "
+                                 "and its outer-optimizer state."),
+    ],
+    can_subset=False,
+)
+def start_experiment(context: dg.AssetExecutionContext, config: TrainingConfig,
+                     store: ArtifactStoreResource):
+    from diloco_core.config import ConfigError
+    from diloco_core.config_loading import config_to_mapping
+    from pipelines.cli import load_config
+
+    try:
+        cfg = load_config(config.config_path, list(config.overrides))
+    except ConfigError as err:
+        raise dg.Failure(description=f"invalid experiment config: {err}") from None
+
+    import jax
+
+    from diloco_core.fragments import plan_fragments, split_params
+    from diloco_core.model import init_model, param_count
+    from diloco_core.outer import build_outer_optimizer
+    from resources.store.artifact_store import Conflict
+
+    artifacts = store.store(cfg.name)
+    try:
+        artifacts.put_config(config_to_mapping(cfg))
+    except Conflict:
+        raise dg.Failure(description=(
+            f"experiment {cfg.name!r} already exists in {store.base_uri} with a different "
+            "config; choose another `name`")) from None
+    _, params = init_model(cfg.model, cfg.seed)
+    plan = plan_fragments({k: v.shape for k, v in params.items()}, cfg.sync.num_fragments)
+    tx = build_outer_optimizer(cfg.outer)
+    for p, fragment in enumerate(split_params(params, plan)):
+        if artifacts.current_version(p) is None:
+            artifacts.commit_global(p, 0, jax.device_get(fragment), tx.init(fragment),
+                                    {"round": None, "initial": True})
+    names = list(cfg.learners.learner_names)
+    context.instance.add_dynamic_partitions(learners.name, names)
+    store.set_active(cfg.name)
+    context.log.info(f"experiment {cfg.name} is active: {len(names)} learners, "
+                     f"{param_count(cfg.model):,} parameters in {plan.num_fragments} fragments")
+    s = cfg.sync
+    yield dg.MaterializeResult(asset_key="experiment", metadata={
+        "experiment": cfg.name, "store": dg.MetadataValue.path(artifacts.blobs.uri),
+        "learners": ", ".join(names), "num_learners (M)": len(names),
+        "min_quorum (K)": s.min_quorum, "sync_period (H)": s.sync_period,
+        "num_fragments (P)": s.num_fragments, "overlap_steps (tau)": s.overlap_steps,
+        "grace_gamma": s.grace_gamma, "encoding": s.encoding, "merge_rule": s.merge_rule,
+        "token_budget": cfg.token_budget, "model_preset": cfg.model.preset,
+        "config": dg.MetadataValue.json(config_to_mapping(cfg)),
+    })
+    yield dg.MaterializeResult(asset_key="initial_params", metadata={
+        "parameters": param_count(cfg.model),
+        "fragment_sizes": dg.MetadataValue.json(list(plan.sizes)),
+        "seed": cfg.seed,
+    })
+
+
+train_job = dg.define_asset_job(
+    "train", selection=["experiment", "initial_params"], executor_def=dg.in_process_executor,
+    description="Start a Decoupled DiLoCo training run: commit the config and the initial "
+                "parameters, then the sensors take over (learners, rounds, merges, evals).")

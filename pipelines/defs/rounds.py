@@ -1,0 +1,189 @@
+"""Rounds as assets: learner updates (observed), merged global parameters, held-out evals.
+
+- `learner_update` [round x learner] is observed, not computed here: learners commit their
+  contributions to the store on their own schedule and the quorum sensor records each one as a
+  materialization with its metadata (tokens, steps, bytes, encoding, staleness, train loss).
+- `global_params` [round] is the merge of that round (run by the quorum sensor, one run per
+  round). It reads the previous version through the store (Dagster cannot express a dynamic
+  partition depending on its predecessor) and records it in metadata.
+- `heldout_eval` [round] evaluates the global model right after each merge, in the same run;
+  the `eval_latest_round` schedule re-evaluates the newest round with more batches.
+"""
+
+import dagster as dg
+
+from pipelines.defs.partitions import learners, round_x_learner, rounds
+from pipelines.experiment_context import run_store
+from resources.store.resource import ArtifactStoreResource
+
+learner_update = dg.AssetSpec(
+    "learner_update", partitions_def=round_x_learner, group_name="diloco", kinds={"jax", "gcs"},
+    deps=["initial_params"],
+    description="A learner's contribution to a round: its encoded outer gradient for the "
+                "round's fragment, with tokens and steps since it last received that fragment. "
+                "Written by the learner process; recorded here by the quorum sensor.")
+
+learner_checkpoint = dg.AssetSpec(
+    "learner_checkpoint", partitions_def=learners, group_name="diloco",
+    kinds={"orbax"}, deps=["initial_params"],
+    description="A learner's latest restorable Orbax checkpoint (params, AdamW state, data "
+                "position, fragment anchors). Recorded by the learner supervisor.")
+
+
+def _decision_table(record: dict, decision: dict) -> dg.TableMetadataValue:
+    members = list(record.get("members", []))
+    rows = []
+    for i, name in enumerate(members):
+        rows.append(dg.TableRecord({
+            "learner": name, "status": "merged",
+            "weight": round(float(record["weights"][i]), 4),
+            "tokens": int(record["tokens"][i]), "steps": int(record["steps"][i]),
+            "outer_grad_norm": round(float(record["outer_grad_norms"][i]), 5), "reason": ""}))
+    for name, why in sorted(record.get("rejected", {}).items()):
+        rows.append(dg.TableRecord({"learner": name, "status": "rejected", "weight": 0.0,
+                                    "tokens": 0, "steps": 0, "outer_grad_norm": 0.0,
+                                    "reason": why}))
+    for status in ("late", "missing"):
+        for name in decision.get(status, []):
+            rows.append(dg.TableRecord({"learner": name, "status": status, "weight": 0.0,
+                                        "tokens": 0, "steps": 0, "outer_grad_norm": 0.0,
+                                        "reason": "offered after the grace window closed"
+                                        if status == "late" else "did not offer"}))
+    schema = dg.TableSchema(columns=[
+        dg.TableColumn("learner", "string"), dg.TableColumn("status", "string"),
+        dg.TableColumn("weight", "float"), dg.TableColumn("tokens", "int"),
+        dg.TableColumn("steps", "int"), dg.TableColumn("outer_grad_norm", "float"),
+        dg.TableColumn("reason", "string")])
+    return dg.MetadataValue.table(rows, schema)
+
+
+@dg.asset(
+    partitions_def=rounds, group_name="diloco", kinds={"jax", "optax"},
+    deps=[dg.AssetDep(learner_update, partition_mapping=dg.MultiToSingleDimensionPartitionMapping(
+        partition_dimension_name="round")), "initial_params"],
+    check_specs=[
+        dg.AssetCheckSpec("params_finite", asset="global_params", blocking=True,
+                          description="The merged fragment is finite; otherwise it is not "
+                                      "committed and the round's eval does not run."),
+        dg.AssetCheckSpec("contribution_norms", asset="global_params",
+                          description="No admitted contribution had an outer-gradient norm "
+                                      "outside the robust range (those are excluded)."),
+    ],
+    description="The global parameters after merging one round: the round's fragment at its "
+                "new version, merged from the admitted contributions (token-weighted RDA, "
+                "outer Nesterov), committed atomically through the store.")
+def global_params(context: dg.AssetExecutionContext, store: ArtifactStoreResource):
+    from pipelines.store_merge import MergeInputError, merge_from_store
+
+    artifacts = run_store(context, store)
+    round_index = int(context.partition_key)
+    try:
+        outcome = merge_from_store(artifacts, round_index)
+    except MergeInputError as err:
+        raise dg.Failure(description=str(err)) from None
+    record, decision = outcome.record, outcome.decision
+    if outcome.already_committed:
+        context.log.info(f"round {round_index} was already committed as version "
+                         f"{outcome.version}; not merging twice")
+    else:
+        context.log.info(f"round {round_index}: {record['reason']}")
+    outliers = {n: why for n, why in record.get("rejected", {}).items() if "norm" in why}
+    latency = None
+    if record.get("published_at") and decision.get("quorum_at"):
+        latency = record["published_at"] - decision["quorum_at"]
+    yield dg.MaterializeResult(metadata={
+        "experiment": artifacts.experiment,
+        "fragment": outcome.fragment, "version": outcome.version,
+        "parent_version": outcome.version - 1 if record.get("merged") else outcome.version,
+        "merged": bool(record.get("merged")) and outcome.finite,
+        "admitted": len(record.get("members", [])),
+        "members": ", ".join(record.get("members", [])) or "none",
+        "late": ", ".join(decision.get("late", [])) or "none",
+        "rejected": len(record.get("rejected", {})),
+        "weights": dg.MetadataValue.json(dict(zip(record.get("members", []),
+                                                  record.get("weights", []), strict=True))),
+        "decision_reason": dg.MetadataValue.text(record.get("reason", "")),
+        "decisions": _decision_table(record, decision),
+        "grace_seconds": float(decision.get("grace_seconds") or 0.0),
+        "merged_norm": float(record.get("merged_norm", 0.0)),
+        "update_norm": float(record.get("update_norm", 0.0)),
+        "bytes_in": int(record.get("bytes_in", 0)),
+        "merge_seconds": float(outcome.seconds),
+        "quorum_to_publish_seconds": float(latency) if latency is not None else 0.0,
+        "store": dg.MetadataValue.path(artifacts.blobs.uri),
+    })
+    yield dg.AssetCheckResult(check_name="params_finite", passed=bool(outcome.finite),
+                              severity=dg.AssetCheckSeverity.ERROR,
+                              metadata={"version": outcome.version})
+    yield dg.AssetCheckResult(check_name="contribution_norms", passed=not outliers,
+                              severity=dg.AssetCheckSeverity.WARN,
+                              metadata={"excluded": dg.MetadataValue.json(outliers)})
+
+
+class EvalConfig(dg.Config):
+    batches: int = 0      # 0: the experiment's orchestration.eval_batches
+
+
+@dg.asset(
+    partitions_def=rounds, group_name="evals", kinds={"jax"}, deps=[global_params],
+    check_specs=[dg.AssetCheckSpec("eval_regression", asset="heldout_eval",
+                                   description="Held-out loss did not rise more than 5% over "
+                                               "the previous evaluated round.")],
+    description="Held-out loss, bits per byte and a short greedy sample of the global model "
+                "right after the round's merge.")
+def heldout_eval(context: dg.AssetExecutionContext, config: EvalConfig,
+                 store: ArtifactStoreResource):
+    from pipelines.round_eval import evaluate_global
+    from resources.store.artifact_store import Conflict
+
+    artifacts = run_store(context, store)
+    round_index = int(context.partition_key)
+    result = evaluate_global(artifacts, config.batches or None)
+    try:
+        artifacts.put_eval(round_index, result)
+    except Conflict:
+        context.log.info(f"round {round_index} already has an eval in the store; this one "
+                         "(newer versions or more batches) is recorded in Dagster only")
+    previous = None
+    for earlier in range(round_index - 1, max(-1, round_index - 50), -1):
+        previous = artifacts.get_eval(earlier)
+        if previous is not None:
+            break
+    context.log.info(f"round {round_index}: held-out loss {result['loss']:.4f}")
+    yield dg.MaterializeResult(metadata={
+        "eval/loss": result["loss"], "eval/bits_per_byte": result["bits_per_byte"],
+        "sample": dg.MetadataValue.md(f"```\n{result['sample']}\n```"),
+        "versions": dg.MetadataValue.json(result["versions"]),
+        "batches": result["batches"],
+    })
+    regressed = previous is not None and result["loss"] > 1.05 * previous["loss"]
+    yield dg.AssetCheckResult(
+        check_name="eval_regression", passed=not regressed,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={"loss": result["loss"],
+                  "previous_loss": previous["loss"] if previous else float("nan")})
+
+
+merge_job = dg.define_asset_job(
+    "merge_round", selection=[global_params, heldout_eval], partitions_def=rounds,
+    executor_def=dg.in_process_executor, tags={"dagster/priority": "10"},
+    description="Merge one decided round and evaluate the result (requested by the quorum "
+                "sensor, one run per round).")
+
+eval_job = dg.define_asset_job(
+    "evaluate_round", selection=[heldout_eval], partitions_def=rounds,
+    executor_def=dg.in_process_executor, description="Re-evaluate one round's global model.")
+
+
+@dg.schedule(cron_schedule="*/30 * * * *", target=eval_job, execution_timezone="UTC",
+             default_status=dg.DefaultScheduleStatus.RUNNING)
+def eval_latest_round(context: dg.ScheduleEvaluationContext):
+    """Every 30 minutes, a longer eval of the newest merged round."""
+    done = context.instance.get_materialized_partitions(dg.AssetKey("global_params"))
+    if not done:
+        return dg.SkipReason("no merged round yet")
+    latest = max(done)
+    when = context.scheduled_execution_time
+    stamp = when.strftime("%Y%m%dT%H%M") if when else "now"
+    return dg.RunRequest(partition_key=latest, run_key=f"eval:{latest}:{stamp}",
+                         run_config={"ops": {"heldout_eval": {"config": {"batches": 16}}}})

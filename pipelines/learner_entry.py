@@ -1,0 +1,48 @@
+"""The learner process entry point, started by Dagster Pipes (or by hand, without Dagster).
+
+    python -m pipelines.learner_entry --store runs/store --experiment diloco-demo \
+        --learner learner-0
+
+Under Pipes the same values come as extras, log lines stream into the Dagster run, and the
+final heartbeat record comes back as a custom message.
+"""
+
+import argparse
+import sys
+
+from dagster_pipes import PipesEnvVarParamsLoader, open_dagster_pipes
+
+from resources.learner.runtime import LearnerRuntime
+from resources.store.artifact_store import ArtifactStore
+from resources.store.backends import open_blob_store
+
+
+def main(argv: list[str] | None = None) -> int:
+    under_pipes = PipesEnvVarParamsLoader().is_dagster_pipes_process()
+    with open_dagster_pipes() as pipes:
+        if under_pipes:
+            params = {k: pipes.get_extra(k) for k in ("store", "experiment", "learner")}
+            params["attempt"] = pipes.get_extra("attempt")
+            params["use_ocdbt"] = pipes.get_extra("use_ocdbt")
+            log = pipes.log.info
+        else:
+            parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+            parser.add_argument("--store", required=True)
+            parser.add_argument("--experiment", required=True)
+            parser.add_argument("--learner", required=True)
+            parser.add_argument("--attempt", type=int, default=0)
+            parser.add_argument("--no-ocdbt", dest="use_ocdbt", action="store_false")
+            params = vars(parser.parse_args(argv))
+
+            def log(message: str) -> None:
+                print(message, flush=True)
+        store = ArtifactStore(open_blob_store(params["store"]), params["experiment"])
+        runtime = LearnerRuntime(store, params["learner"], int(params["attempt"]), log=log,
+                                 use_ocdbt=bool(params.get("use_ocdbt", True)))
+        record = runtime.run()
+        pipes.report_custom_message(record)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

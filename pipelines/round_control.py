@@ -1,0 +1,264 @@
+"""The syncer's control loop as plain Python: open rounds, watch offers, decide, stop.
+
+The quorum sensor calls `tick` with its cursor state; everything it decides is written to the
+store first (round-open records, decision records, the STOP marker), so a lost cursor is rebuilt
+from the store and a repeated tick changes nothing. What the sensor must do in Dagster (run a
+merge, record a learner update, add a round partition) comes back in `TickResult`.
+
+Rules (the same as the reference simulator's, on wall-clock time):
+- Round r syncs fragment r mod P. Round r+1 opens once round r is decided and K live learners
+  have each processed H/P steps' worth of tokens since round r opened.
+- Arrival time of an offer = when a tick first saw it (the syncer's clock: learner clocks may be
+  skewed). The quorum/grace policy (`diloco_core.quorum.decide`) decides the round.
+- A learner is live while its heartbeat is younger than `learner_timeout_seconds`.
+- Offers to an already-decided round are late: recorded, never merged into it.
+- When the learners' tokens reach the budget, STOP is written and P final rounds (one per
+  fragment) wait for every live learner (up to `round_timeout_seconds`) so that the final global
+  parameters hold everyone's last progress. Then the run is finished.
+"""
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from diloco_core.config import ExperimentConfig
+from diloco_core.config_loading import config_from_mapping
+from diloco_core.quorum import Decision, Estimates, decide
+from resources.store.artifact_store import ArtifactStore
+
+LIVE_STATUSES = ("starting", "training", "stopping")
+LATE_WINDOW = 2          # decided rounds still watched for late offers
+
+
+def round_key(round_index: int) -> str:
+    """The Dagster partition key of a round (zero-padded so keys sort as numbers)."""
+    return f"{round_index:05d}"
+
+
+@dataclass
+class TickResult:
+    state: dict
+    merges: list[dict] = field(default_factory=list)        # decision records to merge
+    opened: list[int] = field(default_factory=list)         # rounds opened this tick
+    offers: list[dict] = field(default_factory=list)        # new contribution manifests
+    finished: bool = False
+    reason: str = ""
+
+
+def fresh_state(experiment: str) -> dict:
+    return {"experiment": experiment, "round": -1, "decided": True, "arrivals": {},
+            "watch": {}, "pending": [], "estimates": None, "stop": False, "final_left": None,
+            "finished": False}
+
+
+def live_learners(beats: Mapping[str, dict | None], now: float, timeout: float) -> list[str]:
+    return sorted(name for name, beat in beats.items()
+                  if beat is not None and beat.get("status") in LIVE_STATUSES
+                  and now - float(beat.get("time", 0.0)) < timeout)
+
+
+def _recover(store: ArtifactStore, state: dict) -> dict:
+    """Rebuild the cursor from the store (first tick, or a lost cursor)."""
+    latest = store.latest_open_round()
+    if latest is None:
+        return state
+    r = latest["round"]
+    decided = store.get_decision(r) is not None
+    state = {**state, "round": r, "decided": decided, "final": bool(latest.get("final")),
+             "opened_at": latest["opened_at"], "fragment": latest["fragment"],
+             "tokens_at_open": latest.get("learner_tokens", {})}
+    if not decided:
+        # Offers already in the store arrived no later than now; count them from now.
+        state["arrivals"] = {name: time.time() for name in store.list_contributions(r)}
+    stop = store.stop_requested()
+    if stop is not None:
+        state["stop"] = True
+        state["final_left"] = stop.get("final_left")
+    return state
+
+
+class RoundController:
+    def __init__(self, store: ArtifactStore, cfg: ExperimentConfig | None = None):
+        self.store = store
+        self.cfg = cfg or config_from_mapping(store.get_config())
+
+    def tick(self, state: dict | None, now: float | None = None) -> TickResult:
+        now = time.time() if now is None else now
+        store, cfg = self.store, self.cfg
+        if state is None or state.get("experiment") != store.experiment:
+            state = _recover(store, fresh_state(store.experiment))
+        state = dict(state)
+        result = TickResult(state)
+        if state["finished"]:
+            result.reason = "the run is finished"
+            return result
+        orch = cfg.orchestration
+        names = cfg.learners.learner_names
+        beats = {name: store.get_heartbeat(name) for name in names}
+        live = live_learners(beats, now, orch.learner_timeout_seconds)
+        estimates = self._estimates(state, beats)
+
+        self._watch_published(state, now)
+        self._collect_offers(state, result, now)
+        if not state["decided"]:
+            self._decide(state, result, live, estimates, now)
+        if state["decided"]:
+            self._maybe_stop(state, beats, now)
+            self._maybe_open(state, result, beats, live, now)
+        if not result.reason:
+            result.reason = self._status(state, live)
+        return result
+
+    # ---- pieces of a tick ---------------------------------------------------------------------
+    def _estimates(self, state: dict, beats: Mapping[str, dict | None]) -> Estimates:
+        step_times = sorted(b["compute_seconds"] / b["step"] for b in beats.values()
+                            if b and b.get("step") and b.get("compute_seconds"))
+        step = step_times[len(step_times) // 2] if step_times else 1.0
+        e = state.get("estimates") or {"step_seconds": step, "quorum_seconds": 0.0,
+                                       "sync_seconds": 0.0}
+        e = {**e, "step_seconds": step}
+        state["estimates"] = e
+        return Estimates(e["step_seconds"], e["quorum_seconds"], e["sync_seconds"])
+
+    def _observe(self, state: dict, **observed: float) -> None:
+        e = state["estimates"]
+        est = Estimates(e["step_seconds"], e["quorum_seconds"], e["sync_seconds"]).observe(
+            self.cfg.sync.ema_decay, **observed)
+        state["estimates"] = {"step_seconds": est.step_seconds,
+                              "quorum_seconds": est.quorum_seconds,
+                              "sync_seconds": est.sync_seconds}
+
+    def _watch_published(self, state: dict, now: float) -> None:
+        """Merges requested earlier whose version is now current: measure the sync latency."""
+        still = []
+        for pending in state["pending"]:
+            version = self.store.current_version(pending["fragment"])
+            before = pending["version_before"]
+            if version is not None and (before is None or version > before):
+                self._observe(state, sync=now - pending["decided_at"])
+            else:
+                still.append(pending)
+        state["pending"] = still[-4 * self.cfg.sync.num_fragments:]
+
+    def _collect_offers(self, state: dict, result: TickResult, now: float) -> None:
+        r = state["round"]
+        if r < 0:
+            return
+        watch = {int(k): set(v) for k, v in state["watch"].items()}
+        rounds = [r] + [w for w in watch if w != r]
+        for index in rounds:
+            seen = watch.get(index, set())
+            for learner in self.store.list_contributions(index):
+                if learner in seen:
+                    continue
+                seen.add(learner)
+                manifest = self.store.contribution_manifest(index, learner) or {}
+                late = index != r or state["decided"]
+                if index == r and not state["decided"]:
+                    state["arrivals"][learner] = now
+                result.offers.append({**_offer_summary(manifest), "round": index,
+                                      "learner": learner, "late": late, "seen_at": now})
+            watch[index] = seen
+        keep = sorted(watch)[-(LATE_WINDOW + 1):]
+        state["watch"] = {str(k): sorted(watch[k]) for k in keep}
+
+    def _decide(self, state: dict, result: TickResult, live: list[str], estimates: Estimates,
+                now: float) -> None:
+        r, arrivals = state["round"], state["arrivals"]
+        if state.get("final"):
+            decision = self._final_decision(state, live, now)
+        else:
+            decision = decide(now, arrivals, live, estimates, self.cfg.sync)
+        if not decision.merge:
+            result.reason = f"round {r}: {decision.reason}"
+            return
+        k = self.cfg.sync.min_quorum
+        order = sorted(arrivals.values())
+        quorum_at = order[min(k, len(order)) - 1] if order else now
+        record = {"round": r, "fragment": state["fragment"], "final": bool(state.get("final")),
+                  "members": list(decision.members), "late": list(decision.late),
+                  "missing": list(decision.missing), "reason": decision.reason,
+                  "grace_seconds": decision.grace_seconds, "deadline": decision.deadline,
+                  "opened_at": state["opened_at"], "quorum_at": quorum_at, "decided_at": now,
+                  "arrivals": dict(arrivals), "live": list(live)}
+        self.store.put_decision(r, record)
+        if not state.get("final"):
+            self._observe(state, quorum=quorum_at - state["opened_at"])
+        state["decided"] = True
+        if decision.members:
+            result.merges.append(record)
+            state["pending"].append({"round": r, "fragment": state["fragment"],
+                                     "decided_at": now,
+                                     "version_before": self.store.current_version(
+                                         state["fragment"])})
+        if state.get("final"):
+            state["final_left"] = max(0, (state["final_left"] or 1) - 1)
+        result.reason = f"round {r} decided: {decision.reason}"
+
+    def _final_decision(self, state: dict, live: list[str], now: float) -> Decision:
+        arrivals = state["arrivals"]
+        members = tuple(sorted(arrivals, key=lambda n: (arrivals[n], n)))
+        missing = tuple(sorted(set(live) - set(arrivals)))
+        waited = now - state["opened_at"]
+        if missing and waited < self.cfg.orchestration.round_timeout_seconds:
+            return Decision(False, (), (), missing,
+                            f"final round waiting for {', '.join(missing)}")
+        why = ("every live learner offered" if not missing else
+               f"final round timed out after {waited:.0f}s without {', '.join(missing)}")
+        return Decision(True, members, (), missing, f"final round: {why}")
+
+    def _tokens(self, beats: Mapping[str, dict | None]) -> dict[str, int]:
+        return {n: int(b.get("tokens_total", 0)) for n, b in beats.items() if b}
+
+    def _maybe_stop(self, state: dict, beats: Mapping[str, dict | None], now: float) -> None:
+        if state["stop"]:
+            return
+        total = sum(self._tokens(beats).values())
+        if total >= self.cfg.token_budget:
+            P = self.cfg.sync.num_fragments
+            self.store.request_stop({"reason": f"token budget reached ({total} >= "
+                                               f"{self.cfg.token_budget})",
+                                     "at": now, "tokens": total, "final_left": P})
+            state["stop"], state["final_left"] = True, P
+
+    def _maybe_open(self, state: dict, result: TickResult, beats: Mapping[str, dict | None],
+                    live: list[str], now: float) -> None:
+        cfg = self.cfg
+        tokens = self._tokens(beats)
+        if state["stop"]:
+            if state["final_left"] == 0:
+                state["finished"] = True
+                result.finished = True
+                return
+            final = True
+        else:
+            needed = cfg.sync.round_interval_steps * cfg.tokens_per_learner_step
+            at_open = state.get("tokens_at_open", {})
+            ready = [n for n in live if tokens.get(n, 0) - at_open.get(n, 0) >= needed]
+            if len(ready) < cfg.sync.min_quorum:
+                return
+            final = False
+        r = state["round"] + 1
+        fragment = r % cfg.sync.num_fragments
+        self.store.open_round(r, {"fragment": fragment, "opened_at": now, "final": final,
+                                  "learner_tokens": tokens})
+        state.update({"round": r, "fragment": fragment, "decided": False, "final": final,
+                      "opened_at": now, "arrivals": {}, "tokens_at_open": tokens})
+        result.opened.append(r)
+
+    def _status(self, state: dict, live: list[str]) -> str:
+        r = state["round"]
+        if r < 0:
+            return f"waiting for learners to progress before round 0 ({len(live)} live)"
+        return (f"round {r} {'decided' if state['decided'] else 'open'}; waiting for "
+                f"{self.cfg.sync.min_quorum} of {len(live)} live learners to progress")
+
+
+def _offer_summary(manifest: Mapping[str, Any]) -> dict:
+    extra = manifest.get("extra") or {}
+    return {"fragment": manifest.get("fragment"), "base_version": manifest.get("base_version"),
+            "tokens": manifest.get("tokens"), "steps": manifest.get("steps"),
+            "nbytes": manifest.get("nbytes"), "encoding": ",".join(manifest.get("encoding", [])),
+            "learner_step": manifest.get("learner_step"), "train_loss": extra.get("train_loss")}
+

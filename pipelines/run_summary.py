@@ -1,0 +1,97 @@
+"""The summary of an orchestrated run, computed from the store alone.
+
+- rounds_merged: rounds whose merge committed a new fragment version.
+- uptime: share of the time between the first and the last merge in which merges kept
+  advancing. A gap between two consecutive merges longer than twice the median gap counts as
+  down for its excess (a stall); steady merging is uptime 1.
+- learner_idle_fraction: over all learners' last attempts, time in the training loop not spent
+  in inner steps (applying merges, encoding offers, checkpointing, heartbeats) / loop time.
+- learners_rejoined: learners relaunched at least once whose contributions were merged after
+  the relaunch.
+"""
+
+import statistics
+
+from diloco_core.config_loading import config_from_mapping
+from pipelines.round_eval import evaluate_global
+from resources.store.artifact_store import ArtifactStore
+
+
+def merge_records(store: ArtifactStore, num_fragments: int) -> list[dict]:
+    """Every committed merge (fragment version > 0), oldest first, with its metadata."""
+    records = []
+    for p in range(num_fragments):
+        for version in store.versions(p):
+            if version == 0:
+                continue
+            meta = store.load_global(p, version).meta
+            records.append({**meta, "fragment": p, "version": version})
+    return sorted(records, key=lambda m: m.get("published_at") or 0.0)
+
+
+def uptime(publish_times: list[float]) -> float:
+    if len(publish_times) < 3:
+        return 1.0
+    gaps = [b - a for a, b in zip(publish_times, publish_times[1:], strict=False)]
+    allowed = 2.0 * statistics.median(gaps)
+    span = publish_times[-1] - publish_times[0]
+    down = sum(max(0.0, g - allowed) for g in gaps)
+    return 1.0 - down / span if span > 0 else 1.0
+
+
+def build_summary(store: ArtifactStore, eval_batches: int | None = None) -> dict:
+    cfg = config_from_mapping(store.get_config())
+    names = cfg.learners.learner_names
+    merges = merge_records(store, cfg.sync.num_fragments)
+    rounds = []
+    last_round = (store.latest_open_round() or {}).get("round", -1)
+    for r in range(last_round + 1):
+        decision = store.get_decision(r)
+        if decision is None:
+            continue
+        rounds.append({"round": r, "fragment": decision["fragment"],
+                       "admitted": decision["members"], "late": decision["late"],
+                       "missing": decision["missing"], "final": decision.get("final", False),
+                       "reason": decision["reason"]})
+    merged_rounds = {m["round"]: m for m in merges}
+    for entry in rounds:
+        merge = merged_rounds.get(entry["round"])
+        entry["merged"] = merge is not None
+        entry["rejected"] = (merge or {}).get("rejected", {})
+        entry["published_at"] = (merge or {}).get("published_at")
+    beats = {n: store.get_heartbeat(n) or {} for n in names}
+    training = sum(b.get("training_seconds", 0.0) for b in beats.values())
+    compute = sum(b.get("compute_seconds", 0.0) for b in beats.values())
+    latencies = [m["published_at"] - m["quorum_at"] for m in merges
+                 if m.get("published_at") and m.get("quorum_at")]
+    rejoined = []
+    for n, b in beats.items():
+        started = b.get("started_at", 0.0)
+        if b.get("attempt", 0) > 0 and any(
+                n in m.get("members", []) and (m.get("published_at") or 0) > started
+                for m in merges):
+            rejoined.append(n)
+    initial = evaluate_global(store, eval_batches, version=0)
+    final = evaluate_global(store, eval_batches)
+    publish = [m["published_at"] for m in merges if m.get("published_at")]
+    return {
+        "experiment": store.experiment,
+        "rounds_opened": last_round + 1,
+        "rounds_merged": len(merges),
+        "initial_eval_loss": initial["loss"],
+        "final_eval_loss": final["loss"],
+        "final_bits_per_byte": final["bits_per_byte"],
+        "final_sample": final["sample"],
+        "tokens": sum(int(b.get("tokens_total", 0)) for b in beats.values()),
+        "token_budget": cfg.token_budget,
+        "uptime": uptime(publish),
+        "learner_idle_fraction": (training - compute) / training if training > 0 else 0.0,
+        "learners_rejoined": sorted(rejoined),
+        "learner_attempts": {n: b.get("attempt", 0) + 1 for n, b in beats.items()},
+        "merge_latency_seconds": {
+            "median": statistics.median(latencies) if latencies else None,
+            "p90": statistics.quantiles(latencies, n=10)[-1] if len(latencies) >= 2 else None,
+            "count": len(latencies)},
+        "bytes_up": sum(int(b.get("bytes_up", 0)) for b in beats.values()),
+        "rounds": rounds,
+    }

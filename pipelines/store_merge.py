@@ -1,0 +1,107 @@
+"""The merge of one round against the store: what the `global_params` asset runs.
+
+Reads the quorum decision the sensor committed for the round, loads the admitted contributions
+one by one (each verified by the store: size, checksum, shapes, encoding; refused ones keep
+their reason), merges them into the round's fragment with the core merge (validation, norm
+screening, token weights, RDA, outer Nesterov), and commits the new version through the
+store's compare-and-swap pointer. A retried run of a round that already committed returns that
+commit's record instead of merging twice. Non-finite merged parameters are never committed.
+"""
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+import jax.numpy as jnp
+import numpy as np
+
+from diloco_core.config_loading import config_from_mapping
+from diloco_core.fragments import plan_fragments
+from diloco_core.model import abstract_params, is_embedding
+from diloco_core.outer import build_outer_optimizer
+from diloco_core.syncer import FragmentState, all_finite, merge_fragment
+from resources.store.artifact_store import ArtifactStore, RejectedArtifact
+
+
+class MergeInputError(RuntimeError):
+    """The round cannot be merged at all (no decision, no global version): nothing committed."""
+
+
+@dataclass(frozen=True)
+class MergeOutcome:
+    round: int
+    fragment: int
+    committed: bool              # a new version was committed by this run or an earlier try
+    version: int                 # the fragment's version after the round
+    record: dict                 # the merge record (members, weights, rejections, norms, ...)
+    decision: dict               # the quorum decision it executed
+    finite: bool
+    already_committed: bool = False
+    seconds: float = 0.0
+
+
+def merge_from_store(store: ArtifactStore, round_index: int) -> MergeOutcome:
+    started = time.monotonic()
+    cfg = config_from_mapping(store.get_config())
+    decision = store.get_decision(round_index)
+    if decision is None:
+        raise MergeInputError(f"round {round_index} has no quorum decision in the store")
+    fragment = int(decision["fragment"])
+    shapes = {k: v.shape for k, v in abstract_params(cfg.model).items()}
+    plan = plan_fragments(shapes, cfg.sync.num_fragments)
+    tx = build_outer_optimizer(cfg.outer)
+    names = plan.fragments[fragment]
+    template = tx.init({n: jnp.zeros(shapes[n], jnp.float32) for n in names})
+    try:
+        current = store.load_global(fragment, outer_template=template)
+    except KeyError as err:
+        raise MergeInputError(f"fragment {fragment} has no committed version: {err}") from None
+    if current.meta.get("round") == round_index:
+        return MergeOutcome(round_index, fragment, True, current.version, current.meta,
+                            decision, True, already_committed=True)
+
+    contributions, refused = [], {}
+    for learner in decision["members"]:
+        try:
+            contributions.append(store.load_contribution(round_index, learner))
+        except RejectedArtifact as err:
+            refused[learner] = f"refused by the store: {err.reason}"
+        except KeyError:
+            refused[learner] = "admitted but no committed contribution was found"
+
+    def base_of(version: int):
+        try:
+            return {k: jnp.asarray(v) for k, v in store.load_global(fragment, version).params.items()}
+        except (KeyError, RejectedArtifact):
+            return None
+
+    state = FragmentState({k: jnp.asarray(v) for k, v in current.params.items()},
+                          current.version, current.outer_state, base_of)
+    new_params, new_outer, record = merge_fragment(
+        state, names, plan.num_fragments, round_index, fragment, contributions, cfg.sync, tx,
+        is_embedding, decision["reason"], decision.get("late", ()))
+    record = dataclasses.replace(record, rejected={**refused, **record.rejected})
+    meta = {**_jsonable(dataclasses.asdict(record)), "round": round_index,
+            "quorum_at": decision.get("quorum_at"), "decided_at": decision.get("decided_at")}
+    finite = new_params is None or all_finite(new_params)
+    committed = False
+    version = current.version
+    if new_params is not None and finite:
+        meta["published_at"] = time.time()
+        store.commit_global(fragment, current.version + 1,
+                            {k: np.asarray(v) for k, v in new_params.items()}, new_outer, meta)
+        committed, version = True, current.version + 1
+    elif new_params is not None:
+        meta["reason"] = f"{meta['reason']}; NOT committed: merged parameters are not finite"
+    return MergeOutcome(round_index, fragment, committed, version, meta, decision, finite,
+                        seconds=time.monotonic() - started)
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value

@@ -1,0 +1,233 @@
+"""One learner process: trains continuously, offers fragments, takes merged ones, checkpoints.
+
+The loop never waits for the syncer or for Dagster. Between two inner steps it
+- applies any merged fragment the store link downloaded (overwrite, or blend),
+- offers its current fragment to a newly opened round (delta against its anchor, counters since
+  it last received that fragment), handed to the link thread for upload,
+- checkpoints every `checkpoint_every_steps` steps and publishes a heartbeat now and then.
+A learner slower than nominal (`learners.speeds` < 1) emulates slower hardware by sleeping
+(1/speed - 1) times each step's compute time; that counts as compute, not idle.
+When the syncer asks to stop (token budget reached) the learner stops training, offers its
+progress to the final rounds (one per fragment), and exits.
+"""
+
+import math
+import os
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from diloco_core.config import ExperimentConfig
+from diloco_core.config_loading import config_from_mapping
+from diloco_core.fragments import plan_fragments, split_params
+from diloco_core.inner_step import InnerStep
+from diloco_core.learner import FragmentSync, LearnerSync
+from diloco_core.model import init_model
+from diloco_core.simulator import learner_data
+from resources.corpus import load_corpus
+from resources.learner.restore import plan_restore
+from resources.learner.store_link import StoreLink
+from resources.store.artifact_store import ArtifactStore
+from resources.store.checkpoints import LearnerCheckpoints
+
+Log = Callable[[str], None]
+
+
+class LearnerRuntime:
+    def __init__(self, store: ArtifactStore, learner: str, attempt: int = 0,
+                 log: Log = print, use_ocdbt: bool = True, max_steps: int | None = None):
+        config = store.get_config()
+        if config is None:
+            raise RuntimeError(f"experiment {store.experiment!r} has no config in the store")
+        self.cfg: ExperimentConfig = config_from_mapping(config)
+        names = self.cfg.learners.learner_names
+        if learner not in names:
+            raise ValueError(f"learner {learner!r} is not in the experiment ({', '.join(names)})")
+        self.store, self.name, self.attempt, self.log = store, learner, attempt, log
+        self.index = names.index(learner)
+        self.speed = self.cfg.learners.learner_speeds[self.index]
+        self.max_steps = max_steps
+        self.use_ocdbt = use_ocdbt
+        cfg = self.cfg
+        self.model_def, template_params = init_model(cfg.model, cfg.seed)
+        self.plan = plan_fragments({k: v.shape for k, v in template_params.items()},
+                                   cfg.sync.num_fragments)
+        self.inner = InnerStep(self.model_def, cfg.inner, cfg.total_learner_steps)
+        corpus = load_corpus(cfg.data.corpus, cfg.learners.num_learners, cfg.data.heldout_fraction)
+        self.data = learner_data(cfg, self.index, corpus.learner_streams[self.index])
+        self._template = {"train": self.inner.init(template_params),
+                          "anchors": split_params(template_params, self.plan)}
+        self.checkpoints = LearnerCheckpoints(store.checkpoint_uri(learner), max_to_keep=2,
+                                              use_ocdbt=use_ocdbt)
+        self.started_at = time.time()
+        self.compute_seconds = 0.0
+        self.loop_started: float | None = None
+        self.training_seconds: float | None = None   # set when training stops
+        self.last_loss: float | None = None
+        self.offers = 0
+        self.received = 0
+
+    # ---- start or rejoin ----------------------------------------------------------------------
+    def _start_state(self) -> str:
+        cfg = self.cfg
+        P = cfg.sync.num_fragments
+        globals_ = [self.store.load_global(p) for p in range(P)]
+        versions = [g.version for g in globals_]
+        params = {k: jnp.asarray(v) for g in globals_ for k, v in g.params.items()}
+        peers = [n for n in cfg.learners.learner_names if n != self.name]
+        plan = plan_restore(self.store, self.name, peers, self._template, versions,
+                            cfg.orchestration.rejoin_max_versions_behind, self.use_ocdbt)
+        self.last_offered = -1
+        if plan.source == "own":
+            meta = plan.meta
+            self.train = plan.state["train"]
+            self.sync = LearnerSync(self.name, tuple(
+                FragmentSync(dict(a), v, s, t) for a, v, s, t in zip(
+                    plan.state["anchors"], meta["versions"], meta["fragment_steps"],
+                    meta["fragment_tokens"], strict=True)))
+            self.data.restore(meta["data"])
+            self.last_offered = meta["last_offered"]
+        else:
+            self.train = self.inner.init(params)
+            if plan.source == "peer":
+                peer_train = plan.state["train"]
+                self.train = self.train.replace(opt_state=peer_train.opt_state,
+                                                step=peer_train.step)
+            own = (plan.meta or {}).get("own")
+            if own is not None:
+                self.data.restore(own["data"])
+            self.sync = LearnerSync.start(self.name, [dict(g.params) for g in globals_],
+                                          versions)
+        # Tokens this learner processed over all its attempts (lost ones included): the syncer
+        # stops the run when the learners' totals reach the budget.
+        previous = self.store.get_heartbeat(self.name) or {}
+        self.tokens_total = int(previous.get("tokens_total", 0))
+        self.versions_at_start = versions
+        return f"{plan.source}: {plan.reason}"
+
+    # ---- the loop -----------------------------------------------------------------------------
+    def run(self) -> dict:
+        cfg, orch = self.cfg, self.cfg.orchestration
+        self.rejoined_from = self._start_state()
+        self.log(f"{self.name} (attempt {self.attempt}) starting from {self.rejoined_from}")
+        self.link = StoreLink(self.store, self.name, cfg.sync.num_fragments,
+                              [f.version for f in self.sync.fragments], orch.poll_seconds,
+                              self.log)
+        self.status = "training"
+        self._beat()
+        next_beat = time.monotonic() + orch.heartbeat_seconds
+        final_offered: set[int] = set()
+        stop_seen_at: float | None = None
+        self.loop_started = time.monotonic()
+        try:
+            while True:
+                self._apply_merged()
+                stop = self.link.stop
+                offered = self._maybe_offer()
+                if offered is not None and offered.get("final"):
+                    final_offered.add(offered["fragment"])
+                if stop is not None:
+                    if stop_seen_at is None:
+                        stop_seen_at = time.monotonic()
+                        self.training_seconds = stop_seen_at - self.loop_started
+                        self.status = "stopping"
+                        self.log(f"{self.name}: stop requested ({stop.get('reason')}); offering "
+                                 "the final rounds")
+                        self._checkpoint()
+                        self._beat()
+                    done = len(final_offered) == cfg.sync.num_fragments
+                    timed_out = (time.monotonic() - stop_seen_at
+                                 > orch.round_timeout_seconds * cfg.sync.num_fragments)
+                    if done or timed_out:
+                        break
+                    time.sleep(orch.poll_seconds / 2)
+                elif self.max_steps is not None and int(self.train.step) >= self.max_steps:
+                    time.sleep(orch.poll_seconds / 2)
+                else:
+                    self._step()
+                    if int(self.train.step) % orch.checkpoint_every_steps == 0:
+                        self._checkpoint()
+                if time.monotonic() >= next_beat:
+                    self._beat()
+                    next_beat = time.monotonic() + orch.heartbeat_seconds
+            self.status = "done"
+        finally:
+            if stop_seen_at is None:
+                self.training_seconds = time.monotonic() - self.loop_started
+            self._beat()
+            self.link.close()
+            self.checkpoints.close()
+        return self.heartbeat_record()
+
+    def _step(self) -> None:
+        batch = self.data.next()
+        started = time.monotonic()
+        self.train, metrics = self.inner.step(self.train, batch)
+        loss = float(metrics["loss"])  # syncs: the step's compute is done when this returns
+        elapsed = time.monotonic() - started
+        if self.speed < 1.0:
+            time.sleep(elapsed * (1.0 / self.speed - 1.0))
+        self.compute_seconds += time.monotonic() - started
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"{self.name}: training loss is {loss} at step "
+                                     f"{int(self.train.step)}")
+        self.last_loss = loss
+        tokens = self.inner.tokens_per_batch(batch)
+        self.tokens_total += tokens
+        self.sync = self.sync.after_step(tokens)
+
+    def _apply_merged(self) -> None:
+        s = self.cfg.sync
+        for p, (version, values) in sorted(self.link.take_merged().items()):
+            params, self.sync = self.sync.receive(self.train.params, p, values, version,
+                                                  s.receive_rule, s.blend_alpha)
+            self.train = self.train.replace(params=params)
+            self.received += 1
+
+    def _maybe_offer(self) -> dict | None:
+        rnd = self.link.open_round
+        if rnd is None or rnd["round"] <= self.last_offered:
+            return None
+        self.last_offered = rnd["round"]
+        p = rnd["fragment"]
+        if self.sync.fragments[p].steps < 1:
+            return rnd if rnd.get("final") else None  # nothing new to offer for this fragment
+        s = self.cfg.sync
+        contribution = self.sync.contribution(self.train.params, self.plan, p, rnd["round"],
+                                              int(self.train.step), time.time(), s.encoding,
+                                              s.encoding_block_size)
+        self.link.offer(contribution, {"train_loss": self.last_loss, "attempt": self.attempt})
+        self.offers += 1
+        return rnd
+
+    def _checkpoint(self) -> None:
+        step = int(self.train.step)
+        meta = {"learner": self.name, "step": step, "tokens_total": self.tokens_total,
+                "data": self.data.state(), "versions": [f.version for f in self.sync.fragments],
+                "fragment_steps": [f.steps for f in self.sync.fragments],
+                "fragment_tokens": [f.tokens for f in self.sync.fragments],
+                "last_offered": self.last_offered}
+        state = {"train": self.train, "anchors": [f.anchor for f in self.sync.fragments]}
+        self.checkpoints.save(step, jax.device_get(state), meta)
+        self.checkpoint_step = step
+
+    def heartbeat_record(self) -> dict:
+        wall = time.time() - self.started_at
+        training = self.training_seconds
+        if training is None:
+            training = 0.0 if self.loop_started is None else time.monotonic() - self.loop_started
+        return {"learner": self.name, "attempt": self.attempt, "pid": os.getpid(),
+                "status": self.status, "time": time.time(), "started_at": self.started_at,
+                "step": int(self.train.step), "tokens_total": self.tokens_total,
+                "loss": self.last_loss, "versions": [f.version for f in self.sync.fragments],
+                "checkpoint_step": getattr(self, "checkpoint_step", None),
+                "compute_seconds": self.compute_seconds, "wall_seconds": wall,
+                "training_seconds": training,
+                "offers": self.offers, "received": self.received,
+                "rejoined_from": self.rejoined_from,
+                "bytes_up": self.link.bytes_up, "bytes_down": self.link.bytes_down}
+
+    def _beat(self) -> None:
+        self.link.heartbeat(self.heartbeat_record())

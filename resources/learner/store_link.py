@@ -1,0 +1,131 @@
+"""The learner's link to the store, on a background thread, so training never waits on I/O.
+
+The thread uploads contributions and heartbeats in order, and every `poll_seconds` reads the
+small control records (the OPEN round pointer, the STOP marker, each fragment's CURRENT
+pointer), downloading a fragment only when its version moved. The training loop takes what
+arrived between steps. Store errors are retried on the next cycle; the thread never raises
+into the training loop, it reports through `log`.
+"""
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from diloco_core.contribution import Contribution
+from resources.store.artifact_store import ArtifactStore
+
+Log = Callable[[str], None]
+
+
+class StoreLink:
+    def __init__(self, store: ArtifactStore, learner: str, num_fragments: int,
+                 known_versions: list[int], poll_seconds: float, log: Log):
+        self.store, self.learner, self.poll_seconds, self.log = store, learner, poll_seconds, log
+        self._num_fragments = num_fragments
+        self._known = list(known_versions)
+        self._lock = threading.Lock()
+        self._merged: dict[int, tuple[int, dict]] = {}
+        self._open_round: dict | None = None
+        self._stop: dict | None = None
+        self._outbox: queue.Queue = queue.Queue()
+        self._pending: list[tuple[str, Any]] = []
+        self._closing = threading.Event()
+        self.bytes_up = 0
+        self.bytes_down = 0
+        self._thread = threading.Thread(target=self._run, name=f"store-link-{learner}",
+                                        daemon=True)
+        self._thread.start()
+
+    # ---- called from the training loop (never blocks on the store) ----------------------------
+    def offer(self, contribution: Contribution, extra: Mapping[str, Any]) -> None:
+        self._outbox.put(("contribution", (contribution, dict(extra))))
+
+    def heartbeat(self, beat: Mapping[str, Any]) -> None:
+        self._outbox.put(("heartbeat", dict(beat)))
+
+    def take_merged(self) -> dict[int, tuple[int, dict]]:
+        """Newer merged fragments that arrived since the last call: fragment -> (version, values)."""
+        with self._lock:
+            merged, self._merged = self._merged, {}
+        return merged
+
+    @property
+    def open_round(self) -> dict | None:
+        with self._lock:
+            return self._open_round
+
+    @property
+    def stop(self) -> dict | None:
+        with self._lock:
+            return self._stop
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Flush every queued upload, then stop the thread."""
+        self._outbox.put(("close", None))
+        self._thread.join(timeout)
+
+    # ---- the thread ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        next_poll = 0.0
+        closing = False
+        while True:
+            timeout = max(0.0, next_poll - time.monotonic())
+            try:
+                kind, item = self._outbox.get(timeout=timeout)
+                if kind == "close":
+                    closing = True
+                else:
+                    self._pending.append((kind, item))
+            except queue.Empty:
+                pass
+            self._flush()
+            if closing and not self._pending:
+                return
+            if closing:
+                time.sleep(0.2)  # retry what failed until close's timeout
+                continue
+            if time.monotonic() >= next_poll:
+                self._poll()
+                next_poll = time.monotonic() + self.poll_seconds
+
+    def _flush(self) -> None:
+        while self._pending:
+            kind, item = self._pending[0]
+            try:
+                if kind == "contribution":
+                    contribution, extra = item
+                    self.bytes_up += self.store.put_contribution(contribution, extra)
+                    self.log(f"offered fragment {contribution.fragment} to round "
+                             f"{contribution.round} ({contribution.steps} steps, "
+                             f"{contribution.tokens} tokens, base v{contribution.base_version})")
+                elif kind == "heartbeat":
+                    # Only the newest heartbeat matters.
+                    if any(k == "heartbeat" for k, _ in self._pending[1:]):
+                        self._pending.pop(0)
+                        continue
+                    self.store.put_heartbeat(self.learner, item)
+            except Exception as err:  # noqa: BLE001 - retried; the loop must not die on I/O
+                self.log(f"store write failed, will retry: {err!r}")
+                return
+            self._pending.pop(0)
+
+    def _poll(self) -> None:
+        try:
+            open_round = self.store.latest_open_round()
+            stop = self.store.stop_requested()
+            arrived = {}
+            for p in range(self._num_fragments):
+                version = self.store.current_version(p)
+                if version is not None and version > self._known[p]:
+                    fragment = self.store.load_global(p, version)
+                    arrived[p] = (version, fragment.params)
+                    self.bytes_down += sum(v.nbytes for v in fragment.params.values())
+                    self._known[p] = version
+        except Exception as err:  # noqa: BLE001 - a failed poll is retried next cycle
+            self.log(f"store poll failed, will retry: {err!r}")
+            return
+        with self._lock:
+            self._open_round, self._stop = open_round, stop
+            self._merged.update(arrived)

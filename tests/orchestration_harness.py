@@ -1,0 +1,126 @@
+"""Drive the orchestration in-process: a Dagster test instance, a local store, scripted learners.
+
+Scripted learners write what real learner processes write (heartbeats, contributions built
+with the core `LearnerSync` from the current global fragment) without training, so the sensor
+and merge logic can be driven tick by tick, deterministically.
+"""
+
+import json
+import time
+
+import dagster as dg
+import numpy as np
+
+from diloco_core.compression import encode
+from diloco_core.config_loading import config_from_mapping
+from diloco_core.contribution import Contribution
+from pipelines.defs.sensors import quorum_tick
+from pipelines.definitions import defs as load_defs
+from pipelines.round_control import round_key
+from resources.store.resource import ArtifactStoreResource
+
+TINY = ["model.preset=tiny", "data.seq_len=32", "data.batch_size=4", "learners.num_learners=3",
+        "sync.num_fragments=2", "sync.sync_period=4", "sync.min_quorum=2",
+        "sync.grace_gamma=0", "token_budget=100000", "orchestration.eval_batches=1",
+        "name=exp-test"]
+
+
+class Harness:
+    def __init__(self, instance: dg.DagsterInstance, store_uri: str, overrides=(), **store_kw):
+        self.instance = instance
+        self.resource = ArtifactStoreResource(base_uri=store_uri, **store_kw)
+        loaded = load_defs()
+        self.defs = dg.Definitions(
+            assets=loaded.assets, asset_checks=loaded.asset_checks, jobs=loaded.jobs,
+            schedules=loaded.schedules, sensors=loaded.sensors,
+            resources={**(loaded.resources or {}), "store": self.resource})
+        self.overrides = list(TINY) + list(overrides)
+        self.cursor: str | None = None
+        self.now = time.time()
+        self.tokens: dict[str, int] = {}
+        self.launched: list[dg.RunRequest] = []
+
+    # ---- the experiment -----------------------------------------------------------------------
+    def start(self) -> None:
+        result = self.defs.resolve_job_def("train").execute_in_process(
+            instance=self.instance,
+            run_config={"ops": {"start_experiment": {"config": {"overrides": self.overrides}}}})
+        assert result.success
+        self.store = self.resource.active()
+        self.cfg = config_from_mapping(self.store.get_config())
+
+    # ---- scripted learners --------------------------------------------------------------------
+    def beat(self, learner: str, steps: int = 0, status: str = "training") -> None:
+        tokens = self.tokens.get(learner, 0) + steps * self.cfg.tokens_per_learner_step
+        self.tokens[learner] = tokens
+        self.store.put_heartbeat(learner, {
+            "learner": learner, "status": status, "time": self.now, "attempt": 0,
+            "step": tokens // self.cfg.tokens_per_learner_step, "tokens_total": tokens,
+            "compute_seconds": 0.01 * max(1, tokens), "training_seconds": 1.0})
+
+    def contribution(self, learner: str, round_index: int, *, fragment: int | None = None,
+                     scale: float = 0.01, base_version: int | None = None, steps: int = 4,
+                     seed: int = 0, shape_of=None, value=None) -> Contribution:
+        """Delta = anchor - theta for a learner that moved every value by ~`scale`."""
+        frag = (round_index % self.cfg.sync.num_fragments) if fragment is None else fragment
+        current = self.store.load_global(frag % self.cfg.sync.num_fragments)
+        rng = np.random.default_rng([seed, round_index, sum(map(ord, learner))])
+        delta = {}
+        for name, values in current.params.items():
+            shape = shape_of(name, values.shape) if shape_of else values.shape
+            d = rng.standard_normal(shape).astype(np.float32) * scale
+            if value is not None:
+                d[...] = value
+            delta[name] = encode(d, self.cfg.sync.encoding, self.cfg.sync.encoding_block_size)
+        version = current.version if base_version is None else base_version
+        tokens = steps * self.cfg.tokens_per_learner_step
+        return Contribution(learner, frag, round_index, version, tokens, steps, 0,
+                            self.now, delta)
+
+    def offer(self, learner: str, round_index: int, **kw) -> None:
+        self.store.put_contribution(self.contribution(learner, round_index, **kw),
+                                    {"train_loss": 3.0})
+
+    # ---- the daemon's part --------------------------------------------------------------------
+    def tick(self, advance: float = 1.0) -> dg.SensorResult | dg.SkipReason:
+        """One quorum tick, then what the daemon does with it: add partitions, record asset
+        events, launch runs not launched before under the same run key (and run them)."""
+        self.now += advance
+        context = dg.build_sensor_context(instance=self.instance, cursor=self.cursor,
+                                          resources={"store": self.resource})
+        original = time.time
+        try:
+            time.time = lambda: self.now
+            result = quorum_tick(context, self.resource)
+        finally:
+            time.time = original
+        if isinstance(result, dg.SkipReason):
+            return result
+        self.cursor = result.cursor
+        for request in result.dynamic_partitions_requests or []:
+            self.instance.add_dynamic_partitions(request.partitions_def_name,
+                                                 list(request.partition_keys))
+        for event in result.asset_events or []:
+            self.instance.report_runless_asset_event(event)
+        for request in result.run_requests or []:
+            if request.run_key and self.instance.get_runs(
+                    filters=dg.RunsFilter(tags={"dagster/run_key": request.run_key})):
+                continue
+            self.launched.append(request)
+            self.defs.resolve_job_def(request.job_name).execute_in_process(
+                instance=self.instance, partition_key=request.partition_key,
+                tags={**request.tags, "dagster/run_key": request.run_key},
+                raise_on_error=False)
+        return result
+
+    def state(self) -> dict:
+        return json.loads(self.cursor)
+
+    def merged_rounds(self) -> set[str]:
+        return set(self.instance.get_materialized_partitions(dg.AssetKey("global_params")))
+
+    def merge_metadata(self, round_index: int) -> dict:
+        records = self.instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=dg.AssetKey("global_params"),
+                                  asset_partitions=[round_key(round_index)]), limit=1).records
+        return records[0].asset_materialization.metadata
