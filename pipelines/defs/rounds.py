@@ -165,13 +165,13 @@ def heldout_eval(context: dg.AssetExecutionContext, config: EvalConfig,
 
 
 merge_job = dg.define_asset_job(
-    "merge_round", selection=[global_params, heldout_eval], partitions_def=rounds,
+    "merge_round", selection=[global_params, heldout_eval],
     executor_def=dg.in_process_executor, tags={"dagster/priority": "10"},
     description="Merge one decided round and evaluate the result (requested by the quorum "
                 "sensor, one run per round).")
 
 eval_job = dg.define_asset_job(
-    "evaluate_round", selection=[heldout_eval], partitions_def=rounds,
+    "evaluate_round", selection=[heldout_eval],
     executor_def=dg.in_process_executor, description="Re-evaluate one round's global model.")
 
 

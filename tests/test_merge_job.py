@@ -1,0 +1,112 @@
+"""The merge job refuses bad contributions, each with its reason, and still merges the rest."""
+
+import dagster as dg
+import numpy as np
+import pytest
+
+from orchestration_harness import Harness
+from pipelines.round_control import round_key
+from resources.store import layout
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _decide(h: Harness, round_index: int, members: list[str]) -> None:
+    """What the quorum sensor commits before requesting a merge."""
+    h.store.open_round(round_index, {"fragment": 0, "opened_at": h.now, "final": False})
+    h.instance.add_dynamic_partitions("rounds", [round_key(round_index)])
+    h.store.put_decision(round_index, {
+        "round": round_index, "fragment": 0, "members": members, "late": [], "missing": [],
+        "reason": f"test decision for round {round_index}", "quorum_at": h.now,
+        "decided_at": h.now})
+
+
+def _merge(h: Harness, round_index: int) -> dict:
+    result = h.defs.resolve_job_def("merge_round").execute_in_process(
+        instance=h.instance, partition_key=round_key(round_index),
+        tags={"diloco/experiment": h.store.experiment})
+    assert result.success
+    (mat,) = result.asset_materializations_for_node("global_params")
+    checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    return {"meta": mat.metadata, "checks": checks}
+
+
+@pytest.fixture
+def harness(tmp_path):
+    with dg.instance_for_test() as instance:
+        h = Harness(instance, str(tmp_path / "store"),
+                    ["sync.num_fragments=1", "learners.num_learners=8", "sync.min_quorum=1"])
+        h.start()
+        yield h
+
+
+def test_bad_contributions_are_rejected_with_their_reasons(harness):
+    h = harness
+    # Two clean rounds, then drop old versions: version 0 is no longer kept.
+    for r in (0, 1):
+        for name in ("learner-0", "learner-1"):
+            h.offer(name, r, seed=r)
+        _decide(h, r, ["learner-0", "learner-1"])
+        _merge(h, r)
+    assert h.store.current_version(0) == 2
+    h.store.gc_global_versions(keep_last=1, num_fragments=1)
+
+    r = 2
+    h.offer("learner-0", r)
+    h.offer("learner-1", r, seed=1)
+    h.offer("learner-2", r, value=np.nan)                                     # NaN
+    h.offer("learner-3", r, shape_of=lambda name, shape: (shape[0] + 1,) + shape[1:])
+    h.offer("learner-4", r, fragment=1)                                        # no such fragment
+    h.offer("learner-5", r, base_version=0)                                    # base dropped
+    h.offer("learner-6", r, scale=1000.0)                                      # absurd norm
+    h.offer("learner-7", r)                                                    # then truncated
+    directory = layout.contribution_dir(h.store.experiment, r, "learner-7")
+    (payload,) = [k for k in h.store.blobs.list(directory + "/") if k.endswith(".npz")]
+    data = h.store.blobs.read(payload)
+    h.store.blobs.write(payload, data[: len(data) // 2])
+    members = [f"learner-{i}" for i in range(8)]
+    _decide(h, r, members)
+    out = _merge(h, r)
+
+    meta = out["meta"]
+    assert meta["members"].value == "learner-0, learner-1"
+    assert meta["version"].value == 3 and meta["merged"].value is True
+    table = {row.data["learner"]: row.data for row in meta["decisions"].value.records}
+    reasons = {name: row["reason"] for name, row in table.items() if row["status"] == "rejected"}
+    assert set(reasons) == {f"learner-{i}" for i in range(2, 8)}
+    assert "NaN" in reasons["learner-2"]
+    assert "has shape" in reasons["learner-3"]
+    assert "fragment 1 does not exist" in reasons["learner-4"]
+    assert "no longer kept" in reasons["learner-5"]
+    assert "median of the others" in reasons["learner-6"]
+    assert reasons["learner-7"].startswith("refused by the store")
+    assert out["checks"]["params_finite"].passed
+    assert not out["checks"]["contribution_norms"].passed      # the absurd one was excluded
+    committed = h.store.load_global(0)
+    assert committed.version == 3 and committed.meta["rejected"].keys() == reasons.keys()
+    assert all(np.isfinite(v).all() for v in committed.params.values())
+
+
+def test_a_retried_merge_run_does_not_merge_twice(harness):
+    h = harness
+    h.offer("learner-0", 0)
+    _decide(h, 0, ["learner-0"])
+    first = _merge(h, 0)
+    before = h.store.load_global(0)
+    again = _merge(h, 0)
+    after = h.store.load_global(0)
+    assert first["meta"]["version"].value == again["meta"]["version"].value == 1
+    assert after.version == 1
+    assert all(np.array_equal(before.params[k], after.params[k]) for k in before.params)
+
+
+def test_a_round_without_a_decision_fails_clearly(harness):
+    h = harness
+    h.instance.add_dynamic_partitions("rounds", [round_key(5)])
+    result = h.defs.resolve_job_def("merge_round").execute_in_process(
+        instance=h.instance, partition_key=round_key(5), raise_on_error=False,
+        tags={"diloco/experiment": h.store.experiment})
+    assert not result.success
+    failure = [e for e in result.all_events if e.is_step_failure][0]
+    assert "round 5 has no quorum decision" in str(failure.step_failure_data.error.message) \
+        or "round 5 has no quorum decision" in str(failure.step_failure_data.user_failure_data)

@@ -1,0 +1,154 @@
+"""The quorum sensor's state machine, driven in-process over several rounds.
+
+Scripted learners write heartbeats and contributions to a local store; each `tick` is one
+sensor evaluation followed by what the daemon would do (partitions, asset events, run-key
+dedup, runs executed in-process), so merges really run and commit to the store.
+"""
+
+import dagster as dg
+import pytest
+
+from orchestration_harness import Harness
+from pipelines.round_control import round_key
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture
+def harness(tmp_path):
+    with dg.instance_for_test() as instance:
+        h = Harness(instance, str(tmp_path / "store"))
+        h.start()
+        yield h
+
+
+def _progress(h: Harness, learners, steps=2):
+    for name in learners:
+        h.beat(name, steps)
+
+
+def _update_events(h: Harness) -> dict[str, dict]:
+    records = h.instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey("learner_update")), limit=100).records
+    return {r.partition_key: {k: v.value for k, v in r.asset_materialization.metadata.items()}
+            for r in records}
+
+
+def test_three_rounds_with_k_of_m_and_one_learner_absent(harness):
+    h = harness
+    assert isinstance(h.tick(), dg.SensorResult)                 # nobody live: no round yet
+    assert h.state()["round"] == -1
+    present = ["learner-0", "learner-1"]                          # learner-2 never starts
+    for r in range(3):
+        _progress(h, present)
+        h.tick()
+        assert h.state()["round"] == r and not h.state()["decided"]
+        for name in present:
+            h.offer(name, r)
+        h.tick()
+        assert h.state()["decided"]
+    assert h.merged_rounds() == {round_key(r) for r in range(3)}
+    for r in range(3):
+        meta = h.merge_metadata(r)
+        assert meta["members"].value == "learner-0, learner-1"
+        assert meta["merged"].value is True
+        assert meta["fragment"].value == r % 2
+    # Fragment 0 merged in rounds 0 and 2, fragment 1 in round 1.
+    assert h.store.current_version(0) == 2 and h.store.current_version(1) == 1
+    events = _update_events(h)
+    assert {k for k in events} == {f"learner-{i}|{round_key(r)}" for r in range(3)
+                                   for i in (0, 1)}
+    assert all(e["late"] is False and e["train/loss"] == 3.0 for e in events.values())
+    # Lineage: the eval ran after every merge.
+    assert set(h.instance.get_materialized_partitions(dg.AssetKey("heldout_eval"))) == \
+        h.merged_rounds()
+
+
+def test_repeated_ticks_and_a_lost_cursor_never_merge_a_round_twice(harness):
+    h = harness
+    _progress(h, ["learner-0", "learner-1"])
+    h.tick()
+    h.offer("learner-0", 0)
+    h.offer("learner-1", 0)
+    first = h.tick()
+    assert [r.run_key for r in first.run_requests] == ["merge:exp-test:0"]
+    for _ in range(3):                                           # nothing new: nothing to do
+        again = h.tick()
+        assert not again.run_requests and not again.asset_events
+    h.cursor = None                                              # the cursor is lost
+    recovered = h.tick()
+    assert not recovered.run_requests
+    assert h.state()["round"] == 0 and h.state()["decided"]
+    runs = h.instance.get_runs(filters=dg.RunsFilter(job_name="merge_round"))
+    assert len(runs) == 1
+    assert h.store.current_version(0) == 1
+
+
+def test_a_late_contribution_is_recorded_but_not_merged_into_its_closed_round(harness):
+    h = harness
+    everyone = ["learner-0", "learner-1", "learner-2"]
+    _progress(h, everyone)
+    h.tick()
+    h.offer("learner-0", 0)
+    h.offer("learner-1", 0)
+    h.tick()                                   # K=2 reached, no grace (gamma=0): merge now
+    decision = h.store.get_decision(0)
+    assert decision["members"] == ["learner-0", "learner-1"]
+    assert decision["missing"] == ["learner-2"]
+    assert "grace window" in decision["reason"]
+    h.offer("learner-2", 0)                    # arrives after the round closed
+    h.tick()
+    events = _update_events(h)
+    assert events[f"learner-2|{round_key(0)}"]["late"] is True
+    assert h.merge_metadata(0)["members"].value == "learner-0, learner-1"
+    # The next round merges only offers made to it; learner-2's round-0 delta is not reused.
+    _progress(h, everyone)
+    h.tick()
+    assert h.state()["round"] == 1
+    for name in everyone:
+        h.offer(name, 1)
+    h.tick()
+    meta = h.merge_metadata(1)
+    assert meta["members"].value == "learner-0, learner-1, learner-2"
+    assert h.store.load_global(0).meta["members"] == ["learner-0", "learner-1"]
+
+
+def test_quorum_unreachable_while_learners_are_down_then_resumes(harness):
+    h = harness
+    _progress(h, ["learner-0", "learner-1"])
+    h.tick()
+    h.offer("learner-0", 0)
+    h.now += 120                                   # heartbeats go stale: nobody is live
+    assert not h.tick().run_requests               # records learner-0's offer, cannot merge
+    result = h.tick()
+    assert not result.run_requests and not h.state()["decided"]
+    assert "quorum unreachable" in result.skip_reason.skip_message
+    _progress(h, ["learner-1"], 0)                 # learner-1 is back
+    h.offer("learner-1", 0)
+    h.tick()
+    assert h.merged_rounds() == {round_key(0)}
+
+
+def test_budget_reached_runs_final_rounds_then_the_summary(harness):
+    h = harness
+    _progress(h, ["learner-0", "learner-1"])
+    h.tick()
+    h.offer("learner-0", 0)
+    h.offer("learner-1", 0)
+    h.tick()
+    # Jump past the token budget: STOP, then one final round per fragment (P=2).
+    h.beat("learner-0", 400)
+    h.beat("learner-1", 400)
+    h.tick()
+    assert h.store.stop_requested() is not None
+    for r in (1, 2):
+        assert h.state()["round"] == r and h.state()["final"]
+        for name in ("learner-0", "learner-1"):
+            h.offer(name, r)
+        h.tick()
+    h.tick()
+    summary = h.store.get_summary()
+    assert summary is not None and summary["rounds_merged"] == 3
+    assert summary["final_eval_loss"] != summary["initial_eval_loss"]
+    assert [r["admitted"] for r in summary["rounds"]] == [["learner-0", "learner-1"]] * 3
+    assert h.resource.active() is None            # the sensors go quiet
