@@ -172,7 +172,7 @@ class SyncConfig:
     blend_alpha: float = 0.5       # theta <- alpha * local + (1 - alpha) * global, for "blend"
     encoding: str = "bf16"         # outer-gradient wire format
     encoding_block_size: int = 64  # values per scale for int8/int4/int2
-    max_norm_ratio: float = 10.0   # exclude an outer grad > this x the others' median norm
+    max_norm_ratio: float = 10.0   # exclude an outer grad > this x the others' median per step
     anchor: str = "global"         # outer grad vs the current global ("global", the paper)
     # or vs the version the learner started from ("base")
 

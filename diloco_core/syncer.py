@@ -140,7 +140,8 @@ def merge_fragment(current: FragmentState, names: Sequence[str], num_fragments: 
         else:
             accepted.append((c, grad))
     norms = [tree_norm(g) for _, g in accepted]
-    outliers = screen_norms([c.learner for c, _ in accepted], norms, cfg.max_norm_ratio)
+    outliers = screen_norms([c.learner for c, _ in accepted], norms,
+                            [c.steps for c, _ in accepted], cfg.max_norm_ratio)
     rejected.update(outliers)
     kept = [(c, g, n) for (c, g), n in zip(accepted, norms, strict=True)
             if c.learner not in outliers]

@@ -129,6 +129,14 @@ def _cmd_simulate(args) -> int:
     return simulate(cfg, baselines=args.baselines, out_dir=Path(args.out), as_json=args.json)
 
 
+def _cmd_demo(args) -> int:
+    from pipelines.demo_command import DEMO_DEFAULTS, run_demo
+
+    cfg = load_config(args.config, DEMO_DEFAULTS + args.overrides)
+    return run_demo(cfg, chaos=args.chaos, json_path=args.json, workdir=args.workdir,
+                    port=args.port, timeout=args.timeout)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="diloco", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -141,6 +149,18 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--out", default="runs/simulate", help="where results and plots go")
     sim.add_argument("--json", action="store_true", help="print the summary as JSON")
     sim.set_defaults(func=_cmd_simulate)
+
+    demo = sub.add_parser("demo", help="a complete orchestrated training run: Dagster daemon, "
+                          "sensors, learner processes and merges on this machine")
+    _add_config_args(demo)
+    demo.add_argument("--chaos", action="store_true",
+                      help="kill one learner process mid-run and show it rejoining")
+    demo.add_argument("--json", metavar="PATH", help="write the run summary as JSON")
+    demo.add_argument("--workdir", help="where DAGSTER_HOME and the store go "
+                      "(default runs/demo-<time>)")
+    demo.add_argument("--port", type=int, help="Dagster UI port (default: a free one)")
+    demo.add_argument("--timeout", type=float, default=1800, help="give up after this many s")
+    demo.set_defaults(func=_cmd_demo)
 
     cfg = sub.add_parser("config", help="validate a config and print it with every default")
     _add_config_args(cfg)

@@ -228,6 +228,11 @@ class RoundController:
         tokens = self._tokens(beats)
         if state["stop"]:
             if state["final_left"] == 0:
+                # Finished once the final merges are published (or evidently failed).
+                timeout = cfg.orchestration.round_timeout_seconds
+                if any(now - p["decided_at"] < timeout for p in state["pending"]):
+                    result.reason = "waiting for the final merges to be published"
+                    return
                 state["finished"] = True
                 result.finished = True
                 return

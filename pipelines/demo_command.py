@@ -1,0 +1,166 @@
+"""`diloco demo`: a complete orchestrated training run on this machine.
+
+The same Dagster definitions as production, served by `dagster dev` on a private DAGSTER_HOME
+(webserver + daemon + run queue): the `train` job is launched through the webserver's GraphQL
+API, the learner supervisor dispatches one learner process per learner through Dagster Pipes,
+the quorum sensor opens and decides rounds and requests merge runs, and the run ends with the
+summary asset. This command only launches and watches (reading the store), and with `--chaos`
+kills one learner process mid-run (SIGKILL) to show it being relaunched and rejoining.
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from diloco_core.config import ExperimentConfig
+from diloco_core.config_loading import config_to_mapping
+from pipelines.dagster_dev import DagsterDev
+from resources.store.artifact_store import ArtifactStore
+from resources.store.backends import open_blob_store
+
+# The demo's embedded defaults (on top of the experiment defaults): 4 learners at different
+# speeds on the stdlib corpus, rounds every H/P = 16 steps (tens of seconds on 2 cores, the
+# granularity at which Dagster runs make sense), quorum K=2 with a short grace window.
+DEMO_DEFAULTS = [
+    "name=diloco-demo",
+    "token_budget=1600000",
+    "learners.num_learners=4",
+    "learners.speeds=[1.0, 1.0, 0.7, 0.5]",
+    "sync.sync_period=64",
+    "sync.num_fragments=4",
+    "sync.min_quorum=2",
+    "sync.overlap_steps=4",
+    "sync.grace_min_seconds=3",
+    "orchestration.checkpoint_every_steps=40",
+    "orchestration.heartbeat_seconds=2",
+    "orchestration.learner_timeout_seconds=30",
+    "orchestration.restart_backoff_seconds=3",
+]
+
+
+@dataclass
+class Watch:
+    """What the demo observed from the store while it ran."""
+
+    started: float = field(default_factory=time.time)
+    failures_injected: int = 0
+    killed: list[dict] = field(default_factory=list)
+    last_line: float = 0.0
+
+
+def _progress_line(store: ArtifactStore, cfg: ExperimentConfig, watch: Watch) -> str:
+    beats = {n: store.get_heartbeat(n) or {} for n in cfg.learners.learner_names}
+    tokens = sum(int(b.get("tokens_total", 0)) for b in beats.values())
+    latest = store.latest_open_round() or {}
+    versions = [store.current_version(p) or 0 for p in range(cfg.sync.num_fragments)]
+    evals = None
+    r = latest.get("round", -1)
+    for back in range(r, max(-1, r - 2 * cfg.sync.num_fragments), -1):
+        evals = store.get_eval(back)
+        if evals:
+            break
+    learners = " ".join(
+        f"{n.split('-')[-1]}:{b.get('status', 'down')[:5]}@{b.get('step', 0)}"
+        f"{'(a' + str(b['attempt']) + ')' if b.get('attempt') else ''}"
+        for n, b in beats.items())
+    loss = f"{evals['loss']:.3f}" if evals else "-"
+    return (f"[{time.time() - watch.started:6.0f}s] tokens {tokens / cfg.token_budget:6.1%}  "
+            f"round {r:>3}  merges {sum(versions):>3}  eval loss {loss}  | {learners}")
+
+
+def _inject_failure(store: ArtifactStore, cfg: ExperimentConfig, watch: Watch) -> None:
+    """Kill one learner process (SIGKILL) once a few merges have happened."""
+    merges = sum(store.current_version(p) or 0 for p in range(cfg.sync.num_fragments))
+    if watch.failures_injected or merges < 2 * cfg.sync.num_fragments:
+        return
+    victim = cfg.learners.learner_names[1]
+    beat = store.get_heartbeat(victim) or {}
+    if beat.get("status") != "training" or not beat.get("pid"):
+        return
+    try:
+        os.kill(int(beat["pid"]), signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    watch.failures_injected += 1
+    watch.killed.append({"learner": victim, "pid": beat["pid"], "step": beat.get("step"),
+                         "at": time.time() - watch.started})
+    print(f"chaos: killed {victim} (pid {beat['pid']}) at step {beat.get('step')}", flush=True)
+
+
+def run_demo(cfg: ExperimentConfig, *, chaos: bool, json_path: str | None, workdir: str | None,
+             port: int | None, timeout: float) -> int:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    root = Path(workdir or f"runs/demo-{stamp}").resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    store_uri = str(root / "store")
+    config_path = root / "experiment.yaml"
+    config_path.write_text(yaml.safe_dump(config_to_mapping(cfg), sort_keys=False))
+    store = ArtifactStore(open_blob_store(store_uri), cfg.name)
+    env = {"DILOCO_STORE_URI": store_uri, "DILOCO_ENV": "local",
+           "DILOCO_TICK_SECONDS": os.environ.get("DILOCO_TICK_SECONDS", "3")}
+    watch = Watch()
+    m = cfg.learners.num_learners
+    print(f"demo: {m} learners, budget {cfg.token_budget:,} tokens, K={cfg.sync.min_quorum}, "
+          f"H={cfg.sync.sync_period}, P={cfg.sync.num_fragments}; working in {root}",
+          flush=True)
+    with DagsterDev(root / "dagster_home", env=env, port=port,
+                    max_concurrent_runs=m + 2 * cfg.sync.num_fragments + 2) as dev:
+        print(f"demo: Dagster UI at {dev.url} (sensors: quorum_sensor, learner_supervisor)",
+              flush=True)
+        run_id = dev.submit_job("train", {"ops": {"start_experiment": {"config": {
+            "config_path": str(config_path)}}}})
+        print(f"demo: launched the train job (run {run_id})", flush=True)
+        deadline = time.monotonic() + timeout
+        summary = None
+        while time.monotonic() < deadline:
+            time.sleep(2.0)
+            try:
+                summary = store.get_summary()
+                if summary is not None:
+                    break
+                if store.get_config() is None:
+                    continue
+                if chaos:
+                    _inject_failure(store, cfg, watch)
+                if time.time() - watch.last_line >= 10:
+                    print(_progress_line(store, cfg, watch), flush=True)
+                    watch.last_line = time.time()
+            except (OSError, ValueError) as err:  # a read racing a write: try next time
+                print(f"demo: store read failed ({err}); retrying", flush=True)
+        if summary is None:
+            print(f"demo: no summary after {timeout:.0f}s; stopping (logs in {dev.log_path})",
+                  file=sys.stderr)
+            return 1
+    summary = {**summary, "wall_seconds": time.time() - watch.started,
+               "failures_injected": watch.failures_injected, "killed": watch.killed,
+               "workdir": str(root)}
+    _print_summary(summary)
+    if json_path:
+        Path(json_path).write_text(json.dumps(summary, indent=2))
+        print(f"demo: summary written to {json_path}")
+    return 0
+
+
+def _print_summary(s: dict) -> None:
+    print()
+    print(f"rounds merged        {s['rounds_merged']} of {s['rounds_opened']} opened")
+    print(f"held-out loss        {s['initial_eval_loss']:.3f} -> {s['final_eval_loss']:.3f} "
+          f"({s['final_bits_per_byte']:.3f} bits/byte)")
+    print(f"tokens               {s['tokens']:,} (budget {s['token_budget']:,})")
+    print(f"uptime               {s['uptime']:.3f}")
+    print(f"learner idle         {s['learner_idle_fraction']:.1%}")
+    lat = s["merge_latency_seconds"]
+    if lat["median"] is not None:
+        p90 = f"{lat['p90']:.1f}" if lat["p90"] is not None else "-"
+        print(f"merge latency        median {lat['median']:.1f}s, p90 {p90}s "
+              "(quorum -> published)")
+    print(f"failures injected    {s['failures_injected']}; rejoined: "
+          f"{', '.join(s['learners_rejoined']) or 'none'}")
+    print(f"wall time            {s['wall_seconds']:.0f}s")
+    print(f"sample               {s['final_sample']!r}")
