@@ -89,21 +89,25 @@ def _inject_failure(store: ArtifactStore, cfg: ExperimentConfig, watch: Watch) -
         return
     watch.failures_injected += 1
     watch.killed.append({"learner": victim, "pid": beat["pid"], "step": beat.get("step"),
-                         "at": time.time() - watch.started})
+                         "at": time.time(), "after_seconds": time.time() - watch.started})
     print(f"chaos: killed {victim} (pid {beat['pid']}) at step {beat.get('step')}", flush=True)
 
 
 def run_demo(cfg: ExperimentConfig, *, chaos: bool, json_path: str | None, workdir: str | None,
-             port: int | None, timeout: float) -> int:
+             port: int | None, timeout: float, store_uri: str | None = None) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     root = Path(workdir or f"runs/demo-{stamp}").resolve()
     root.mkdir(parents=True, exist_ok=True)
-    store_uri = str(root / "store")
+    store_uri = store_uri or str(root / "store")
     config_path = root / "experiment.yaml"
     config_path.write_text(yaml.safe_dump(config_to_mapping(cfg), sort_keys=False))
     store = ArtifactStore(open_blob_store(store_uri), cfg.name)
     env = {"DILOCO_STORE_URI": store_uri, "DILOCO_ENV": "local",
-           "DILOCO_TICK_SECONDS": os.environ.get("DILOCO_TICK_SECONDS", "3")}
+           "DILOCO_TICK_SECONDS": os.environ.get("DILOCO_TICK_SECONDS", "3"),
+           # Every merge run and relaunched learner is a new process: share compiled XLA
+           # programs between them instead of compiling the same merge and eval each round.
+           "JAX_COMPILATION_CACHE_DIR": str(root / "jax-cache"),
+           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.2"}
     watch = Watch()
     m = cfg.learners.num_learners
     print(f"demo: {m} learners, budget {cfg.token_budget:,} tokens, K={cfg.sync.min_quorum}, "

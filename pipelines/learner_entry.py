@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
         if under_pipes:
             params = {k: pipes.get_extra(k) for k in ("store", "experiment", "learner")}
             params["attempt"] = pipes.get_extra("attempt")
-            params["use_ocdbt"] = pipes.get_extra("use_ocdbt")
+            params["use_ocdbt"] = True
             log = pipes.log.info
         else:
             parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

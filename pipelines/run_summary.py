@@ -88,6 +88,8 @@ def build_summary(store: ArtifactStore, eval_batches: int | None = None) -> dict
         "learner_idle_fraction": (training - compute) / training if training > 0 else 0.0,
         "learners_rejoined": sorted(rejoined),
         "learner_attempts": {n: b.get("attempt", 0) + 1 for n, b in beats.items()},
+        "learner_restarted_at": {n: b.get("started_at") for n, b in beats.items()
+                                 if b.get("attempt", 0) > 0},
         "merge_latency_seconds": {
             "median": statistics.median(latencies) if latencies else None,
             "p90": statistics.quantiles(latencies, n=10)[-1] if len(latencies) >= 2 else None,

@@ -14,11 +14,43 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _send_generation_headers() -> None:
+    """Make media downloads carry `x-goog-generation` / `x-goog-metageneration`, as real GCS
+    does. TensorStore reads the generation of every object it downloads to make its
+    conditional writes (Orbax's OCDBT checkpoints); without the header it fails with
+    "Malformed StorageGeneration"."""
+    from gcp_storage_emulator import server
+    from gcp_storage_emulator.handlers import objects
+    from gcp_storage_emulator.exceptions import NotFound
+
+    original = objects.download
+    if getattr(original, "sends_generation", False):
+        return
+
+    def download(request, response, storage, *args, **kwargs):
+        try:
+            obj = storage.get_file_obj(request.params["bucket_name"],
+                                       request.params["object_id"])
+            response["x-goog-generation"] = str(obj["generation"])
+            response["x-goog-metageneration"] = str(obj.get("metageneration", 1))
+        except NotFound:
+            pass  # the original handler answers 404
+        return original(request, response, storage, *args, **kwargs)
+
+    download.sends_generation = True
+    objects.download = download
+    for _, methods in server.HANDLERS:
+        for method, handler in methods.items():
+            if handler is original:
+                methods[method] = download
+
+
 @contextmanager
 def gcs_emulator() -> Iterator[str]:
     """Start the server, point google-cloud-storage and TensorStore at it, yield its URL."""
     from gcp_storage_emulator.server import create_server
 
+    _send_generation_headers()
     port = _free_port()
     server = create_server("127.0.0.1", port, in_memory=True, default_bucket=BUCKET)
     server.start()

@@ -25,8 +25,8 @@ def directory(request, tmp_path):
 
 
 def _checkpoints(directory, **kwargs):
-    # The loopback GCS server breaks OCDBT's generation-conditional writes (see checkpoints.py).
-    return LearnerCheckpoints(directory, use_ocdbt=not directory.startswith("gs://"), **kwargs)
+    # OCDBT (Orbax's default) on both: the loopback server sends object generations now.
+    return LearnerCheckpoints(directory, **kwargs)
 
 
 @pytest.fixture(scope="module")

@@ -25,8 +25,7 @@ def run_learner(context: dg.OpExecutionContext, config: LearnerRunConfig,
     artifacts = run_store(context, store)
     invocation = learner_compute.launch(context, extras={
         "store": artifacts.blobs.uri, "experiment": artifacts.experiment,
-        "learner": config.learner, "attempt": config.attempt,
-        "use_ocdbt": store.checkpoint_ocdbt})
+        "learner": config.learner, "attempt": config.attempt})
     for message in invocation.get_custom_messages():
         if isinstance(message, dict):
             context.log.info(f"{config.learner} finished: {message.get('status')} at step "

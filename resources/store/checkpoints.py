@@ -11,9 +11,8 @@ returns still has that checkpoint. On GCS, Orbax writes through TensorStore, whi
 test server reaches through `TENSORSTORE_GCS_HTTP_URL` (see tests/gcs_emulator.py).
 
 `use_ocdbt` (Orbax's default, on) packs arrays into an OCDBT database whose manifest TensorStore
-writes conditionally on object generations. The loopback test server (gcp-storage-emulator)
-does not implement those semantics and intermittently fails them ("Malformed
-StorageGeneration"), so the tests use `use_ocdbt=False` against it; real GCS supports OCDBT.
+writes conditionally on object generations (the loopback test server is taught to send them,
+see tests/gcs_emulator.py).
 """
 
 from typing import Any

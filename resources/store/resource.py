@@ -17,9 +17,6 @@ class ArtifactStoreResource(dg.ConfigurableResource):
 
     base_uri: str = "runs/store"
     experiment: str = "diloco-demo"
-    # Learner checkpoints pack arrays into OCDBT (Orbax's default). Off only for test servers
-    # that lack GCS's generation semantics (see resources/store/checkpoints.py).
-    checkpoint_ocdbt: bool = True
 
     def blobs(self) -> BlobStore:
         return open_blob_store(self.base_uri)

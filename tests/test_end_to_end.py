@@ -1,0 +1,63 @@
+"""End to end on the real Dagster daemon: `dagster dev` on a temporary DAGSTER_HOME, the sensors
+on their own, learner processes dispatched through Pipes, one of them killed mid-run.
+
+Asserts what the product promises: merges continued while the learner was down, it was
+relaunched and rejoined (its contributions were merged again), and the held-out loss fell.
+Learners run the tiny model slowed down (`learners.speeds`) so rounds are seconds apart and the
+test stays light on a 2-core machine.
+"""
+
+import json
+import uuid
+
+import pytest
+
+from pipelines.cli import load_config
+from pipelines.demo_command import run_demo
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+E2E = ["name=e2e", "model.preset=tiny", "data.seq_len=32", "data.batch_size=4",
+       "learners.num_learners=3", "learners.speeds=[0.15, 0.15, 0.12]",
+       "sync.sync_period=40", "sync.num_fragments=2", "sync.min_quorum=2",
+       "sync.grace_min_seconds=1", "token_budget=110000", "orchestration.eval_batches=1",
+       "orchestration.checkpoint_every_steps=10", "orchestration.heartbeat_seconds=1",
+       "orchestration.learner_timeout_seconds=15", "orchestration.restart_backoff_seconds=2",
+       "orchestration.round_timeout_seconds=60"]
+
+
+def _run(tmp_path, monkeypatch, overrides=(), store_uri=None):
+    monkeypatch.setenv("DILOCO_TICK_SECONDS", "2")
+    cfg = load_config(None, E2E + list(overrides))
+    out = tmp_path / "summary.json"
+    code = run_demo(cfg, chaos=True, json_path=str(out), workdir=str(tmp_path / "demo"),
+                    port=None, timeout=600, store_uri=store_uri)
+    assert code == 0, (tmp_path / "demo" / "dagster_home" / "dagster-dev.log").read_text()[-5000:]
+    return json.loads(out.read_text())
+
+
+def _check(summary):
+    assert summary["failures_injected"] == 1
+    (killed,) = summary["killed"]
+    victim = killed["learner"]
+    assert summary["learners_rejoined"] == [victim]
+    restarted = summary["learner_restarted_at"][victim]
+    during = [r for r in summary["rounds"] if r["merged"]
+              and killed["at"] < (r["published_at"] or 0) < restarted]
+    assert during, "no merge was published while the killed learner was down"
+    assert all(victim not in r["admitted"] for r in during)
+    assert summary["rounds_merged"] >= 3
+    assert summary["final_eval_loss"] < summary["initial_eval_loss"] - 0.2
+    assert summary["uptime"] > 0.5
+    for r in summary["rounds"]:
+        assert set(r["admitted"]).isdisjoint(r["late"])
+
+
+def test_daemon_run_with_a_killed_learner_keeps_merging_and_rejoins(tmp_path, monkeypatch):
+    _check(_run(tmp_path, monkeypatch))
+
+
+def test_daemon_run_on_the_loopback_gcs_server(tmp_path, monkeypatch, gcs_server):
+    summary = _run(tmp_path, monkeypatch, store_uri=f"gs://{gcs_server.bucket}/e2e-"
+                                                    f"{uuid.uuid4().hex[:8]}")
+    _check(summary)

@@ -1,0 +1,85 @@
+"""The learner supervisor: one run per learner, relaunch with backoff, none after stop."""
+
+import dagster as dg
+import pytest
+
+from orchestration_harness import Harness
+from pipelines.defs.sensors import supervise_tick
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture
+def harness(tmp_path):
+    with dg.instance_for_test() as instance:
+        h = Harness(instance, str(tmp_path / "store"),
+                    ["orchestration.restart_backoff_seconds=10"])
+        h.start()
+        yield h
+
+
+def _tick(h: Harness, now: float, cursor=None):
+    context = dg.build_sensor_context(instance=h.instance, cursor=cursor,
+                                      resources={"store": h.resource})
+    return supervise_tick(context, h.resource, now=now)
+
+
+def _learner_run(h: Harness, learner: str, status: dg.DagsterRunStatus):
+    return h.instance.create_run_for_job(
+        job_def=h.defs.resolve_job_def("learner"),
+        run_config={"ops": {"run_learner": {"config": {"learner": learner}}}},
+        tags={"diloco/experiment": h.store.experiment, "diloco/learner": learner},
+        status=status)
+
+
+def test_every_learner_gets_one_run_and_running_ones_are_left_alone(harness):
+    h = harness
+    result = _tick(h, h.now)
+    keys = sorted(r.run_key for r in result.run_requests)
+    assert keys == [f"learner:exp-test:learner-{i}:0" for i in range(3)]
+    config = result.run_requests[0].run_config["ops"]["run_learner"]["config"]
+    assert config["attempt"] == 0 and config["learner"].startswith("learner-")
+    _learner_run(h, "learner-0", dg.DagsterRunStatus.STARTED)
+    _learner_run(h, "learner-1", dg.DagsterRunStatus.STARTING)
+    result = _tick(h, h.now)
+    assert [r.tags["diloco/learner"] for r in result.run_requests] == ["learner-2"]
+
+
+def test_a_failed_learner_is_relaunched_after_an_exponential_backoff(harness):
+    h = harness
+    run = _learner_run(h, "learner-0", dg.DagsterRunStatus.NOT_STARTED)
+    h.instance.report_run_failed(run)
+    ended = h.instance.get_run_record_by_id(run.run_id).end_time or h.now
+    soon = _tick(h, ended + 1)
+    assert "learner-0" not in [r.tags["diloco/learner"] for r in soon.run_requests]
+    later = _tick(h, ended + 11)
+    (relaunch,) = [r for r in later.run_requests if r.tags["diloco/learner"] == "learner-0"]
+    assert relaunch.run_key == "learner:exp-test:learner-0:1"
+    assert relaunch.run_config["ops"]["run_learner"]["config"]["attempt"] == 1
+    # A second consecutive failure doubles the wait.
+    second = _learner_run(h, "learner-0", dg.DagsterRunStatus.NOT_STARTED)
+    h.instance.report_run_failed(second)
+    ended = h.instance.get_run_record_by_id(second.run_id).end_time
+    assert "learner-0" not in [r.tags["diloco/learner"] for r in _tick(h, ended + 15).run_requests]
+    assert "learner-0" in [r.tags["diloco/learner"] for r in _tick(h, ended + 21).run_requests]
+
+
+def test_no_relaunch_after_stop_or_for_a_finished_learner(harness):
+    h = harness
+    h.beat("learner-0", 1, status="done")
+    assert "learner-0" not in [r.tags["diloco/learner"] for r in _tick(h, h.now).run_requests]
+    h.store.request_stop({"reason": "test"})
+    result = _tick(h, h.now)
+    assert not result.run_requests
+
+
+def test_checkpoints_are_recorded_once_per_new_step(harness):
+    h = harness
+    h.store.put_heartbeat("learner-1", {"status": "training", "time": h.now,
+                                        "checkpoint_step": 40, "attempt": 0})
+    first = _tick(h, h.now)
+    (event,) = first.asset_events
+    assert event.partition == "learner-1" and event.metadata["step"].value == 40
+    again = _tick(h, h.now, cursor=first.cursor)
+    assert not again.asset_events
+
