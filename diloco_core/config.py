@@ -310,12 +310,18 @@ class OrchestrationConfig:
     rejoin_max_versions_behind: int = 2   # own checkpoint is fresh if no fragment is further behind
     round_timeout_seconds: float = 300.0  # a final round stops waiting for silent learners
     eval_batches: int = 4                 # held-out batches per round eval
+    # Emulated hardware: pad each inner step to at least step_seconds_floor / speed seconds
+    # (0: steps take what the machine takes; slower learners sleep (1/speed - 1) x that).
+    step_seconds_floor: float = 0.0
 
     def __post_init__(self):
         for name in ("heartbeat_seconds", "poll_seconds", "learner_timeout_seconds",
                      "restart_backoff_seconds", "restart_backoff_max_seconds",
                      "round_timeout_seconds"):
             _finite_positive(getattr(self, name), name)
+        _require(self.step_seconds_floor >= 0 and math.isfinite(self.step_seconds_floor),
+                 "step_seconds_floor",
+                 f"must be a finite number >= 0, got {self.step_seconds_floor!r}")
         for name, low in (("checkpoint_every_steps", 1), ("max_restarts", 0),
                           ("rejoin_max_versions_behind", 0), ("eval_batches", 1)):
             value = getattr(self, name)

@@ -3,8 +3,8 @@ on their own, learner processes dispatched through Pipes, one of them killed mid
 
 Asserts what the product promises: merges continued while the learner was down, it was
 relaunched and rejoined (its contributions were merged again), and the held-out loss fell.
-Learners run the tiny model slowed down (`learners.speeds`) so rounds are seconds apart and the
-test stays light on a 2-core machine.
+Learners run the tiny model with emulated 0.1 s steps (`orchestration.step_seconds_floor`) so
+rounds are seconds apart and the test stays light on a 2-core machine.
 """
 
 import json
@@ -18,9 +18,10 @@ from pipelines.demo_command import run_demo
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 E2E = ["name=e2e", "model.preset=tiny", "data.seq_len=32", "data.batch_size=4",
-       "learners.num_learners=3", "learners.speeds=[0.15, 0.15, 0.12]",
-       "sync.sync_period=40", "sync.num_fragments=2", "sync.min_quorum=2",
-       "sync.grace_min_seconds=1", "token_budget=110000", "orchestration.eval_batches=1",
+       "learners.num_learners=3", "learners.speeds=[1.0, 1.0, 0.8]",
+       "orchestration.step_seconds_floor=0.1", "sync.sync_period=120", "sync.num_fragments=2",
+       "sync.min_quorum=2", "sync.grace_min_seconds=1", "token_budget=300000",
+       "orchestration.eval_batches=1",
        "orchestration.checkpoint_every_steps=10", "orchestration.heartbeat_seconds=1",
        "orchestration.learner_timeout_seconds=15", "orchestration.restart_backoff_seconds=2",
        "orchestration.round_timeout_seconds=60"]
@@ -41,11 +42,12 @@ def _check(summary):
     (killed,) = summary["killed"]
     victim = killed["learner"]
     assert summary["learners_rejoined"] == [victim]
-    restarted = summary["learner_restarted_at"][victim]
-    during = [r for r in summary["rounds"] if r["merged"]
-              and killed["at"] < (r["published_at"] or 0) < restarted]
-    assert during, "no merge was published while the killed learner was down"
-    assert all(victim not in r["admitted"] for r in during)
+    assert summary["learner_restarted_at"][victim] > killed["at"]
+    after = [r for r in summary["rounds"] if r["merged"] and r["published_at"] > killed["at"]]
+    back = next(i for i, r in enumerate(after) if victim in r["admitted"])
+    # Merges went on without it (zero global downtime), and it was merged again within a
+    # bounded number of rounds of its relaunch.
+    assert 1 <= back <= 8, [r["admitted"] for r in after]
     assert summary["rounds_merged"] >= 3
     assert summary["final_eval_loss"] < summary["initial_eval_loss"] - 0.2
     assert summary["uptime"] > 0.5

@@ -6,7 +6,9 @@ The loop never waits for the syncer or for Dagster. Between two inner steps it
   it last received that fragment), handed to the link thread for upload,
 - checkpoints every `checkpoint_every_steps` steps and publishes a heartbeat now and then.
 A learner slower than nominal (`learners.speeds` < 1) emulates slower hardware by sleeping
-(1/speed - 1) times each step's compute time; that counts as compute, not idle.
+(1/speed - 1) times each step's compute time, and `orchestration.step_seconds_floor` pads every
+step to at least floor / speed seconds; the padding counts as compute, not idle. The first step
+of a process (XLA compilation) is never padded.
 When the syncer asks to stop (token budget reached) the learner stops training, offers its
 progress to the final rounds (one per fragment), and exits.
 """
@@ -63,6 +65,7 @@ class LearnerRuntime:
                                               use_ocdbt=use_ocdbt)
         self.started_at = time.time()
         self.compute_seconds = 0.0
+        self._steps_this_process = 0
         self.loop_started: float | None = None
         self.training_seconds: float | None = None   # set when training stops
         self.last_loss: float | None = None
@@ -167,8 +170,11 @@ class LearnerRuntime:
         self.train, metrics = self.inner.step(self.train, batch)
         loss = float(metrics["loss"])  # syncs: the step's compute is done when this returns
         elapsed = time.monotonic() - started
-        if self.speed < 1.0:
-            time.sleep(elapsed * (1.0 / self.speed - 1.0))
+        if self._steps_this_process > 0:
+            target = max(elapsed, self.cfg.orchestration.step_seconds_floor) / self.speed
+            if target > elapsed:
+                time.sleep(target - elapsed)
+        self._steps_this_process += 1
         self.compute_seconds += time.monotonic() - started
         if not math.isfinite(loss):
             raise FloatingPointError(f"{self.name}: training loss is {loss} at step "

@@ -1,0 +1,145 @@
+"""The orchestrated demo, measured: wall time, learner idle fraction, merge latency, memory, and
+throughput against the in-process reference simulator on the same config.
+
+1. `diloco demo` (the README's main command) with its embedded defaults, optionally `--chaos`,
+   while a sampler records the total resident memory of every process of the run (dagster dev,
+   daemon, code server, run workers, learners, merges) once a second.
+2. The in-process reference simulator (`diloco_core.simulator.run_simulation`) on the same
+   experiment config: same model, data, M, H, P, K and token budget, one process, fake clock.
+
+Throughput = tokens processed / wall seconds; merge latency = quorum reached -> new global
+version published (includes the grace window, the sensor tick, the run launch and the merge).
+
+    python benchmarks/orchestration_demo.py            # ~12 min on 2 cores
+    python benchmarks/orchestration_demo.py --chaos
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = REPO / "benchmarks" / "results" / "orchestration_demo.json"
+
+
+def _tree_rss_mb(root_pid: int) -> float:
+    """Resident memory of a process and all its descendants (from /proc), in MiB."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            ppid, pages = int(fields[1]), int(fields[21])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+        rss[int(entry)] = pages * os.sysconf("SC_PAGE_SIZE")
+    total, stack = 0, [root_pid]
+    while stack:
+        pid = stack.pop()
+        total += rss.get(pid, 0)
+        stack.extend(children.get(pid, []))
+    return total / 2**20
+
+
+def run_demo(chaos: bool, workdir: Path) -> tuple[dict, float]:
+    out = workdir / "summary.json"
+    command = [sys.executable, "-m", "pipelines.cli", "demo", "--workdir", str(workdir / "demo"),
+               "--json", str(out)] + (["--chaos"] if chaos else [])
+    process = subprocess.Popen(command, cwd=REPO)
+    peak = 0.0
+    stop = threading.Event()
+
+    def sample():
+        nonlocal peak
+        while not stop.is_set():
+            peak = max(peak, _tree_rss_mb(process.pid))
+            stop.wait(1.0)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    code = process.wait()
+    stop.set()
+    sampler.join()
+    if code != 0:
+        raise SystemExit(f"diloco demo failed with exit code {code}")
+    return json.loads(out.read_text()), peak
+
+
+def run_reference(config_path: Path) -> dict:
+    from diloco_core.simulator import run_simulation
+    from pipelines.cli import load_config
+    from resources.corpus import load_corpus
+
+    cfg = load_config(str(config_path), [])
+    corpus = load_corpus(cfg.data.corpus, cfg.learners.num_learners, cfg.data.heldout_fraction)
+    started = time.perf_counter()
+    result = run_simulation(cfg, corpus.learner_streams, corpus.heldout_stream)
+    wall = time.perf_counter() - started
+    s = result.summary()
+    return {"wall_seconds": wall, "tokens": s["tokens_processed"],
+            "tokens_per_second": s["tokens_processed"] / wall,
+            "final_heldout_loss": s["final_heldout_loss"], "rounds_merged": s["rounds_merged"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--chaos", action="store_true")
+    parser.add_argument("--out", default=str(DEFAULT_OUT))
+    args = parser.parse_args()
+    from pipelines.reporting import machine_info
+
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        demo, peak_mb = run_demo(args.chaos, workdir)
+        reference = run_reference(workdir / "demo" / "experiment.yaml")
+    lat = demo["merge_latency_seconds"]
+    result = {
+        "benchmark": "orchestration_demo",
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        "command": "python benchmarks/orchestration_demo.py" + (" --chaos" if args.chaos else ""),
+        "demo": {
+            "wall_seconds": demo["wall_seconds"], "tokens": demo["tokens"],
+            "tokens_per_second": demo["tokens"] / demo["wall_seconds"],
+            "rounds_merged": demo["rounds_merged"],
+            "initial_eval_loss": demo["initial_eval_loss"],
+            "final_eval_loss": demo["final_eval_loss"],
+            "learner_idle_fraction": demo["learner_idle_fraction"],
+            "uptime": demo["uptime"],
+            "merge_latency_median_seconds": lat["median"],
+            "merge_latency_p90_seconds": lat["p90"],
+            "peak_rss_mib": peak_mb,
+            "failures_injected": demo["failures_injected"],
+            "learners_rejoined": demo["learners_rejoined"],
+        },
+        "reference_simulator": reference,
+    }
+    result["throughput_ratio_demo_to_reference"] = (
+        result["demo"]["tokens_per_second"] / reference["tokens_per_second"])
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    d = result["demo"]
+    print(f"demo: {d['wall_seconds']:.0f}s wall, {d['tokens_per_second']:.0f} tok/s, "
+          f"{d['rounds_merged']} merges, loss {d['initial_eval_loss']:.3f} -> "
+          f"{d['final_eval_loss']:.3f}, idle {d['learner_idle_fraction']:.1%}, merge latency "
+          f"median {d['merge_latency_median_seconds']:.1f}s p90 "
+          f"{d['merge_latency_p90_seconds']:.1f}s, peak RSS {d['peak_rss_mib']:.0f} MiB")
+    print(f"reference simulator: {reference['wall_seconds']:.0f}s wall, "
+          f"{reference['tokens_per_second']:.0f} tok/s, loss {reference['final_heldout_loss']:.3f}")
+    print(f"throughput demo / reference: {result['throughput_ratio_demo_to_reference']:.2f}")
+    print(f"written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
