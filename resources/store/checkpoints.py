@@ -37,6 +37,10 @@ class LearnerCheckpoints:
                            "meta": ocp.JsonCheckpointHandler()})
 
     def save(self, step: int, state: Any, meta: dict) -> None:
+        """Save `step`, replacing a checkpoint of the same step (e.g. one saved before the sync
+        state moved on without a step: an offer or a received fragment)."""
+        if step in self.manager.all_steps():
+            self.manager.delete(step)
         self.manager.save(step, args=ocp.args.Composite(
             state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
         self.manager.wait_until_finished()

@@ -1,0 +1,103 @@
+"""The learner process loop against a real store: offers, receives, checkpoints, stops, and
+rejoins from its own checkpoint or, when that is stale, from a peer's."""
+
+import threading
+import time
+
+import dagster as dg
+import numpy as np
+import pytest
+
+from orchestration_harness import Harness
+from resources.learner.runtime import LearnerRuntime
+
+pytestmark = pytest.mark.timeout(300)
+
+FAST = ["orchestration.checkpoint_every_steps=4", "orchestration.poll_seconds=0.05",
+        "orchestration.heartbeat_seconds=0.2", "orchestration.learner_timeout_seconds=5",
+        "orchestration.round_timeout_seconds=0.5", "orchestration.rejoin_max_versions_behind=1"]
+
+
+@pytest.fixture
+def harness(tmp_path):
+    with dg.instance_for_test() as instance:
+        h = Harness(instance, str(tmp_path / "store"), FAST)
+        h.start()
+        yield h
+
+
+def _wait(predicate, timeout=60.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _start(h: Harness, learner: str, attempt: int = 0, max_steps: int = 8):
+    runtime = LearnerRuntime(h.store, learner, attempt, log=lambda m: None, max_steps=max_steps)
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(runtime.run()), daemon=True)
+    thread.start()
+    return runtime, thread, result
+
+
+def _bump(h: Harness, fragment: int, times: int) -> None:
+    """Commit `times` new versions of a fragment (as merges would)."""
+    for _ in range(times):
+        g = h.store.load_global(fragment)
+        params = {k: v + np.float32(0.001) for k, v in g.params.items()}
+        h.store.commit_global(fragment, g.version + 1, params, g.outer_state, {"round": -1})
+
+
+def test_a_learner_offers_receives_checkpoints_stops_and_resumes(harness):
+    h = harness
+    runtime, thread, result = _start(h, "learner-0")
+    _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("step", 0) >= 8,
+          what="8 steps")
+    # Round 0 opens: the learner offers fragment 0 without being asked twice.
+    h.store.open_round(0, {"fragment": 0, "opened_at": time.time(), "final": False})
+    _wait(lambda: h.store.list_contributions(0) == ["learner-0"], what="an offer")
+    offer = h.store.load_contribution(0, "learner-0")
+    assert offer.fragment == 0 and offer.steps == 8 and offer.base_version == 0
+    # A merged fragment 1 arrives: the learner takes it (its anchor and version move).
+    _bump(h, 1, 1)
+    _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("versions") == [0, 1],
+          what="the merged fragment")
+    h.store.request_stop({"reason": "test"})
+    thread.join(30)
+    assert not thread.is_alive()
+    assert result["status"] == "done" and result["offers"] == 1 and result["received"] == 1
+    assert result["checkpoint_step"] == 8
+    assert result["tokens_total"] == 8 * h.cfg.tokens_per_learner_step
+
+    # Restart: its own checkpoint is fresh (versions within 1 of the global ones).
+    again = LearnerRuntime(h.store, "learner-0", 1, log=lambda m: None)
+    source = again._start_state()
+    assert source.startswith("own")
+    assert int(again.train.step) == 8 and again.last_offered == 0
+    assert [f.version for f in again.sync.fragments] == [0, 1]
+    assert again.tokens_total == 8 * h.cfg.tokens_per_learner_step   # counted across attempts
+
+
+def test_a_stale_learner_rejoins_from_a_peers_adamw_state_and_the_global_params(harness):
+    h = harness
+    started = [_start(h, "learner-0", max_steps=4), _start(h, "learner-1", max_steps=8)]
+    for name, steps in (("learner-0", 4), ("learner-1", 8)):
+        _wait(lambda n=name, s=steps: (h.store.get_heartbeat(n) or {}).get(
+            "checkpoint_step") == s, what=f"{name}'s checkpoint")
+    h.store.request_stop({"reason": "test"})
+    for _, thread, _ in started:
+        thread.join(30)
+        assert not thread.is_alive()
+    _bump(h, 0, 3)                       # learner-0's fragment 0 is now 3 versions behind
+    rejoined = LearnerRuntime(h.store, "learner-0", 1, log=lambda m: None)
+    source = rejoined._start_state()
+    assert source.startswith("peer") and "learner-1 at step 8" in source
+    assert int(rejoined.train.step) == 8                     # the peer's step and AdamW state
+    g0 = h.store.load_global(0)
+    name = next(iter(g0.params))
+    np.testing.assert_array_equal(np.asarray(rejoined.train.params[name]), g0.params[name])
+    assert [f.version for f in rejoined.sync.fragments] == [3, 0]
+    assert rejoined.data.state()["position"] == 4             # its own data position
