@@ -157,8 +157,14 @@ class RoundController:
                 late = index != r or state["decided"]
                 if index == r and not state["decided"]:
                     state["arrivals"][learner] = now
-                result.offers.append({**_offer_summary(manifest), "round": index,
-                                      "learner": learner, "late": late, "seen_at": now})
+                offer = _offer_summary(manifest)
+                current = (self.store.current_version(offer["fragment"])
+                           if isinstance(offer["fragment"], int) else None)
+                if current is not None and isinstance(offer["base_version"], int):
+                    # Global versions of this fragment the learner had not seen when it offered.
+                    offer["staleness"] = max(0, current - offer["base_version"])
+                result.offers.append({**offer, "round": index, "learner": learner,
+                                      "late": late, "seen_at": now})
             watch[index] = seen
         keep = sorted(watch)[-(LATE_WINDOW + 1):]
         state["watch"] = {str(k): sorted(watch[k]) for k in keep}

@@ -12,6 +12,7 @@ import uuid
 
 import pytest
 
+from gcs_emulator import BUCKET
 from pipelines.cli import load_config
 from pipelines.demo_command import run_demo
 
@@ -23,7 +24,7 @@ E2E = ["name=e2e", "model.preset=tiny", "data.seq_len=32", "data.batch_size=4",
        "sync.min_quorum=2", "sync.grace_min_seconds=1", "token_budget=300000",
        "orchestration.eval_batches=1",
        "orchestration.checkpoint_every_steps=10", "orchestration.heartbeat_seconds=1",
-       "orchestration.learner_timeout_seconds=15", "orchestration.restart_backoff_seconds=2",
+       "orchestration.learner_timeout_seconds=15", "orchestration.restart_backoff_seconds=15",
        "orchestration.round_timeout_seconds=60"]
 
 
@@ -62,6 +63,5 @@ def test_daemon_run_with_a_killed_learner_keeps_merging_and_rejoins(tmp_path, mo
 
 
 def test_daemon_run_on_the_loopback_gcs_server(tmp_path, monkeypatch, gcs_server):
-    summary = _run(tmp_path, monkeypatch, store_uri=f"gs://{gcs_server.bucket}/e2e-"
-                                                    f"{uuid.uuid4().hex[:8]}")
+    summary = _run(tmp_path, monkeypatch, store_uri=f"gs://{BUCKET}/e2e-{uuid.uuid4().hex[:8]}")
     _check(summary)

@@ -59,6 +59,7 @@ def test_three_rounds_with_k_of_m_and_one_learner_absent(harness):
     assert {k for k in events} == {f"learner-{i}|{round_key(r)}" for r in range(3)
                                    for i in (0, 1)}
     assert all(e["late"] is False and e["train/loss"] == 3.0 for e in events.values())
+    assert all(e["staleness"] == 0 and e["encoding"] == "bf16" for e in events.values())
     # Lineage: the eval ran after every merge.
     assert set(h.instance.get_materialized_partitions(dg.AssetKey("heldout_eval"))) == \
         h.merged_rounds()

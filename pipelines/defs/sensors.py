@@ -27,7 +27,7 @@ IN_PROGRESS = {dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED,
 
 def _offer_event(offer: dict) -> dg.AssetMaterialization:
     metadata = {k: offer[k] for k in ("fragment", "base_version", "tokens", "steps", "nbytes",
-                                      "learner_step") if offer.get(k) is not None}
+                                      "learner_step", "staleness") if offer.get(k) is not None}
     metadata["encoding"] = offer.get("encoding") or ""
     metadata["late"] = bool(offer["late"])
     if offer.get("train_loss") is not None:
