@@ -5,6 +5,7 @@ daemon with the sensors and run queue, code server) on a private DAGSTER_HOME.
 by signalling the whole group (SIGINT, then SIGKILL after a grace period).
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -140,8 +141,6 @@ class DagsterDev:
             self.process.wait(10)
         # Runs launched by the daemon (learners, merges) live in the same group; make sure
         # nothing of this instance outlives it.
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self._log.close()

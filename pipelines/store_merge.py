@@ -71,7 +71,8 @@ def merge_from_store(store: ArtifactStore, round_index: int) -> MergeOutcome:
 
     def base_of(version: int):
         try:
-            return {k: jnp.asarray(v) for k, v in store.load_global(fragment, version).params.items()}
+            base = store.load_global(fragment, version)
+            return {k: jnp.asarray(v) for k, v in base.params.items()}
         except (KeyError, RejectedArtifact):
             return None
 

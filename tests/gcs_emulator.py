@@ -20,8 +20,8 @@ def _send_generation_headers() -> None:
     conditional writes (Orbax's OCDBT checkpoints); without the header it fails with
     "Malformed StorageGeneration"."""
     from gcp_storage_emulator import server
-    from gcp_storage_emulator.handlers import objects
     from gcp_storage_emulator.exceptions import NotFound
+    from gcp_storage_emulator.handlers import objects
 
     original = objects.download
     if getattr(original, "sends_generation", False):

@@ -14,8 +14,8 @@ import numpy as np
 from diloco_core.compression import encode
 from diloco_core.config_loading import config_from_mapping
 from diloco_core.contribution import Contribution
-from pipelines.defs.sensors import quorum_tick
 from pipelines.definitions import defs as load_defs
+from pipelines.defs.sensors import quorum_tick
 from pipelines.round_control import round_key
 from resources.store.resource import ArtifactStoreResource
 

@@ -11,8 +11,8 @@ import json
 import uuid
 
 import pytest
-
 from gcs_emulator import BUCKET
+
 from pipelines.cli import load_config
 from pipelines.demo_command import run_demo
 
@@ -63,5 +63,9 @@ def test_daemon_run_with_a_killed_learner_keeps_merging_and_rejoins(tmp_path, mo
 
 
 def test_daemon_run_on_the_loopback_gcs_server(tmp_path, monkeypatch, gcs_server):
-    summary = _run(tmp_path, monkeypatch, store_uri=f"gs://{BUCKET}/e2e-{uuid.uuid4().hex[:8]}")
+    # The loopback server is a pure-Python process shared with this test: fewer, larger
+    # requests (Orbax checkpoints make hundreds each) keep the run short.
+    summary = _run(tmp_path, monkeypatch,
+                   ["orchestration.checkpoint_every_steps=60", "orchestration.poll_seconds=1"],
+                   store_uri=f"gs://{BUCKET}/e2e-{uuid.uuid4().hex[:8]}")
     _check(summary)

@@ -7,8 +7,8 @@ import time
 import dagster as dg
 import numpy as np
 import pytest
-
 from orchestration_harness import Harness
+
 from resources.learner.runtime import LearnerRuntime
 
 pytestmark = pytest.mark.timeout(300)

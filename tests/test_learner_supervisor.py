@@ -2,8 +2,8 @@
 
 import dagster as dg
 import pytest
-
 from orchestration_harness import Harness
+
 from pipelines.defs.sensors import supervise_tick
 
 pytestmark = pytest.mark.timeout(300)

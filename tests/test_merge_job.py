@@ -3,8 +3,8 @@
 import dagster as dg
 import numpy as np
 import pytest
-
 from orchestration_harness import Harness
+
 from pipelines.round_control import round_key
 from resources.store import layout
 

@@ -7,8 +7,8 @@ dedup, runs executed in-process), so merges really run and commit to the store.
 
 import dagster as dg
 import pytest
-
 from orchestration_harness import Harness
+
 from pipelines.round_control import round_key
 
 pytestmark = pytest.mark.timeout(300)

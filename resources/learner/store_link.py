@@ -46,7 +46,8 @@ class StoreLink:
         self._outbox.put(("heartbeat", dict(beat)))
 
     def take_merged(self) -> dict[int, tuple[int, dict]]:
-        """Newer merged fragments that arrived since the last call: fragment -> (version, values)."""
+        """Newer merged fragments that arrived since the last call: fragment -> (version,
+        values)."""
         with self._lock:
             merged, self._merged = self._merged, {}
         return merged
