@@ -1,8 +1,12 @@
 """A learner's contribution to one round: its encoded outer gradient for one fragment."""
 
-from dataclasses import dataclass
+from __future__ import annotations
 
-from diloco_core.compression import Encoded
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # JAX-free at import: the Dagster code location loads this module
+    from diloco_core.compression import Encoded
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 def instance_yaml(max_concurrent_runs: int) -> dict:
     """Run queue: one process per learner, one merge at a time per fragment (so versions of a
-    fragment commit in round order), run retries for crashed merges, run monitoring."""
+    fragment commit in round order) and two in all, run retries for crashed merges, run
+    monitoring."""
     return {
         "run_coordinator": {
             "module": "dagster.core.run_coordinator",
@@ -37,6 +38,8 @@ def instance_yaml(max_concurrent_runs: int) -> dict:
                      "limit": 1},
                     {"key": "diloco/fragment", "value": {"applyLimitPerUniqueValue": True},
                      "limit": 1},
+                    # At most two merge runs at once (memory and CPU on a small machine).
+                    {"key": "diloco/merge", "limit": 2},
                 ],
             },
         },

@@ -14,3 +14,4 @@ round_x_learner = dg.MultiPartitionsDefinition({"round": rounds, "learner": lear
 LEARNER_TAG = "diloco/learner"
 ROUND_TAG = "diloco/round"
 FRAGMENT_TAG = "diloco/fragment"   # merges of one fragment run one at a time (dagster.yaml)
+MERGE_TAG = "diloco/merge"         # every merge run: a global limit on concurrent merges

@@ -13,7 +13,7 @@ import time
 import dagster as dg
 
 from pipelines.defs.learners import learner
-from pipelines.defs.partitions import FRAGMENT_TAG, LEARNER_TAG, ROUND_TAG, rounds
+from pipelines.defs.partitions import FRAGMENT_TAG, LEARNER_TAG, MERGE_TAG, ROUND_TAG, rounds
 from pipelines.defs.rounds import merge_job
 from pipelines.defs.summary import summary_job
 from pipelines.experiment_context import EXPERIMENT_TAG
@@ -52,7 +52,7 @@ def quorum_tick(context: dg.SensorEvaluationContext, store: ArtifactStoreResourc
     requests = [dg.RunRequest(job_name="merge_round", partition_key=round_key(d["round"]),
                               run_key=f"merge:{exp}:{d['round']}",
                               tags={EXPERIMENT_TAG: exp, ROUND_TAG: str(d["round"]),
-                                    FRAGMENT_TAG: str(d["fragment"]),
+                                    FRAGMENT_TAG: str(d["fragment"]), MERGE_TAG: "1",
                                     "dagster/max_retries": "3"})
                 for d in result.merges]
     if result.finished:

@@ -9,6 +9,9 @@ Same code over a local directory or a GCS prefix (any `BlobStore`). The rules th
 - writing the same thing twice is a no-op; writing something different where something is
   committed is refused (`Conflict`).
 See `layout.py` for the keys.
+
+JAX is imported only where arrays are handled: sensors and run workers that load the Dagster
+code location only read and write small records and should not pay for it.
 """
 
 import json
@@ -17,10 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import jax
 import numpy as np
 
-from diloco_core.compression import Encoded, encoded_nbytes
 from diloco_core.config import ENCODINGS
 from diloco_core.contribution import Contribution
 from resources.store import layout
@@ -147,6 +148,8 @@ class ArtifactStore:
         swap), so two syncers cannot both advance the same fragment. Re-committing an identical
         version that is already current is a no-op (a retried merge run).
         """
+        import jax
+
         directory = layout.version_dir(self.experiment, fragment, version)
         leaves = {f"leaf{i:05d}": np.asarray(v)
                   for i, v in enumerate(jax.tree_util.tree_leaves(outer_state))}
@@ -196,6 +199,8 @@ class ArtifactStore:
         outer = self._read_object(f"{directory}/{objects['outer']['name']}", objects["outer"])
         leaves = [outer[name] for name in sorted(outer)]
         if outer_template is not None:
+            import jax
+
             treedef = jax.tree_util.tree_structure(outer_template)
             outer_state = jax.tree_util.tree_unflatten(treedef, leaves)
         else:
@@ -245,6 +250,8 @@ class ArtifactStore:
 
     def load_contribution(self, round_index: int, learner: str) -> Contribution:
         """A committed contribution, verified; `RejectedArtifact` with the reason otherwise."""
+        from diloco_core.compression import Encoded, encoded_nbytes
+
         directory = layout.contribution_dir(self.experiment, round_index, learner)
         key = f"{directory}/{layout.MANIFEST}"
         manifest = self._read_json(key)
