@@ -118,6 +118,26 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
+def overrides_to_mapping(overrides: Sequence[str]) -> dict:
+    """`["sync.min_quorum=2", ...]` as a nested mapping, e.g. to layer under a config file."""
+    tree: dict = {}
+    for override in overrides:
+        key, value = parse_override(override)
+        _set_dotted(tree, key, value)
+    return tree
+
+
+def merge_mappings(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict:
+    """`top` over `base`, recursively for nested mappings (lists are replaced, not merged)."""
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = merge_mappings(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
 def config_from_mapping(mapping: Mapping[str, Any] | None = None,
                         overrides: Sequence[str] = ()) -> ExperimentConfig:
     """Defaults, then the mapping, then `field.path=value` overrides, validated once."""

@@ -10,16 +10,25 @@ Heavy imports (JAX) happen inside the commands so `diloco --help` and config err
 """
 
 import argparse
+from collections.abc import Sequence
 import json
 import sys
 from pathlib import Path
 
 from diloco_core.config import ConfigError, ExperimentConfig
-from diloco_core.config_loading import config_from_mapping, config_to_mapping, parse_config_text
+from diloco_core.config_loading import (
+    config_from_mapping,
+    config_to_mapping,
+    merge_mappings,
+    overrides_to_mapping,
+    parse_config_text,
+)
 
 
-def load_config(path: str | None, overrides: list[str]) -> ExperimentConfig:
-    """Defaults <- file (YAML or TOML by extension) <- --set overrides."""
+def load_config(path: str | None, overrides: list[str],
+                base: Sequence[str] = ()) -> ExperimentConfig:
+    """Defaults <- `base` overrides (e.g. the orchestrated defaults) <- file (YAML or TOML by
+    extension) <- --set overrides."""
     mapping = {}
     if path:
         file = Path(path)
@@ -27,7 +36,7 @@ def load_config(path: str | None, overrides: list[str]) -> ExperimentConfig:
             raise ConfigError("--config", f"no such file: {path}")
         fmt = "toml" if file.suffix == ".toml" else "yaml"
         mapping = parse_config_text(file.read_text(), fmt)
-    return config_from_mapping(mapping, overrides)
+    return config_from_mapping(merge_mappings(overrides_to_mapping(base), mapping), overrides)
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -130,9 +139,10 @@ def _cmd_simulate(args) -> int:
 
 
 def _cmd_demo(args) -> int:
-    from pipelines.demo_command import DEMO_DEFAULTS, run_demo
+    from pipelines.demo_command import run_demo
+    from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
 
-    cfg = load_config(args.config, DEMO_DEFAULTS + args.overrides)
+    cfg = load_config(args.config, args.overrides, base=ORCHESTRATED_DEFAULTS)
     return run_demo(cfg, chaos=args.chaos, json_path=args.json, workdir=args.workdir,
                     port=args.port, timeout=args.timeout)
 

@@ -24,24 +24,6 @@ from pipelines.dagster_dev import DagsterDev
 from resources.store.artifact_store import ArtifactStore
 from resources.store.backends import open_blob_store
 
-# The demo's embedded defaults (on top of the experiment defaults): 4 learners at different
-# speeds on the stdlib corpus, rounds every H/P = 16 steps (tens of seconds on 2 cores, the
-# granularity at which Dagster runs make sense), quorum K=2 with a short grace window.
-DEMO_DEFAULTS = [
-    "name=diloco-demo",
-    "token_budget=1600000",
-    "learners.num_learners=4",
-    "learners.speeds=[1.0, 1.0, 0.7, 0.5]",
-    "sync.sync_period=64",
-    "sync.num_fragments=4",
-    "sync.min_quorum=2",
-    "sync.overlap_steps=4",
-    "sync.grace_min_seconds=3",
-    "orchestration.checkpoint_every_steps=40",
-    "orchestration.heartbeat_seconds=2",
-    "orchestration.learner_timeout_seconds=30",
-    "orchestration.restart_backoff_seconds=3",
-]
 
 
 @dataclass
@@ -117,8 +99,9 @@ def run_demo(cfg: ExperimentConfig, *, chaos: bool, json_path: str | None, workd
                     max_concurrent_runs=m + 2 * cfg.sync.num_fragments + 2) as dev:
         print(f"demo: Dagster UI at {dev.url} (sensors: quorum_sensor, learner_supervisor)",
               flush=True)
+        # The file holds the fully resolved config: no defaults layered under it.
         run_id = dev.submit_job("train", {"ops": {"start_experiment": {"config": {
-            "config_path": str(config_path)}}}})
+            "config_path": str(config_path), "orchestrated_defaults": False}}}})
         print(f"demo: launched the train job (run {run_id})", flush=True)
         deadline = time.monotonic() + timeout
         summary = None

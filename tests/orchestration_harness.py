@@ -44,7 +44,8 @@ class Harness:
     def start(self) -> None:
         result = self.defs.resolve_job_def("train").execute_in_process(
             instance=self.instance,
-            run_config={"ops": {"start_experiment": {"config": {"overrides": self.overrides}}}})
+            run_config={"ops": {"start_experiment": {"config": {
+                "overrides": self.overrides, "orchestrated_defaults": False}}}})
         assert result.success
         self.store = self.resource.active()
         self.cfg = config_from_mapping(self.store.get_config())

@@ -10,6 +10,7 @@ import dagster as dg
 from pydantic import Field
 
 from pipelines.defs.partitions import learners
+from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
 from resources.store.resource import ArtifactStoreResource
 
 
@@ -17,7 +18,12 @@ class TrainingConfig(dg.Config):
     config_path: str | None = Field(
         default=None, description="YAML or TOML experiment config (default: embedded defaults)")
     overrides: list[str] = Field(
-        default=[], description="field.path=value overrides, e.g. sync.min_quorum=2")
+        default=[], description="field.path=value overrides, applied last, e.g. "
+                                "sync.min_quorum=2")
+    orchestrated_defaults: bool = Field(
+        default=True, description="start from the orchestrated defaults of `diloco demo` "
+                                  "(4 learners at different speeds, rounds every 16 steps) "
+                                  "under the file and the overrides")
 
 
 @dg.multi_asset(
@@ -40,7 +46,8 @@ def start_experiment(context: dg.AssetExecutionContext, config: TrainingConfig,
     from pipelines.cli import load_config
 
     try:
-        cfg = load_config(config.config_path, list(config.overrides))
+        base = ORCHESTRATED_DEFAULTS if config.orchestrated_defaults else ()
+        cfg = load_config(config.config_path, list(config.overrides), base=base)
     except ConfigError as err:
         raise dg.Failure(description=f"invalid experiment config: {err}") from None
 

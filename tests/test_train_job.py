@@ -1,0 +1,56 @@
+"""Starting a run: the `train` job's defaults run as they are, bad configs fail before compute,
+and the orchestrated defaults layer under a config file and overrides."""
+
+import dagster as dg
+import pytest
+
+from diloco_core.config import ConfigError
+from pipelines.cli import load_config
+from pipelines.definitions import defs as load_defs
+from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
+from resources.store.resource import ArtifactStoreResource
+
+
+def _defs(store_uri: str) -> dg.Definitions:
+    loaded = load_defs()
+    return dg.Definitions(
+        assets=loaded.assets, asset_checks=loaded.asset_checks, jobs=loaded.jobs,
+        resources={**loaded.resources, "store": ArtifactStoreResource(base_uri=store_uri)})
+
+
+def test_the_launchpad_defaults_start_an_orchestrated_experiment(tmp_path):
+    store = ArtifactStoreResource(base_uri=str(tmp_path / "store"))
+    with dg.instance_for_test() as instance:
+        result = _defs(store.base_uri).resolve_job_def("train").execute_in_process(
+            instance=instance)        # no run config at all: the form's defaults
+        assert result.success
+        active = store.active()
+        assert active is not None and active.experiment == "diloco-demo"
+        cfg = active.get_config()
+        assert cfg["learners"]["num_learners"] == 4 and cfg["sync"]["sync_period"] == 64
+        assert instance.get_dynamic_partitions("learners") == [f"learner-{i}" for i in range(4)]
+        assert all(active.current_version(p) == 0 for p in range(4))
+
+
+def test_a_bad_config_fails_the_start_naming_the_field(tmp_path):
+    with dg.instance_for_test() as instance:
+        result = _defs(str(tmp_path / "store")).resolve_job_def("train").execute_in_process(
+            instance=instance, raise_on_error=False,
+            run_config={"ops": {"start_experiment": {"config": {
+                "overrides": ["sync.min_quorum=9"]}}}})
+        assert not result.success
+        failure = next(e for e in result.all_events if e.is_step_failure)
+        message = str(failure.step_failure_data.user_failure_data.description)
+        assert "sync.min_quorum" in message and "num_learners" in message
+        assert not (tmp_path / "store" / "experiments").exists()     # nothing was written
+
+
+def test_defaults_layer_under_the_file_and_the_overrides(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("token_budget: 5000\nsync:\n  min_quorum: 3\n")
+    cfg = load_config(str(path), ["sync.min_quorum=1"], base=ORCHESTRATED_DEFAULTS)
+    assert cfg.token_budget == 5000                     # the file beats the defaults
+    assert cfg.sync.min_quorum == 1                     # --set beats the file
+    assert cfg.sync.sync_period == 64                   # untouched defaults stay
+    with pytest.raises(ConfigError, match="learners.speeds"):
+        load_config(None, ["learners.num_learners=3"], base=ORCHESTRATED_DEFAULTS)
