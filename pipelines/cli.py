@@ -10,9 +10,9 @@ Heavy imports (JAX) happen inside the commands so `diloco --help` and config err
 """
 
 import argparse
-from collections.abc import Sequence
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from diloco_core.config import ConfigError, ExperimentConfig

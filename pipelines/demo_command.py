@@ -25,7 +25,6 @@ from resources.store.artifact_store import ArtifactStore
 from resources.store.backends import open_blob_store
 
 
-
 @dataclass
 class Watch:
     """What the demo observed from the store while it ran."""
