@@ -59,22 +59,32 @@ def live_learners(beats: Mapping[str, dict | None], now: float, timeout: float) 
 
 
 def _recover(store: ArtifactStore, state: dict) -> dict:
-    """Rebuild the cursor from the store (first tick, or a lost cursor)."""
+    """Rebuild the cursor from the store (first tick, or a lost cursor). Offers already in the
+    store were reported before; they count as seen (and, for an undecided round, as arriving
+    now, which only restarts its grace window)."""
     latest = store.latest_open_round()
     if latest is None:
         return state
     r = latest["round"]
     decided = store.get_decision(r) is not None
+    offered = store.list_contributions(r)
     state = {**state, "round": r, "decided": decided, "final": bool(latest.get("final")),
              "opened_at": latest["opened_at"], "fragment": latest["fragment"],
-             "tokens_at_open": latest.get("learner_tokens", {})}
-    if not decided:
-        # Offers already in the store arrived no later than now; count them from now.
-        state["arrivals"] = {name: time.time() for name in store.list_contributions(r)}
+             "tokens_at_open": latest.get("learner_tokens", {}),
+             "watch": {str(r): offered},
+             "arrivals": {} if decided else {name: time.time() for name in offered}}
     stop = store.stop_requested()
     if stop is not None:
+        # Final rounds are the last ones opened: those already decided are done.
+        decided_finals, k = 0, r
+        while k >= 0:
+            record = store.get_round_open(k)
+            if record is None or not record.get("final"):
+                break
+            decided_finals += store.get_decision(k) is not None
+            k -= 1
         state["stop"] = True
-        state["final_left"] = stop.get("final_left")
+        state["final_left"] = max(0, int(stop.get("final_left", 0)) - decided_finals)
     return state
 
 

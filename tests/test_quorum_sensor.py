@@ -78,7 +78,7 @@ def test_repeated_ticks_and_a_lost_cursor_never_merge_a_round_twice(harness):
         assert not again.run_requests and not again.asset_events
     h.cursor = None                                              # the cursor is lost
     recovered = h.tick()
-    assert not recovered.run_requests
+    assert not recovered.run_requests and not recovered.asset_events   # nothing re-reported
     assert h.state()["round"] == 0 and h.state()["decided"]
     runs = h.instance.get_runs(filters=dg.RunsFilter(job_name="merge_round"))
     assert len(runs) == 1
@@ -147,6 +147,10 @@ def test_budget_reached_runs_final_rounds_then_the_summary(harness):
         for name in ("learner-0", "learner-1"):
             h.offer(name, r)
         h.tick()
+        if r == 1:
+            h.cursor = None              # lost mid-finale: one final round is still to come
+            h.tick()
+            assert h.state()["final_left"] == 1 and h.state()["round"] == 2
     h.tick()
     summary = h.store.get_summary()
     assert summary is not None and summary["rounds_merged"] == 3
