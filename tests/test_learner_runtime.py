@@ -83,8 +83,12 @@ def test_a_learner_offers_receives_checkpoints_stops_and_resumes(harness):
 
 def test_a_stale_learner_rejoins_from_a_peers_adamw_state_and_the_global_params(harness):
     h = harness
-    started = [_start(h, "learner-0", max_steps=4), _start(h, "learner-1", max_steps=8)]
+    # One after the other (two Orbax managers saving the same step at the same moment in one
+    # process collide; real learners are separate processes). learner-1 starts from learner-0's
+    # checkpoint (step 4: a first start takes a peer's AdamW state) and trains to step 8.
+    started = []
     for name, steps in (("learner-0", 4), ("learner-1", 8)):
+        started.append(_start(h, name, max_steps=steps))
         _wait(lambda n=name, s=steps: (h.store.get_heartbeat(n) or {}).get(
             "checkpoint_step") == s, what=f"{name}'s checkpoint")
     h.store.request_stop({"reason": "test"})
@@ -101,3 +105,16 @@ def test_a_stale_learner_rejoins_from_a_peers_adamw_state_and_the_global_params(
     np.testing.assert_array_equal(np.asarray(rejoined.train.params[name]), g0.params[name])
     assert [f.version for f in rejoined.sync.fragments] == [3, 0]
     assert rejoined.data.state()["position"] == 4             # its own data position
+
+
+def test_an_orphaned_learner_steps_aside_when_a_newer_attempt_starts(harness):
+    h = harness
+    runtime, thread, result = _start(h, "learner-2", attempt=0, max_steps=1000)
+    _wait(lambda: (h.store.get_heartbeat("learner-2") or {}).get("step", 0) >= 2,
+          what="training")
+    newer = dict(h.store.get_heartbeat("learner-2"), attempt=1, pid=-1)
+    h.store.put_heartbeat("learner-2", newer)           # what attempt 1's first beat looks like
+    thread.join(30)
+    assert not thread.is_alive()
+    assert result["status"] == "superseded"
+    assert h.store.get_heartbeat("learner-2")["attempt"] == 1     # never overwritten

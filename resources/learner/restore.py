@@ -37,7 +37,7 @@ def plan_restore(store: ArtifactStore, learner: str, peers: Sequence[str], templ
                  current_versions: Sequence[int], max_behind: int, use_ocdbt: bool
                  ) -> RestorePlan:
     target = abstract_target(template)
-    own = LearnerCheckpoints(store.checkpoint_uri(learner), use_ocdbt=use_ocdbt)
+    own = LearnerCheckpoints(store.checkpoint_uri(learner), use_ocdbt=use_ocdbt, read_only=True)
     try:
         if own.latest_step() is not None:
             state, meta = own.restore(target=target)
@@ -52,7 +52,8 @@ def plan_restore(store: ArtifactStore, learner: str, peers: Sequence[str], templ
         own.close()
     best: tuple[int, str, Any, dict] | None = None
     for peer in peers:
-        ckpts = LearnerCheckpoints(store.checkpoint_uri(peer), use_ocdbt=use_ocdbt)
+        ckpts = LearnerCheckpoints(store.checkpoint_uri(peer), use_ocdbt=use_ocdbt,
+                                   read_only=True)
         try:
             step = ckpts.latest_step()
             if step is not None and (best is None or step > best[0]):

@@ -117,7 +117,7 @@ class LearnerRuntime:
         self.log(f"{self.name} (attempt {self.attempt}) starting from {self.rejoined_from}")
         self.link = StoreLink(self.store, self.name, cfg.sync.num_fragments,
                               [f.version for f in self.sync.fragments], orch.poll_seconds,
-                              self.log)
+                              self.log, self.attempt)
         self.status = "training"
         self._beat()
         next_beat = time.monotonic() + orch.heartbeat_seconds
@@ -126,6 +126,11 @@ class LearnerRuntime:
         self.loop_started = time.monotonic()
         try:
             while True:
+                if self.link.superseded_by is not None:
+                    self.status = "superseded"
+                    self.log(f"{self.name} attempt {self.attempt}: attempt "
+                             f"{self.link.superseded_by} has started; exiting")
+                    break
                 self._apply_merged()
                 stop = self.link.stop
                 offered = self._maybe_offer()
@@ -155,11 +160,13 @@ class LearnerRuntime:
                 if time.monotonic() >= next_beat:
                     self._beat()
                     next_beat = time.monotonic() + orch.heartbeat_seconds
-            self.status = "done"
+            if self.status != "superseded":
+                self.status = "done"
         finally:
             if stop_seen_at is None:
                 self.training_seconds = time.monotonic() - self.loop_started
-            self._beat()
+            if self.status != "superseded":
+                self._beat()
             self.link.close()
             self.checkpoints.close()
         return self.heartbeat_record()

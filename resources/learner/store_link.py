@@ -1,6 +1,7 @@
 """The learner's link to the store, on a background thread, so training never waits on I/O.
 
-The thread uploads contributions and heartbeats in order, and every `poll_seconds` reads the
+The thread uploads contributions and heartbeats in order (a heartbeat is not written over one
+from a newer attempt of the same learner: the link then reports `superseded_by`), and every `poll_seconds` reads the
 small control records (the OPEN round pointer, the STOP marker, each fragment's CURRENT
 pointer), downloading a fragment only when its version moved. The training loop takes what
 arrived between steps. Store errors are retried on the next cycle; the thread never raises
@@ -21,7 +22,7 @@ Log = Callable[[str], None]
 
 class StoreLink:
     def __init__(self, store: ArtifactStore, learner: str, num_fragments: int,
-                 known_versions: list[int], poll_seconds: float, log: Log):
+                 known_versions: list[int], poll_seconds: float, log: Log, attempt: int = 0):
         self.store, self.learner, self.poll_seconds, self.log = store, learner, poll_seconds, log
         self._num_fragments = num_fragments
         self._known = list(known_versions)
@@ -32,6 +33,8 @@ class StoreLink:
         self._outbox: queue.Queue = queue.Queue()
         self._pending: list[tuple[str, Any]] = []
         self._closing = threading.Event()
+        self.attempt = attempt
+        self.superseded_by: int | None = None   # a newer attempt of this learner is running
         self.bytes_up = 0
         self.bytes_down = 0
         self._thread = threading.Thread(target=self._run, name=f"store-link-{learner}",
@@ -104,6 +107,13 @@ class StoreLink:
                 elif kind == "heartbeat":
                     # Only the newest heartbeat matters.
                     if any(k == "heartbeat" for k, _ in self._pending[1:]):
+                        self._pending.pop(0)
+                        continue
+                    # Fencing: if a newer attempt of this learner has started (e.g. this one
+                    # was orphaned by a dead run worker), step aside instead of competing.
+                    current = self.store.get_heartbeat(self.learner) or {}
+                    if int(current.get("attempt", -1)) > self.attempt:
+                        self.superseded_by = int(current["attempt"])
                         self._pending.pop(0)
                         continue
                     self.store.put_heartbeat(self.learner, item)

@@ -29,10 +29,15 @@ def abstract_target(tree: Any) -> Any:
 class LearnerCheckpoints:
     """One learner's checkpoints: save, list, restore (into an abstract target), keep the last N."""
 
-    def __init__(self, directory: str, max_to_keep: int = 3, use_ocdbt: bool = True):
+    def __init__(self, directory: str, max_to_keep: int = 3, use_ocdbt: bool = True,
+                 read_only: bool = False):
+        """`read_only` for reading another learner's checkpoints while it may be saving: the
+        manager then never creates, cleans up or deletes anything there."""
         self.directory = directory
+        options = (ocp.CheckpointManagerOptions(read_only=True, create=False) if read_only else
+                   ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True))
         self.manager = ocp.CheckpointManager(
-            directory, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
+            directory, options=options,
             item_handlers={"state": ocp.StandardCheckpointHandler(use_ocdbt=use_ocdbt),
                            "meta": ocp.JsonCheckpointHandler()})
 
