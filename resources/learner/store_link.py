@@ -4,8 +4,8 @@ The thread uploads contributions and heartbeats in order (a heartbeat is not wri
 from a newer attempt of the same learner: the link then reports `superseded_by`), and every
 `poll_seconds` reads the small control records (the OPEN round pointer, the STOP marker, each
 fragment's CURRENT pointer), downloading a fragment only when its version moved. The training
-loop takes what arrived between steps. Store errors are retried on the next cycle; the thread never raises
-into the training loop, it reports through `log`.
+loop takes what arrived between steps. Store errors are retried on the next cycle; the thread
+never raises into the training loop, it reports through `log`.
 """
 
 import queue
