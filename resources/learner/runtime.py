@@ -35,6 +35,7 @@ from resources.store.artifact_store import ArtifactStore
 from resources.store.checkpoints import LearnerCheckpoints
 
 Log = Callable[[str], None]
+PROGRESS_SECONDS = 30.0   # how often a progress line goes to the log (Dagster's run log)
 
 
 class LearnerRuntime:
@@ -121,6 +122,7 @@ class LearnerRuntime:
         self.status = "training"
         self._beat()
         next_beat = time.monotonic() + orch.heartbeat_seconds
+        next_report = time.monotonic() + PROGRESS_SECONDS
         final_offered: set[int] = set()
         stop_seen_at: float | None = None
         self.loop_started = time.monotonic()
@@ -160,6 +162,9 @@ class LearnerRuntime:
                 if time.monotonic() >= next_beat:
                     self._beat()
                     next_beat = time.monotonic() + orch.heartbeat_seconds
+                if time.monotonic() >= next_report:
+                    self._report_progress()
+                    next_report = time.monotonic() + PROGRESS_SECONDS
             if self.status != "superseded":
                 self.status = "done"
         finally:
@@ -241,6 +246,16 @@ class LearnerRuntime:
                 "offers": self.offers, "received": self.received,
                 "rejoined_from": self.rejoined_from,
                 "bytes_up": self.link.bytes_up, "bytes_down": self.link.bytes_down}
+
+    def _report_progress(self) -> None:
+        beat = self.heartbeat_record()
+        rate = beat["tokens_total"] / max(beat["wall_seconds"], 1e-9)
+        loss = "-" if self.last_loss is None else f"{self.last_loss:.4f}"
+        self.log(f"{self.name}: step {beat['step']}, train loss {loss}, "
+                 f"{rate:,.0f} tokens/s, fragment versions {beat['versions']}, "
+                 f"{self.offers} offers, {self.received} merged fragments received, "
+                 f"compute {beat['compute_seconds'] / max(beat['training_seconds'], 1e-9):.1%} "
+                 "of the loop")
 
     def _beat(self) -> None:
         self.link.heartbeat(self.heartbeat_record())
