@@ -1,6 +1,7 @@
 """The learner process loop against a real store: offers, receives, checkpoints, stops, and
 rejoins from its own checkpoint or, when that is stale, from a peer's."""
 
+import dataclasses
 import threading
 import time
 
@@ -61,6 +62,12 @@ def test_a_learner_offers_receives_checkpoints_stops_and_resumes(harness):
     _wait(lambda: h.store.list_contributions(0) == ["learner-0"], what="an offer")
     offer = h.store.load_contribution(0, "learner-0")
     assert offer.fragment == 0 and offer.steps == 8 and offer.base_version == 0
+    # A second, different offer to the same round (a relaunch re-offering) is refused by the
+    # write-once store; it is dropped and does not block what comes after it.
+    runtime.link.offer(dataclasses.replace(offer, steps=9), {})
+    h.store.open_round(1, {"fragment": 1, "opened_at": time.time(), "final": False})
+    _wait(lambda: h.store.list_contributions(1) == ["learner-0"], what="the next offer")
+    assert h.store.load_contribution(0, "learner-0").steps == 8
     # A merged fragment 1 arrives: the learner takes it (its anchor and version move).
     _bump(h, 1, 1)
     _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("versions") == [0, 1],
@@ -68,7 +75,7 @@ def test_a_learner_offers_receives_checkpoints_stops_and_resumes(harness):
     h.store.request_stop({"reason": "test"})
     thread.join(30)
     assert not thread.is_alive()
-    assert result["status"] == "done" and result["offers"] == 1 and result["received"] == 1
+    assert result["status"] == "done" and result["offers"] == 2 and result["received"] == 1
     assert result["checkpoint_step"] == 8
     assert result["tokens_total"] == 8 * h.cfg.tokens_per_learner_step
 
@@ -91,12 +98,14 @@ def test_a_stale_learner_rejoins_from_a_peers_adamw_state_and_the_global_params(
         started.append(_start(h, name, max_steps=steps))
         _wait(lambda n=name, s=steps: (h.store.get_heartbeat(n) or {}).get(
             "checkpoint_step") == s, what=f"{name}'s checkpoint")
-    h.store.request_stop({"reason": "test"})
-    for _, thread, _ in started:
+    # End both with the fencing path (a newer attempt appears), not STOP: at STOP both would
+    # checkpoint at once, which two Orbax managers in one process do not survive reliably.
+    for (_, thread, _), name in zip(started, ("learner-0", "learner-1"), strict=True):
+        h.store.put_heartbeat(name, dict(h.store.get_heartbeat(name), attempt=1))
         thread.join(30)
         assert not thread.is_alive()
     _bump(h, 0, 3)                       # learner-0's fragment 0 is now 3 versions behind
-    rejoined = LearnerRuntime(h.store, "learner-0", 1, log=lambda m: None)
+    rejoined = LearnerRuntime(h.store, "learner-0", 2, log=lambda m: None)
     source = rejoined._start_state()
     assert source.startswith("peer") and "learner-1 at step 8" in source
     assert int(rejoined.train.step) == 8                     # the peer's step and AdamW state

@@ -106,6 +106,12 @@ class LearnerRuntime:
                                           versions)
         # Tokens this learner processed over all its attempts (lost ones included): the syncer
         # stops the run when the learners' totals reach the budget.
+        # Never offer a round twice (offers are write-once): a relaunched learner may already
+        # have offered the round that is open now.
+        latest = self.store.latest_open_round()
+        if latest is not None and self.store.contribution_manifest(latest["round"],
+                                                                   self.name) is not None:
+            self.last_offered = max(self.last_offered, latest["round"])
         previous = self.store.get_heartbeat(self.name) or {}
         self.tokens_total = int(previous.get("tokens_total", 0))
         self.versions_at_start = versions
@@ -167,6 +173,9 @@ class LearnerRuntime:
                     next_report = time.monotonic() + PROGRESS_SECONDS
             if self.status != "superseded":
                 self.status = "done"
+        except BaseException:
+            self.status = "failed"   # not "training": the syncer must not count it as live
+            raise
         finally:
             if stop_seen_at is None:
                 self.training_seconds = time.monotonic() - self.loop_started

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from diloco_core.contribution import Contribution
-from resources.store.artifact_store import ArtifactStore
+from resources.store.artifact_store import ArtifactStore, Conflict
 
 Log = Callable[[str], None]
 
@@ -32,6 +32,7 @@ class StoreLink:
         self._stop: dict | None = None
         self._outbox: queue.Queue = queue.Queue()
         self._pending: list[tuple[str, Any]] = []
+        self._beat: dict | None = None
         self._closing = threading.Event()
         self.attempt = attempt
         self.superseded_by: int | None = None   # a newer attempt of this learner is running
@@ -46,7 +47,8 @@ class StoreLink:
         self._outbox.put(("contribution", (contribution, dict(extra))))
 
     def heartbeat(self, beat: Mapping[str, Any]) -> None:
-        self._outbox.put(("heartbeat", dict(beat)))
+        with self._lock:
+            self._beat = dict(beat)   # only the newest matters; never queued behind uploads
 
     def take_merged(self) -> dict[int, tuple[int, dict]]:
         """Newer merged fragments that arrived since the last call: fragment -> (version,
@@ -85,7 +87,8 @@ class StoreLink:
             except queue.Empty:
                 pass
             self._flush()
-            if closing and not self._pending:
+            self._write_beat()
+            if closing and not self._pending and self._beat is None:
                 return
             if closing:
                 time.sleep(0.2)  # retry what failed until close's timeout
@@ -97,30 +100,38 @@ class StoreLink:
     def _flush(self) -> None:
         while self._pending:
             kind, item = self._pending[0]
+            contribution, extra = item
             try:
-                if kind == "contribution":
-                    contribution, extra = item
-                    self.bytes_up += self.store.put_contribution(contribution, extra)
-                    self.log(f"offered fragment {contribution.fragment} to round "
-                             f"{contribution.round} ({contribution.steps} steps, "
-                             f"{contribution.tokens} tokens, base v{contribution.base_version})")
-                elif kind == "heartbeat":
-                    # Only the newest heartbeat matters.
-                    if any(k == "heartbeat" for k, _ in self._pending[1:]):
-                        self._pending.pop(0)
-                        continue
-                    # Fencing: if a newer attempt of this learner has started (e.g. this one
-                    # was orphaned by a dead run worker), step aside instead of competing.
-                    current = self.store.get_heartbeat(self.learner) or {}
-                    if int(current.get("attempt", -1)) > self.attempt:
-                        self.superseded_by = int(current["attempt"])
-                        self._pending.pop(0)
-                        continue
-                    self.store.put_heartbeat(self.learner, item)
+                self.bytes_up += self.store.put_contribution(contribution, extra)
+                self.log(f"offered fragment {contribution.fragment} to round "
+                         f"{contribution.round} ({contribution.steps} steps, "
+                         f"{contribution.tokens} tokens, base v{contribution.base_version})")
+            except Conflict as err:
+                # Already offered to that round (e.g. by this learner before a restart):
+                # write-once means the first offer stands; retrying can never succeed.
+                self.log(f"offer to round {contribution.round} dropped: {err}")
             except Exception as err:  # noqa: BLE001 - retried; the loop must not die on I/O
                 self.log(f"store write failed, will retry: {err!r}")
                 return
             self._pending.pop(0)
+
+    def _write_beat(self) -> None:
+        with self._lock:
+            beat, self._beat = self._beat, None
+        if beat is None:
+            return
+        try:
+            # Fencing: if a newer attempt of this learner has started (e.g. this one was
+            # orphaned by a dead run worker), step aside instead of competing.
+            current = self.store.get_heartbeat(self.learner) or {}
+            if int(current.get("attempt", -1)) > self.attempt:
+                self.superseded_by = int(current["attempt"])
+                return
+            self.store.put_heartbeat(self.learner, beat)
+        except Exception as err:  # noqa: BLE001 - the next heartbeat will try again
+            self.log(f"heartbeat write failed, will retry: {err!r}")
+            with self._lock:
+                self._beat = self._beat or beat
 
     def _poll(self) -> None:
         try:
