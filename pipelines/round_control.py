@@ -25,7 +25,7 @@ from typing import Any
 from diloco_core.config import ExperimentConfig
 from diloco_core.config_loading import config_from_mapping
 from diloco_core.quorum import Decision, Estimates, decide
-from resources.store.artifact_store import ArtifactStore
+from resources.store.artifact_store import ArtifactStore, RejectedArtifact
 
 LIVE_STATUSES = ("starting", "training", "stopping")
 LATE_WINDOW = 2          # decided rounds still watched for late offers
@@ -58,13 +58,24 @@ def live_learners(beats: Mapping[str, dict | None], now: float, timeout: float) 
                   and now - float(beat.get("time", 0.0)) < timeout)
 
 
-def _recover(store: ArtifactStore, state: dict) -> dict:
-    """Rebuild the cursor from the store (first tick, or a lost cursor). Offers already in the
-    store were reported before; they count as seen (and, for an undecided round, as arriving
-    now, which only restarts its grace window)."""
+def _published(store: ArtifactStore, fragment: int, round_index: int) -> bool:
+    """Whether the merge of `round_index` is published (or superseded): merges of a fragment
+    commit in round order, so the current version's round tells."""
+    meta = store.version_meta(fragment) or {}
+    committed = meta.get("round")
+    return isinstance(committed, int) and committed >= round_index
+
+
+def _recover(store: ArtifactStore, state: dict, now: float, num_fragments: int
+             ) -> tuple[dict, list[dict]]:
+    """Rebuild the cursor from the store (first tick, a lost cursor, or a cursor behind the
+    store after a tick that wrote but did not return). Offers already in the store were
+    reported before; they count as seen (and, for an undecided round, as arriving now, which
+    only restarts its grace window). Decided rounds of the last 2P whose merge is not
+    published are returned to be requested again (the run key makes that idempotent)."""
     latest = store.latest_open_round()
     if latest is None:
-        return state
+        return state, []
     r = latest["round"]
     decided = store.get_decision(r) is not None
     offered = store.list_contributions(r)
@@ -72,7 +83,16 @@ def _recover(store: ArtifactStore, state: dict) -> dict:
              "opened_at": latest["opened_at"], "fragment": latest["fragment"],
              "tokens_at_open": latest.get("learner_tokens", {}),
              "watch": {str(r): offered},
-             "arrivals": {} if decided else {name: time.time() for name in offered}}
+             "arrivals": {} if decided else {name: now for name in offered}}
+    remerge, pending = [], []
+    for k in range(max(0, r - 2 * num_fragments), r + 1):
+        decision = store.get_decision(k)
+        if decision is None or not decision.get("members"):
+            continue
+        if not _published(store, decision["fragment"], k):
+            remerge.append(decision)
+            pending.append({"round": k, "fragment": decision["fragment"], "decided_at": now})
+    state["pending"] = pending
     stop = store.stop_requested()
     if stop is not None:
         # Final rounds are the last ones opened: those already decided are done.
@@ -85,7 +105,7 @@ def _recover(store: ArtifactStore, state: dict) -> dict:
             k -= 1
         state["stop"] = True
         state["final_left"] = max(0, int(stop.get("final_left", 0)) - decided_finals)
-    return state
+    return state, remerge
 
 
 class RoundController:
@@ -96,10 +116,15 @@ class RoundController:
     def tick(self, state: dict | None, now: float | None = None) -> TickResult:
         now = time.time() if now is None else now
         store, cfg = self.store, self.cfg
+        P = cfg.sync.num_fragments
+        remerge: list[dict] = []
         if state is None or state.get("experiment") != store.experiment:
-            state = _recover(store, fresh_state(store.experiment))
+            state, remerge = _recover(store, fresh_state(store.experiment), now, P)
+        elif self._behind(state):
+            carried = {"estimates": state.get("estimates")}
+            state, remerge = _recover(store, {**fresh_state(store.experiment), **carried}, now, P)
         state = dict(state)
-        result = TickResult(state)
+        result = TickResult(state, merges=list(remerge))
         if state["finished"]:
             result.reason = "the run is finished"
             return result
@@ -111,16 +136,24 @@ class RoundController:
 
         self._watch_published(state, now)
         self._collect_offers(state, result, now)
+        self._maybe_stop(state, beats, now)
         if not state["decided"]:
             self._decide(state, result, live, estimates, now)
         if state["decided"]:
-            self._maybe_stop(state, beats, now)
             self._maybe_open(state, result, beats, live, now)
         if not result.reason:
             result.reason = self._status(state, live)
         return result
 
     # ---- pieces of a tick ---------------------------------------------------------------------
+    def _behind(self, state: dict) -> bool:
+        """Whether the store moved past the cursor (a tick wrote records, then failed)."""
+        latest = self.store.latest_open_round()
+        if latest is not None and latest["round"] != state["round"]:
+            return True
+        return (state["round"] >= 0 and not state["decided"]
+                and self.store.get_decision(state["round"]) is not None)
+
     def _estimates(self, state: dict, beats: Mapping[str, dict | None]) -> Estimates:
         step_times = sorted(b["compute_seconds"] / b["step"] for b in beats.values()
                             if b and b.get("step") and b.get("compute_seconds"))
@@ -143,9 +176,7 @@ class RoundController:
         """Merges requested earlier whose version is now current: measure the sync latency."""
         still = []
         for pending in state["pending"]:
-            version = self.store.current_version(pending["fragment"])
-            before = pending["version_before"]
-            if version is not None and (before is None or version > before):
+            if _published(self.store, pending["fragment"], pending["round"]):
                 self._observe(state, sync=now - pending["decided_at"])
             else:
                 still.append(pending)
@@ -163,7 +194,10 @@ class RoundController:
                 if learner in seen:
                     continue
                 seen.add(learner)
-                manifest = self.store.contribution_manifest(index, learner) or {}
+                try:
+                    manifest = self.store.contribution_manifest(index, learner) or {}
+                except RejectedArtifact as err:
+                    manifest = {"rejected": err.reason}
                 late = index != r or state["decided"]
                 if index == r and not state["decided"]:
                     state["arrivals"][learner] = now
@@ -182,7 +216,9 @@ class RoundController:
     def _decide(self, state: dict, result: TickResult, live: list[str], estimates: Estimates,
                 now: float) -> None:
         r, arrivals = state["round"], state["arrivals"]
-        if state.get("final"):
+        if state.get("final") or state["stop"]:
+            # After STOP the learners stop training: an open round waits for every live
+            # learner (up to the round timeout) instead of a quorum that may never come.
             decision = self._final_decision(state, live, now)
         else:
             decision = decide(now, arrivals, live, estimates, self.cfg.sync)
@@ -205,9 +241,7 @@ class RoundController:
         if decision.members:
             result.merges.append(record)
             state["pending"].append({"round": r, "fragment": state["fragment"],
-                                     "decided_at": now,
-                                     "version_before": self.store.current_version(
-                                         state["fragment"])})
+                                     "decided_at": now})
         if state.get("final"):
             state["final_left"] = max(0, (state["final_left"] or 1) - 1)
         result.reason = f"round {r} decided: {decision.reason}"
@@ -277,9 +311,19 @@ class RoundController:
 
 
 def _offer_summary(manifest: Mapping[str, Any]) -> dict:
-    extra = manifest.get("extra") or {}
-    return {"fragment": manifest.get("fragment"), "base_version": manifest.get("base_version"),
-            "tokens": manifest.get("tokens"), "steps": manifest.get("steps"),
-            "nbytes": manifest.get("nbytes"), "encoding": ",".join(manifest.get("encoding", [])),
-            "learner_step": manifest.get("learner_step"), "train_loss": extra.get("train_loss")}
+    """Observer metadata of an offer; a malformed manifest yields what it can (the merge
+    validates for real and rejects it with a reason)."""
+    def number(key: str) -> int | None:
+        value = manifest.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    extra = manifest.get("extra") if isinstance(manifest.get("extra"), Mapping) else {}
+    encoding = manifest.get("encoding")
+    loss = extra.get("train_loss")
+    return {"fragment": number("fragment"), "base_version": number("base_version"),
+            "tokens": number("tokens"), "steps": number("steps"), "nbytes": number("nbytes"),
+            "encoding": ",".join(str(e) for e in encoding) if isinstance(encoding, list) else "",
+            "learner_step": number("learner_step"),
+            "train_loss": float(loss) if isinstance(loss, int | float) else None,
+            "problem": manifest.get("rejected")}
 

@@ -56,9 +56,27 @@ def merge_from_store(store: ArtifactStore, round_index: int) -> MergeOutcome:
         current = store.load_global(fragment, outer_template=template)
     except KeyError as err:
         raise MergeInputError(f"fragment {fragment} has no committed version: {err}") from None
-    if current.meta.get("round") == round_index:
-        return MergeOutcome(round_index, fragment, True, current.version, current.meta,
-                            decision, True, already_committed=True)
+    done = _find_commit(store, fragment, current.version, current.meta, round_index)
+    if done is not None:
+        version, meta = done
+        return MergeOutcome(round_index, fragment, True, version, meta, decision, True,
+                            already_committed=True)
+    committed_round = current.meta.get("round")
+    if isinstance(committed_round, int) and committed_round > round_index:
+        # A later round of this fragment already merged (this round's first attempt failed):
+        # merging these older contributions on top now would apply stale progress twice over.
+        meta = {"round": round_index, "merged": False, "members": [], "rejected": {},
+                "reason": f"{decision['reason']}; NOT merged: round {committed_round} of this "
+                          "fragment was merged first"}
+        return MergeOutcome(round_index, fragment, False, current.version, meta, decision, True)
+    pending = store.version_meta(fragment, current.version + 1)
+    if pending is not None:
+        if pending.get("round") == round_index:
+            # An earlier attempt wrote this round's version but its pointer move was lost.
+            store.adopt_version(fragment, current.version + 1)
+            return MergeOutcome(round_index, fragment, True, current.version + 1, pending,
+                                decision, True, already_committed=True)
+        store.discard_unreferenced(fragment, current.version + 1)
 
     contributions, refused = [], {}
     for learner in decision["members"]:
@@ -96,6 +114,21 @@ def merge_from_store(store: ArtifactStore, round_index: int) -> MergeOutcome:
         meta["reason"] = f"{meta['reason']}; NOT committed: merged parameters are not finite"
     return MergeOutcome(round_index, fragment, committed, version, meta, decision, finite,
                         seconds=time.monotonic() - started)
+
+
+def _find_commit(store: ArtifactStore, fragment: int, version: int, meta: dict,
+                 round_index: int) -> tuple[int, dict] | None:
+    """The committed version of this round, searching back from the current version while the
+    versions belong to this round or later ones (merges of a fragment commit in round order)."""
+    while version > 0:
+        committed = meta.get("round")
+        if committed == round_index:
+            return version, meta
+        if not isinstance(committed, int) or committed < round_index:
+            return None
+        version -= 1
+        meta = store.version_meta(fragment, version) or {}
+    return None
 
 
 def _jsonable(value):

@@ -110,3 +110,43 @@ def test_a_round_without_a_decision_fails_clearly(harness):
     failure = [e for e in result.all_events if e.is_step_failure][0]
     assert "round 5 has no quorum decision" in str(failure.step_failure_data.error.message) \
         or "round 5 has no quorum decision" in str(failure.step_failure_data.user_failure_data)
+
+
+def test_a_commit_whose_pointer_move_was_lost_is_adopted_not_redone(harness):
+    h = harness
+    h.offer("learner-0", 0)
+    _decide(h, 0, ["learner-0"])
+    # A first attempt wrote version 1 for round 0, then died before moving the pointer.
+    g = h.store.load_global(0)
+    from resources.store import layout as lay
+    # The store's own commit, then the pointer put back: as if the move never happened.
+    h.store.commit_global(0, 1, g.params, g.outer_state, {"round": 0, "marker": "first"})
+    pointer = lay.pointer(h.store.experiment, 0)
+    h.store.blobs.write(pointer, b'{"version": 0}')
+    assert h.store.current_version(0) == 0
+    out = _merge(h, 0)
+    assert out["meta"]["version"].value == 1
+    assert h.store.current_version(0) == 1
+    assert h.store.version_meta(0)["marker"] == "first"       # adopted, not merged again
+
+
+def test_an_orphan_version_of_another_round_is_replaced_and_a_superseded_round_skipped(harness):
+    h = harness
+    g = h.store.load_global(0)
+    from resources.store import layout as lay
+    h.store.commit_global(0, 1, g.params, g.outer_state, {"round": 7})   # orphan of round 7
+    h.store.blobs.write(lay.pointer(h.store.experiment, 0), b'{"version": 0}')
+    h.offer("learner-0", 0)
+    _decide(h, 0, ["learner-0"])
+    _merge(h, 0)
+    assert h.store.current_version(0) == 1 and h.store.version_meta(0)["round"] == 0
+    # Round 2 merges before a retry of round 1: round 1 is then skipped, not applied late.
+    h.offer("learner-0", 2, seed=2)
+    _decide(h, 2, ["learner-0"])
+    _merge(h, 2)
+    h.offer("learner-0", 1, seed=1)
+    _decide(h, 1, ["learner-0"])
+    out = _merge(h, 1)
+    assert out["meta"]["merged"].value is False
+    assert "round 2 of this fragment was merged first" in out["meta"]["decision_reason"].value
+    assert h.store.current_version(0) == 2

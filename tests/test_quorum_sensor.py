@@ -157,3 +157,37 @@ def test_budget_reached_runs_final_rounds_then_the_summary(harness):
     assert summary["final_eval_loss"] != summary["initial_eval_loss"]
     assert [r["admitted"] for r in summary["rounds"]] == [["learner-0", "learner-1"]] * 3
     assert h.resource.active() is None            # the sensors go quiet
+
+
+def test_a_cursor_behind_the_store_recovers_and_requests_the_missing_merge(harness):
+    h = harness
+    _progress(h, ["learner-0", "learner-1"])
+    h.tick()
+    h.offer("learner-0", 0)
+    h.offer("learner-1", 0)
+    stale = h.cursor                       # the cursor before the deciding tick
+    # The deciding tick wrote its decision, then failed before returning: no merge requested,
+    # cursor not saved. (Written here by hand: exactly what that tick committed.)
+    from pipelines.round_control import RoundController
+    RoundController(h.store).tick(h.state(), now=h.now + 1)
+    assert h.store.get_decision(0) is not None and h.merged_rounds() == set()
+    h.cursor = stale
+    result = h.tick()                      # must not raise on the write-once decision
+    assert [r.run_key for r in result.run_requests] == ["merge:exp-test:0"]
+    assert h.merged_rounds() == {round_key(0)}
+    assert h.state()["decided"] and not h.tick().run_requests
+
+
+def test_a_malformed_offer_is_recorded_and_does_not_stop_the_sensor(harness):
+    h = harness
+    _progress(h, ["learner-0", "learner-1"])
+    h.tick()
+    h.offer("learner-0", 0)
+    key = "experiments/exp-test/rounds/r00000000/contributions/learner-1/manifest.json"
+    h.store.blobs.write(key, b'{"format": 1, "kind": "contribution", "extra": [1, 2]}')
+    for _ in range(2):
+        h.tick()                           # no exception, on this tick or the next
+    decision = h.store.get_decision(0)
+    assert decision["members"] == ["learner-0", "learner-1"]
+    reasons = h.store.load_global(0).meta["rejected"]
+    assert list(reasons) == ["learner-1"] and "refused by the store" in reasons["learner-1"]

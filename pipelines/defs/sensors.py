@@ -46,6 +46,9 @@ def quorum_tick(context: dg.SensorEvaluationContext, store: ArtifactStoreResourc
     artifacts = store.active()
     if artifacts is None:
         return dg.SkipReason("no active experiment: launch the `train` job")
+    if artifacts.get_config() is None:
+        return dg.SkipReason(f"experiment {artifacts.experiment!r} is active but has no config "
+                             "in the store yet")
     state = json.loads(context.cursor) if context.cursor else None
     result = RoundController(artifacts).tick(state)
     exp = artifacts.experiment
@@ -57,7 +60,7 @@ def quorum_tick(context: dg.SensorEvaluationContext, store: ArtifactStoreResourc
                 for d in result.merges]
     if result.finished:
         requests.append(dg.RunRequest(job_name="summarize", run_key=f"summary:{exp}",
-                                      tags={EXPERIMENT_TAG: exp}))
+                                      tags={EXPERIMENT_TAG: exp, "dagster/max_retries": "3"}))
     partitions = ([rounds.build_add_request([round_key(r) for r in result.opened])]
                   if result.opened else [])
     return dg.SensorResult(
@@ -77,7 +80,10 @@ def supervise_tick(context: dg.SensorEvaluationContext, store: ArtifactStoreReso
         return dg.SkipReason("no active experiment: launch the `train` job")
     now = time.time() if now is None else now
     exp = artifacts.experiment
-    cfg = config_from_mapping(artifacts.get_config())
+    config = artifacts.get_config()
+    if config is None:
+        return dg.SkipReason(f"experiment {exp!r} is active but has no config in the store yet")
+    cfg = config_from_mapping(config)
     orch = cfg.orchestration
     state = json.loads(context.cursor) if context.cursor else {}
     if state.get("experiment") != exp:

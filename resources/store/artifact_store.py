@@ -182,6 +182,34 @@ class ArtifactStore:
             if self.current_version(fragment) != version:
                 raise Conflict(f"fragment {fragment}: the pointer moved concurrently") from None
 
+    def version_meta(self, fragment: int, version: int | None = None) -> dict | None:
+        """The `meta` of a committed version (default: the current one) without reading its
+        arrays, or None if there is no such manifest."""
+        if version is None:
+            version = self.current_version(fragment)
+            if version is None:
+                return None
+        manifest = self._read_json(
+            f"{layout.version_dir(self.experiment, fragment, version)}/{layout.MANIFEST}")
+        return None if manifest is None else dict(manifest.get("meta") or {})
+
+    def adopt_version(self, fragment: int, version: int) -> None:
+        """Move the pointer to an already written version (a commit whose pointer move was
+        lost: the manifest is there, the pointer still at version - 1)."""
+        self._move_pointer(fragment, version)
+
+    def discard_unreferenced(self, fragment: int, version: int) -> None:
+        """Delete a version the pointer never reached (a failed commit of another attempt), so
+        that version number can be committed. Refuses if the pointer is at or past it."""
+        current = self.current_version(fragment)
+        if current is not None and current >= version:
+            raise Conflict(f"fragment {fragment} version {version} is referenced (current "
+                           f"{current})")
+        directory = layout.version_dir(self.experiment, fragment, version)
+        self.blobs.delete(f"{directory}/{layout.MANIFEST}")
+        for key in self.blobs.list(directory + "/"):
+            self.blobs.delete(key)
+
     def load_global(self, fragment: int, version: int | None = None,
                     outer_template: Any = None) -> GlobalFragment:
         """A committed version (default: the current one), verified. With `outer_template`
