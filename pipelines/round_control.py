@@ -208,7 +208,7 @@ class RoundController:
                     # Global versions of this fragment the learner had not seen when it offered.
                     offer["staleness"] = max(0, current - offer["base_version"])
                 result.offers.append({**offer, "round": index, "learner": learner,
-                                      "late": late, "seen_at": now})
+                                      "late": late})
             watch[index] = seen
         keep = sorted(watch)[-(LATE_WINDOW + 1):]
         state["watch"] = {str(k): sorted(watch[k]) for k in keep}

@@ -30,6 +30,8 @@ def _offer_event(offer: dict) -> dg.AssetMaterialization:
                                       "learner_step", "staleness") if offer.get(k) is not None}
     metadata["encoding"] = offer.get("encoding") or ""
     metadata["late"] = bool(offer["late"])
+    if offer.get("problem"):
+        metadata["problem"] = dg.MetadataValue.text(str(offer["problem"]))
     if offer.get("train_loss") is not None:
         metadata["train/loss"] = float(offer["train_loss"])
     return dg.AssetMaterialization(
@@ -46,11 +48,14 @@ def quorum_tick(context: dg.SensorEvaluationContext, store: ArtifactStoreResourc
     artifacts = store.active()
     if artifacts is None:
         return dg.SkipReason("no active experiment: launch the `train` job")
-    if artifacts.get_config() is None:
+    from diloco_core.config_loading import config_from_mapping
+
+    config = artifacts.get_config()
+    if config is None:
         return dg.SkipReason(f"experiment {artifacts.experiment!r} is active but has no config "
                              "in the store yet")
     state = json.loads(context.cursor) if context.cursor else None
-    result = RoundController(artifacts).tick(state)
+    result = RoundController(artifacts, config_from_mapping(config)).tick(state)
     exp = artifacts.experiment
     requests = [dg.RunRequest(job_name="merge_round", partition_key=round_key(d["round"]),
                               run_key=f"merge:{exp}:{d['round']}",

@@ -72,6 +72,7 @@ class LearnerRuntime:
         self.last_loss: float | None = None
         self.offers = 0
         self.received = 0
+        self.checkpoint_step: int | None = None
 
     # ---- start or rejoin ----------------------------------------------------------------------
     def _start_state(self) -> str:
@@ -114,7 +115,6 @@ class LearnerRuntime:
             self.last_offered = max(self.last_offered, latest["round"])
         previous = self.store.get_heartbeat(self.name) or {}
         self.tokens_total = int(previous.get("tokens_total", 0))
-        self.versions_at_start = versions
         return f"{plan.source}: {plan.reason}"
 
     # ---- the loop -----------------------------------------------------------------------------
@@ -249,7 +249,7 @@ class LearnerRuntime:
                 "status": self.status, "time": time.time(), "started_at": self.started_at,
                 "step": int(self.train.step), "tokens_total": self.tokens_total,
                 "loss": self.last_loss, "versions": [f.version for f in self.sync.fragments],
-                "checkpoint_step": getattr(self, "checkpoint_step", None),
+                "checkpoint_step": self.checkpoint_step,
                 "compute_seconds": self.compute_seconds, "wall_seconds": wall,
                 "training_seconds": training,
                 "offers": self.offers, "received": self.received,
