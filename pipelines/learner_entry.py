@@ -12,6 +12,7 @@ import sys
 
 from dagster_pipes import PipesEnvVarParamsLoader, open_dagster_pipes
 
+from resources.faults import LearnerFaults, load_tape
 from resources.learner.runtime import LearnerRuntime
 from resources.store.artifact_store import ArtifactStore
 from resources.store.backends import open_blob_store
@@ -37,8 +38,12 @@ def main(argv: list[str] | None = None) -> int:
             def log(message: str) -> None:
                 print(message, flush=True)
         store = ArtifactStore(open_blob_store(params["store"]), params["experiment"])
-        runtime = LearnerRuntime(store, params["learner"], int(params["attempt"]), log=log,
-                                 use_ocdbt=bool(params.get("use_ocdbt", True)))
+        attempt = int(params["attempt"])
+        tape = load_tape(store)   # a chaos run's fault tape, if the experiment has one
+        faults = (None if tape is None
+                  else LearnerFaults(store, tape, params["learner"], attempt, log))
+        runtime = LearnerRuntime(store, params["learner"], attempt, log=log,
+                                 use_ocdbt=bool(params.get("use_ocdbt", True)), faults=faults)
         record = runtime.run()
         pipes.report_custom_message(record)
     return 0

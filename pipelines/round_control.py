@@ -10,7 +10,8 @@ Rules (the same as the reference simulator's, on wall-clock time):
   have each processed H/P steps' worth of tokens since round r opened.
 - Arrival time of an offer = when a tick first saw it (the syncer's clock: learner clocks may be
   skewed). The quorum/grace policy (`diloco_core.quorum.decide`) decides the round.
-- A learner is live while its heartbeat is younger than `learner_timeout_seconds`.
+- A learner is live while its heartbeat changed less than `learner_timeout_seconds` ago, by
+  the syncer's clock (`pipelines.liveness`).
 - Offers to an already-decided round are late: recorded, never merged into it.
 - When the learners' tokens reach the budget, STOP is written and P final rounds (one per
   fragment) wait for every live learner (up to `round_timeout_seconds`) so that the final global
@@ -25,9 +26,9 @@ from typing import Any
 from diloco_core.config import ExperimentConfig
 from diloco_core.config_loading import config_from_mapping
 from diloco_core.quorum import Decision, Estimates, decide
+from pipelines.liveness import live_learners, observe
 from resources.store.artifact_store import ArtifactStore, RejectedArtifact
 
-LIVE_STATUSES = ("starting", "training", "stopping")
 LATE_WINDOW = 2          # decided rounds still watched for late offers
 
 
@@ -50,12 +51,6 @@ def fresh_state(experiment: str) -> dict:
     return {"experiment": experiment, "round": -1, "decided": True, "arrivals": {},
             "watch": {}, "pending": [], "estimates": None, "stop": False, "final_left": None,
             "finished": False}
-
-
-def live_learners(beats: Mapping[str, dict | None], now: float, timeout: float) -> list[str]:
-    return sorted(name for name, beat in beats.items()
-                  if beat is not None and beat.get("status") in LIVE_STATUSES
-                  and now - float(beat.get("time", 0.0)) < timeout)
 
 
 def _published(store: ArtifactStore, fragment: int, round_index: int) -> bool:
@@ -131,7 +126,8 @@ class RoundController:
         orch = cfg.orchestration
         names = cfg.learners.learner_names
         beats = {name: store.get_heartbeat(name) for name in names}
-        live = live_learners(beats, now, orch.learner_timeout_seconds)
+        state["seen"] = observe(state.get("seen"), beats, now)
+        live = live_learners(beats, state["seen"], now, orch.learner_timeout_seconds)
         estimates = self._estimates(state, beats)
 
         self._watch_published(state, now)

@@ -11,6 +11,7 @@ commit's record instead of merging twice. Non-finite merged parameters are never
 import dataclasses
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import jax.numpy as jnp
 import numpy as np
@@ -21,6 +22,9 @@ from diloco_core.model import abstract_params, is_embedding
 from diloco_core.outer import build_outer_optimizer
 from diloco_core.syncer import FragmentState, all_finite, merge_fragment
 from resources.store.artifact_store import ArtifactStore, RejectedArtifact
+
+if TYPE_CHECKING:
+    from resources.faults import MergeFaults
 
 
 class MergeInputError(RuntimeError):
@@ -40,8 +44,11 @@ class MergeOutcome:
     seconds: float = 0.0
 
 
-def merge_from_store(store: ArtifactStore, round_index: int) -> MergeOutcome:
+def merge_from_store(store: ArtifactStore, round_index: int,
+                     faults: "MergeFaults | None" = None) -> MergeOutcome:
     started = time.monotonic()
+    if faults is not None:
+        store = faults.wrap_store(store)
     cfg = config_from_mapping(store.get_config())
     decision = store.get_decision(round_index)
     if decision is None:
@@ -107,9 +114,17 @@ def merge_from_store(store: ArtifactStore, round_index: int) -> MergeOutcome:
     version = current.version
     if new_params is not None and finite:
         meta["published_at"] = time.time()
+        if faults is not None:
+            faults.at("before_commit")   # merged in memory, nothing written
         store.commit_global(fragment, current.version + 1,
-                            {k: np.asarray(v) for k, v in new_params.items()}, new_outer, meta)
+                            {k: np.asarray(v) for k, v in new_params.items()}, new_outer, meta,
+                            move_pointer=False)
+        if faults is not None:
+            faults.at("during_commit")   # version written, pointer not yet moved
+        store.adopt_version(fragment, current.version + 1)
         committed, version = True, current.version + 1
+        if faults is not None:
+            faults.at("after_commit")
     elif new_params is not None:
         meta["reason"] = f"{meta['reason']}; NOT committed: merged parameters are not finite"
     return MergeOutcome(round_index, fragment, committed, version, meta, decision, finite,

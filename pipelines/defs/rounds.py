@@ -57,6 +57,14 @@ def _decision_table(record: dict, decision: dict) -> dg.TableMetadataValue:
     return dg.MetadataValue.table(rows, schema)
 
 
+def _merge_faults(artifacts, round_index: int, log):
+    """A chaos run's faults for this merge (none unless the experiment has a fault tape)."""
+    from resources.faults import MergeFaults, load_tape
+
+    tape = load_tape(artifacts)
+    return None if tape is None else MergeFaults(artifacts, tape, round_index, log)
+
+
 @dg.asset(
     partitions_def=rounds, group_name="diloco", kinds={"jax", "optax"},
     deps=[dg.AssetDep(learner_update, partition_mapping=dg.MultiToSingleDimensionPartitionMapping(
@@ -78,7 +86,8 @@ def global_params(context: dg.AssetExecutionContext, store: ArtifactStoreResourc
     artifacts = run_store(context, store)
     round_index = int(context.partition_key)
     try:
-        outcome = merge_from_store(artifacts, round_index)
+        outcome = merge_from_store(artifacts, round_index, _merge_faults(artifacts, round_index,
+                                                                         context.log.warning))
     except MergeInputError as err:
         raise dg.Failure(description=str(err)) from None
     record, decision = outcome.record, outcome.decision

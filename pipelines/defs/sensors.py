@@ -17,6 +17,7 @@ from pipelines.defs.partitions import FRAGMENT_TAG, LEARNER_TAG, MERGE_TAG, ROUN
 from pipelines.defs.rounds import merge_job
 from pipelines.defs.summary import summary_job
 from pipelines.experiment_context import EXPERIMENT_TAG
+from pipelines.liveness import LIVE_STATUSES, observe, silent_for
 from pipelines.round_control import RoundController, round_key
 from resources.store.resource import ArtifactStoreResource
 
@@ -95,8 +96,10 @@ def supervise_tick(context: dg.SensorEvaluationContext, store: ArtifactStoreReso
         state = {"experiment": exp, "checkpoints": {}}
     stopping = artifacts.stop_requested() is not None
     requests, events, notes = [], [], []
+    beats = {name: artifacts.get_heartbeat(name) for name in cfg.learners.learner_names}
+    state["seen"] = observe(state.get("seen"), beats, now)
     for name in cfg.learners.learner_names:
-        beat = artifacts.get_heartbeat(name) or {}
+        beat = beats[name] or {}
         step = beat.get("checkpoint_step")
         if step is not None and state["checkpoints"].get(name) != step:
             state["checkpoints"][name] = step
@@ -111,7 +114,16 @@ def supervise_tick(context: dg.SensorEvaluationContext, store: ArtifactStoreReso
         records = context.instance.get_run_records(
             filters=dg.RunsFilter(job_name="learner",
                                   tags={EXPERIMENT_TAG: exp, LEARNER_TAG: name}))
-        if any(rec.dagster_run.status in IN_PROGRESS for rec in records):
+        running = [rec for rec in records if rec.dagster_run.status in IN_PROGRESS]
+        if running:
+            hung = _hung(running[0], beat, state["seen"], name, now, orch.learner_timeout_seconds)
+            if hung is not None:
+                # Alive but not progressing (its heartbeat stopped changing): end the run so
+                # the learner is relaunched; Pipes forwards the termination to the process.
+                context.log.warning(f"{name}: terminating run {running[0].dagster_run.run_id} "
+                                    f"({hung})")
+                context.instance.run_coordinator.cancel_run(running[0].dagster_run.run_id)
+                notes.append(f"{name}: terminated ({hung})")
             continue
         if stopping:
             continue  # the run is ending: no relaunch
@@ -141,6 +153,26 @@ def supervise_tick(context: dg.SensorEvaluationContext, store: ArtifactStoreReso
     return dg.SensorResult(run_requests=requests, asset_events=events,
                            cursor=json.dumps(state),
                            skip_reason=None if requests or events else reason)
+
+
+def _hung(record: dg.RunRecord, beat: dict, seen: dict, name: str, now: float,
+          timeout: float) -> str | None:
+    """Why a learner's in-progress run counts as hung, or None. A started run whose process
+    wrote no heartbeat yet gets 3 timeouts (imports, restore, XLA compilation)."""
+    run = record.dagster_run
+    if run.status != dg.DagsterRunStatus.STARTED:
+        return None
+    attempt = (run.run_config.get("ops", {}).get("run_learner", {}).get("config", {})
+               .get("attempt"))
+    silent = silent_for(seen, name, now)
+    if beat.get("attempt") == attempt and beat.get("status") in LIVE_STATUSES:
+        if silent is not None and silent > timeout:
+            return f"heartbeat unchanged for {silent:.0f}s"
+        return None
+    started = record.start_time or record.create_timestamp.timestamp()
+    if now - started > 3 * timeout and (silent is None or silent > timeout):
+        return f"no heartbeat from attempt {attempt} {now - started:.0f}s after its start"
+    return None
 
 
 @dg.definitions

@@ -26,9 +26,11 @@ from diloco_core.config_loading import config_from_mapping
 from diloco_core.fragments import plan_fragments, split_params
 from diloco_core.inner_step import InnerStep
 from diloco_core.learner import FragmentSync, LearnerSync
+from diloco_core.ledger import AttemptLedger
 from diloco_core.model import init_model
 from diloco_core.simulator import learner_data
 from resources.corpus import load_corpus
+from resources.faults import LearnerFaults, corrupt_delta, tamper_payload
 from resources.learner.restore import plan_restore
 from resources.learner.store_link import StoreLink
 from resources.store.artifact_store import ArtifactStore
@@ -40,7 +42,8 @@ PROGRESS_SECONDS = 30.0   # how often a progress line goes to the log (Dagster's
 
 class LearnerRuntime:
     def __init__(self, store: ArtifactStore, learner: str, attempt: int = 0,
-                 log: Log = print, use_ocdbt: bool = True, max_steps: int | None = None):
+                 log: Log = print, use_ocdbt: bool = True, max_steps: int | None = None,
+                 faults: LearnerFaults | None = None):
         config = store.get_config()
         if config is None:
             raise RuntimeError(f"experiment {store.experiment!r} has no config in the store")
@@ -48,6 +51,12 @@ class LearnerRuntime:
         names = self.cfg.learners.learner_names
         if learner not in names:
             raise ValueError(f"learner {learner!r} is not in the experiment ({', '.join(names)})")
+        # Injected faults (chaos runs) see the store through their error windows; the ledger's
+        # own record goes through the plain store.
+        self.faults = faults
+        self.plain_store = store
+        if faults is not None:
+            store = faults.wrap_store(store)
         self.store, self.name, self.attempt, self.log = store, learner, attempt, log
         self.index = names.index(learner)
         self.speed = self.cfg.learners.learner_speeds[self.index]
@@ -73,6 +82,7 @@ class LearnerRuntime:
         self.offers = 0
         self.received = 0
         self.checkpoint_step: int | None = None
+        self.ledger = AttemptLedger.start(self.cfg.sync.num_fragments)
 
     # ---- start or rejoin ----------------------------------------------------------------------
     def _start_state(self) -> str:
@@ -180,19 +190,25 @@ class LearnerRuntime:
             if stop_seen_at is None:
                 self.training_seconds = time.monotonic() - self.loop_started
             if self.status != "superseded":
-                self._beat()
+                self._beat(final=True)
+            else:
+                self._final_record("superseded")
             self.link.close()
             self.checkpoints.close()
         return self.heartbeat_record()
 
     def _step(self) -> None:
+        if self.faults is not None:
+            self.faults.before_step(int(self.train.step), self._final_record)
         batch = self.data.next()
         started = time.monotonic()
         self.train, metrics = self.inner.step(self.train, batch)
         loss = float(metrics["loss"])  # syncs: the step's compute is done when this returns
         elapsed = time.monotonic() - started
         if self._steps_this_process > 0:
-            target = max(elapsed, self.cfg.orchestration.step_seconds_floor) / self.speed
+            speed = self.speed / (1.0 if self.faults is None
+                                  else self.faults.slowdown(int(self.train.step)))
+            target = max(elapsed, self.cfg.orchestration.step_seconds_floor) / speed
             if target > elapsed:
                 time.sleep(target - elapsed)
         self._steps_this_process += 1
@@ -204,13 +220,18 @@ class LearnerRuntime:
         tokens = self.inner.tokens_per_batch(batch)
         self.tokens_total += tokens
         self.sync = self.sync.after_step(tokens)
+        self.ledger = self.ledger.after_step(tokens)
 
     def _apply_merged(self) -> None:
         s = self.cfg.sync
         for p, (version, values) in sorted(self.link.take_merged().items()):
+            before = self.sync.fragments[p].version
             params, self.sync = self.sync.receive(self.train.params, p, values, version,
                                                   s.receive_rule, s.blend_alpha)
+            if self.sync.fragments[p].version == before:
+                continue  # not newer than what it holds
             self.train = self.train.replace(params=params)
+            self.ledger = self.ledger.received(p)
             self.received += 1
 
     def _maybe_offer(self) -> dict | None:
@@ -223,9 +244,20 @@ class LearnerRuntime:
             return rnd if rnd.get("final") else None  # nothing new to offer for this fragment
         s = self.cfg.sync
         contribution = self.sync.contribution(self.train.params, self.plan, p, rnd["round"],
-                                              int(self.train.step), time.time(), s.encoding,
+                                              int(self.train.step), self._clock(), s.encoding,
                                               s.encoding_block_size)
-        self.link.offer(contribution, {"train_loss": self.last_loss, "attempt": self.attempt})
+        self.ledger, claim = self.ledger.offered(p, rnd["round"])
+        extra = {"train_loss": self.last_loss, "attempt": self.attempt, "claim": claim}
+        after_put = None
+        bad = None if self.faults is None else self.faults.bad_contribution(rnd["round"])
+        if bad in ("nan", "absurd", "wrong_shape"):
+            contribution = corrupt_delta(contribution, bad)
+        elif bad is not None:
+            def after_put(store, r=rnd["round"], mode=bad):
+                tamper_payload(store, r, self.name, mode)
+        if bad is not None:
+            extra["fault"] = bad
+        self.link.offer(contribution, extra, after_put)
         self.offers += 1
         return rnd
 
@@ -246,7 +278,7 @@ class LearnerRuntime:
         if training is None:
             training = 0.0 if self.loop_started is None else time.monotonic() - self.loop_started
         return {"learner": self.name, "attempt": self.attempt, "pid": os.getpid(),
-                "status": self.status, "time": time.time(), "started_at": self.started_at,
+                "status": self.status, "time": self._clock(), "started_at": self.started_at,
                 "step": int(self.train.step), "tokens_total": self.tokens_total,
                 "loss": self.last_loss, "versions": [f.version for f in self.sync.fragments],
                 "checkpoint_step": self.checkpoint_step,
@@ -266,5 +298,19 @@ class LearnerRuntime:
                  f"compute {beat['compute_seconds'] / max(beat['training_seconds'], 1e-9):.1%} "
                  "of the loop")
 
-    def _beat(self) -> None:
-        self.link.heartbeat(self.heartbeat_record())
+    def _clock(self) -> float:
+        return time.time() if self.faults is None else self.faults.clock()
+
+    def attempt_record(self, final: bool = False, status: str | None = None) -> dict:
+        """This process's token ledger; `final` once nothing more can change it."""
+        return {"learner": self.name, "attempt": self.attempt, "status": status or self.status,
+                "final": final, "time": time.time(), "step": int(self.train.step),
+                "ledger": self.ledger.to_record()}
+
+    def _final_record(self, status: str) -> None:
+        """Written synchronously (an injected kill follows): the exact ledger of this process."""
+        self.plain_store.put_attempt_record(self.name, self.attempt,
+                                            self.attempt_record(final=True, status=status))
+
+    def _beat(self, final: bool = False) -> None:
+        self.link.heartbeat(self.heartbeat_record(), self.attempt_record(final))

@@ -33,6 +33,7 @@ class StoreLink:
         self._outbox: queue.Queue = queue.Queue()
         self._pending: list[tuple[str, Any]] = []
         self._beat: dict | None = None
+        self._record: dict | None = None
         self._closing = threading.Event()
         self.attempt = attempt
         self.superseded_by: int | None = None   # a newer attempt of this learner is running
@@ -43,12 +44,18 @@ class StoreLink:
         self._thread.start()
 
     # ---- called from the training loop (never blocks on the store) ----------------------------
-    def offer(self, contribution: Contribution, extra: Mapping[str, Any]) -> None:
-        self._outbox.put(("contribution", (contribution, dict(extra))))
+    def offer(self, contribution: Contribution, extra: Mapping[str, Any],
+              after_put: Callable[[ArtifactStore], None] | None = None) -> None:
+        """Queue an upload; `after_put` runs once it is committed (fault injection only)."""
+        self._outbox.put(("contribution", (contribution, dict(extra), after_put)))
 
-    def heartbeat(self, beat: Mapping[str, Any]) -> None:
+    def heartbeat(self, beat: Mapping[str, Any], record: Mapping[str, Any] | None = None
+                  ) -> None:
+        """The newest heartbeat, and this process's attempt record (its token ledger)."""
         with self._lock:
             self._beat = dict(beat)   # only the newest matters; never queued behind uploads
+            if record is not None:
+                self._record = dict(record)
 
     def take_merged(self) -> dict[int, tuple[int, dict]]:
         """Newer merged fragments that arrived since the last call: fragment -> (version,
@@ -88,7 +95,7 @@ class StoreLink:
                 pass
             self._flush()
             self._write_beat()
-            if closing and not self._pending and self._beat is None:
+            if closing and not self._pending and self._beat is None and self._record is None:
                 return
             if closing:
                 time.sleep(0.2)  # retry what failed until close's timeout
@@ -100,9 +107,11 @@ class StoreLink:
     def _flush(self) -> None:
         while self._pending:
             kind, item = self._pending[0]
-            contribution, extra = item
+            contribution, extra, after_put = item
             try:
                 self.bytes_up += self.store.put_contribution(contribution, extra)
+                if after_put is not None:
+                    after_put(self.store)
                 self.log(f"offered fragment {contribution.fragment} to round "
                          f"{contribution.round} ({contribution.steps} steps, "
                          f"{contribution.tokens} tokens, base v{contribution.base_version})")
@@ -118,6 +127,14 @@ class StoreLink:
     def _write_beat(self) -> None:
         with self._lock:
             beat, self._beat = self._beat, None
+            record, self._record = self._record, None
+        if record is not None:
+            try:
+                self.store.put_attempt_record(self.learner, self.attempt, record)
+            except Exception as err:  # noqa: BLE001 - the next heartbeat carries a newer one
+                self.log(f"attempt record write failed, will retry: {err!r}")
+                with self._lock:
+                    self._record = self._record or record
         if beat is None:
             return
         try:

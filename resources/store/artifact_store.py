@@ -141,12 +141,14 @@ class ArtifactStore:
                       if key.endswith("/" + layout.MANIFEST))
 
     def commit_global(self, fragment: int, version: int, params: Mapping[str, Any],
-                      outer_state: Any, meta: Mapping[str, Any] | None = None) -> None:
+                      outer_state: Any, meta: Mapping[str, Any] | None = None,
+                      move_pointer: bool = True) -> None:
         """Commit version `version` of a fragment and move its pointer there.
 
         Version 0 creates the pointer; version v > 0 requires the pointer at v - 1 (compare and
         swap), so two syncers cannot both advance the same fragment. Re-committing an identical
-        version that is already current is a no-op (a retried merge run).
+        version that is already current is a no-op (a retried merge run). With
+        `move_pointer=False` the version is written but not current until `adopt_version`.
         """
         import jax
 
@@ -162,7 +164,8 @@ class ArtifactStore:
                     "fragment": fragment, "version": version, "objects": objects,
                     "meta": dict(meta or {})}
         self._write_once(f"{directory}/{layout.MANIFEST}", _json_bytes(manifest))
-        self._move_pointer(fragment, version)
+        if move_pointer:
+            self._move_pointer(fragment, version)
 
     def _move_pointer(self, fragment: int, version: int) -> None:
         key = layout.pointer(self.experiment, fragment)
@@ -339,6 +342,45 @@ class ArtifactStore:
 
     def get_heartbeat(self, learner: str) -> dict | None:
         return self._read_json(layout.heartbeat(self.experiment, learner))
+
+    def put_attempt_record(self, learner: str, attempt: int, record: Mapping[str, Any]) -> None:
+        """A learner process's own record (its token ledger); rewritten as it progresses."""
+        self.blobs.write(layout.attempt(self.experiment, learner, attempt),
+                         _json_bytes(dict(record)))
+
+    def attempt_records(self, learner: str) -> list[dict]:
+        """Every process's record of this learner, oldest attempt first."""
+        records = []
+        for key in self.blobs.list(layout.attempts_prefix(self.experiment, learner)):
+            record = self._read_json(key)
+            if record is not None:
+                records.append(record)
+        return sorted(records, key=lambda r: int(r.get("attempt", 0)))
+
+    # ---- fault injection (chaos runs) ---------------------------------------------------------
+    def put_fault_tape(self, tape: Mapping[str, Any]) -> None:
+        self._write_once(layout.fault_tape(self.experiment), _json_bytes(dict(tape)))
+
+    def get_fault_tape(self) -> dict | None:
+        return self._read_json(layout.fault_tape(self.experiment))
+
+    def mark_fault_fired(self, fault_id: str, record: Mapping[str, Any]) -> bool:
+        """Record that a fault fires; False if it already fired (so it never fires twice,
+        e.g. when a learner relaunched from an earlier checkpoint reaches the step again)."""
+        try:
+            self.blobs.write(layout.fired_fault(self.experiment, fault_id) + ".json",
+                             _json_bytes(dict(record)), if_generation=0)
+        except PreconditionFailed:
+            return False
+        return True
+
+    def fired_faults(self) -> list[dict]:
+        out = []
+        for key in self.blobs.list(layout.fired_prefix(self.experiment)):
+            record = self._read_json(key)
+            if record is not None:
+                out.append(record)
+        return sorted(out, key=lambda r: r.get("time", 0.0))
 
     def request_stop(self, record: Mapping[str, Any]) -> None:
         self._write_once(layout.stop(self.experiment), _json_bytes(dict(record)))

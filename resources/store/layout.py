@@ -13,6 +13,9 @@
     experiments/{exp}/evals/r{round:08d}.json                      held-out eval of that round
     experiments/{exp}/learners/{learner}/checkpoints/              Orbax CheckpointManager
     experiments/{exp}/learners/{learner}/heartbeat.json            its latest progress (moves)
+    experiments/{exp}/learners/{learner}/attempts/a{n:05d}.json    that process's token ledger
+    experiments/{exp}/faults/tape.json                             the fault tape (write-once)
+    experiments/{exp}/faults/fired/{fault}.json                    a fault that fired (write-once)
     experiments/{exp}/STOP                                         token budget reached
     experiments/{exp}/summary.json                                 the run summary
 
@@ -91,6 +94,26 @@ def round_open(exp: str, round_index: int) -> str:
 
 def heartbeat(exp: str, learner: str) -> str:
     return f"{experiment(exp)}/learners/{check_name('learner', learner)}/heartbeat.json"
+
+
+def attempts_prefix(exp: str, learner: str) -> str:
+    return f"{experiment(exp)}/learners/{check_name('learner', learner)}/attempts/"
+
+
+def attempt(exp: str, learner: str, attempt_index: int) -> str:
+    return f"{attempts_prefix(exp, learner)}a{_index(attempt_index, 'attempt'):05d}.json"
+
+
+def fault_tape(exp: str) -> str:
+    return f"{experiment(exp)}/faults/tape.json"
+
+
+def fired_prefix(exp: str) -> str:
+    return f"{experiment(exp)}/faults/fired/"
+
+
+def fired_fault(exp: str, fault_id: str) -> str:
+    return fired_prefix(exp) + check_name("fault", fault_id)
 
 
 def stop(exp: str) -> str:

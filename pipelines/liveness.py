@@ -1,0 +1,47 @@
+"""Which learners are live, judged by the syncer's clock, never by the learners' own.
+
+A learner's heartbeat carries its own clock, which may be skewed (another machine, another
+region). So the syncer never compares that clock with its own: it remembers, in its sensor
+cursor, when it last saw each heartbeat *change*, and a learner is live while that was less than
+`learner_timeout_seconds` ago (and its status says it is working). A lost cursor only makes
+every heartbeat look fresh once, for one timeout.
+"""
+
+from collections.abc import Mapping
+
+LIVE_STATUSES = ("starting", "training", "stopping")
+
+
+def _marker(beat: Mapping | None) -> str | None:
+    if not beat:
+        return None
+    return (f"{beat.get('attempt')}|{beat.get('time')}|{beat.get('step')}|"
+            f"{beat.get('status')}")
+
+
+def observe(seen: Mapping[str, list] | None, beats: Mapping[str, Mapping | None], now: float
+            ) -> dict[str, list]:
+    """{learner: [heartbeat marker, when this syncer first saw it]}, updated with `beats`."""
+    out = {k: list(v) for k, v in (seen or {}).items()}
+    for name, beat in beats.items():
+        marker = _marker(beat)
+        if marker is not None and (name not in out or out[name][0] != marker):
+            out[name] = [marker, now]
+    return out
+
+
+def silent_for(seen: Mapping[str, list], learner: str, now: float) -> float | None:
+    """Seconds since this learner's heartbeat last changed (None: never seen one)."""
+    entry = seen.get(learner)
+    return None if entry is None else now - float(entry[1])
+
+
+def live_learners(beats: Mapping[str, Mapping | None], seen: Mapping[str, list], now: float,
+                  timeout: float) -> list[str]:
+    live = []
+    for name, beat in beats.items():
+        silent = silent_for(seen, name, now)
+        if (beat is not None and beat.get("status") in LIVE_STATUSES and silent is not None
+                and silent < timeout):
+            live.append(name)
+    return sorted(live)

@@ -1,0 +1,249 @@
+"""Fault injection: the tape's faults, executed where they happen.
+
+- `LearnerFaults` runs inside a learner process: SIGKILL itself, hang, run slower, skew its
+  clock, see store errors for a while, or offer a bad contribution (NaN, absurd, wrong shape,
+  truncated payload, a pickle instead of arrays).
+- `MergeFaults` runs inside a merge run: crash before, during (version written, pointer not
+  moved) or after its commit, or see store errors; each fires on the round's first try only.
+- `FaultyBlobStore` wraps a blob store with seeded transient errors, timeouts and slow calls.
+Dagster restarts are executed by the driver that owns the instance (`pipelines.chaos`).
+
+Every fault is recorded in the store (`faults/fired/{id}.json`, write-once) *before* it acts:
+that is the audit trail, and what keeps a fault from firing twice (a learner relaunched from a
+checkpoint taken before `at_step` reaches that step again).
+"""
+
+import math
+import os
+import random
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from diloco_core.contribution import Contribution
+from diloco_core.fault_tape import FaultTape, tape_from_mapping
+from resources.store.artifact_store import ArtifactStore
+from resources.store.blobs import BlobInfo, BlobStore
+
+Log = Callable[[str], None]
+
+
+# The bytes pickle.dumps({}, protocol=4) writes (this project never imports pickle): what a
+# hostile or confused writer might put where arrays belong.
+PICKLED_EMPTY_DICT = b"\x80\x04}\x94."
+
+
+class InjectedFault(RuntimeError):
+    """Raised by an injected crash (a merge run failing at a chosen phase)."""
+
+
+class InjectedStoreError(ConnectionError):
+    """An injected transient store error (what a dropped connection or a 503 looks like)."""
+
+
+def load_tape(store: ArtifactStore, learners: list[str] | None = None) -> FaultTape | None:
+    data = store.get_fault_tape()
+    return None if data is None else tape_from_mapping(data, learners)
+
+
+class FaultyBlobStore(BlobStore):
+    """Seeded store errors around another blob store, while `active()` says so."""
+
+    def __init__(self, inner: BlobStore, seed: Any, rate: float, kinds: list[str],
+                 slow_seconds: float, active: Callable[[], bool] = lambda: True):
+        self.inner, self.rate, self.kinds, self.slow_seconds = inner, rate, kinds, slow_seconds
+        self._rng = random.Random(str(seed))
+        self._active = active
+        self.injected: dict[str, int] = {}
+
+    def _maybe_fail(self, op: str, key: str) -> None:
+        if not self._active() or self._rng.random() >= self.rate:
+            return
+        kind = self._rng.choice(self.kinds)
+        self.injected[kind] = self.injected.get(kind, 0) + 1
+        if kind == "transient":
+            raise InjectedStoreError(f"injected transient error on {op} {key}")
+        time.sleep(self.slow_seconds)
+        if kind == "timeout":
+            raise TimeoutError(f"injected timeout on {op} {key}")
+
+    def write(self, key: str, data: bytes, *, if_generation: int | None = None) -> BlobInfo:
+        self._maybe_fail("write", key)
+        return self.inner.write(key, data, if_generation=if_generation)
+
+    def read(self, key: str) -> bytes:
+        self._maybe_fail("read", key)
+        return self.inner.read(key)
+
+    def info(self, key: str) -> BlobInfo | None:
+        self._maybe_fail("info", key)
+        return self.inner.info(key)
+
+    def list(self, prefix: str) -> list[str]:
+        self._maybe_fail("list", prefix)
+        return self.inner.list(prefix)
+
+    def delete(self, key: str) -> None:
+        self._maybe_fail("delete", key)
+        self.inner.delete(key)
+
+    @property
+    def uri(self) -> str:
+        return self.inner.uri
+
+
+class LearnerFaults:
+    """The tape's faults for one learner process."""
+
+    def __init__(self, store: ArtifactStore, tape: FaultTape, learner: str, attempt: int,
+                 log: Log = print):
+        self.store, self.learner, self.attempt, self.log = store, learner, attempt, log
+        self.tape = tape
+        self.faults = tape.for_learner(learner)
+        self.step = 0
+        self._skew = 0.0
+        self._fired = {f.get("id") for f in store.fired_faults()}
+        self.faulty_blobs: list[FaultyBlobStore] = []
+
+    # ---- what the runtime asks ----------------------------------------------------------------
+    def wrap_store(self, store: ArtifactStore) -> ArtifactStore:
+        """The store as this learner sees it: with the tape's store-error windows."""
+        blobs = store.blobs
+        for f in self.faults:
+            if f.kind == "store_errors":
+                start, end = f.at_step, f.at_step + int(f.param("steps"))
+                blobs = FaultyBlobStore(blobs, (self.tape.seed, f.id, self.attempt),
+                                        float(f.param("rate")), list(f.param("kinds")),
+                                        float(f.param("slow_seconds")),
+                                        active=lambda s=start, e=end: s <= self.step < e)
+                self.faulty_blobs.append(blobs)
+        return store if blobs is store.blobs else ArtifactStore(blobs, store.experiment,
+                                                                store.max_object_bytes)
+
+    def clock(self) -> float:
+        """This learner's idea of the time (skewed by a clock_skew fault)."""
+        return time.time() + self._skew
+
+    def slowdown(self, step: int) -> float:
+        factor = 1.0
+        for f in self.faults:
+            if f.kind == "learner_slow" and f.at_step <= step < f.at_step + int(f.param("steps")):
+                factor *= float(f.param("factor"))
+        return factor
+
+    def before_step(self, step: int, flush_record: Callable[[str], None]) -> None:
+        """Fire what is due at `step` (at most once per fault over all attempts)."""
+        self.step = step
+        for f in self.faults:
+            if f.at_step > step or f.id in self._fired:
+                continue
+            if f.kind == "learner_slow" and step >= f.at_step + int(f.param("steps")):
+                continue  # a window already over (e.g. rejoined past it): nothing to record
+            if not self._fire(f.id, f.kind, step):
+                continue
+            if f.kind == "learner_kill":
+                self.log(f"fault {f.id}: SIGKILL at step {step}")
+                flush_record("killed")   # the ledger must know exactly what this process did
+                os.kill(os.getpid(), signal.SIGKILL)
+            elif f.kind == "learner_hang":
+                seconds = float(f.param("seconds"))
+                self.log(f"fault {f.id}: hanging at step {step} for {seconds} s")
+                _sleep(seconds)
+            elif f.kind == "clock_skew":
+                self._skew = float(f.param("seconds"))
+                self.log(f"fault {f.id}: clock skewed by {self._skew:+.0f} s")
+            else:
+                self.log(f"fault {f.id}: {f.kind} from step {step}")
+
+    def bad_contribution(self, round_index: int) -> str | None:
+        """The mode of a bad contribution due for this round, if any (fires once)."""
+        for f in self.tape.at_round("bad_contribution", round_index, self.learner):
+            if f.id not in self._fired and self._fire(f.id, f.kind, self.step):
+                return str(f.param("mode"))
+        return None
+
+    def _fire(self, fault_id: str, kind: str, step: int) -> bool:
+        self._fired.add(fault_id)
+        return self.store.mark_fault_fired(fault_id, {
+            "id": fault_id, "kind": kind, "learner": self.learner, "attempt": self.attempt,
+            "step": step, "time": time.time(), "pid": os.getpid()})
+
+
+def corrupt_delta(contribution: Contribution, mode: str) -> Contribution:
+    """A contribution whose values are bad in the way `mode` names (the payload still encodes
+    cleanly: the syncer must catch it by looking at the values)."""
+    import numpy as np
+
+    from diloco_core.compression import decode, encode
+
+    delta = {}
+    for name, enc in contribution.delta.items():
+        values = np.asarray(decode(enc), np.float32)
+        if mode == "nan":
+            values = np.full_like(values, np.nan)
+        elif mode == "absurd":
+            values = values * 1e6 + 1e3
+        elif mode == "wrong_shape":
+            values = values.reshape(-1)[: max(values.size - 1, 1)]
+        delta[name] = encode(values, enc.encoding, enc.block_size)
+    return replace(contribution, delta=delta)
+
+
+def tamper_payload(store: ArtifactStore, round_index: int, learner: str, mode: str) -> None:
+    """After a contribution is committed, damage its payload object in place: truncate it, or
+    replace it with a pickle. Its manifest still names the original size and checksum."""
+    manifest = store.contribution_manifest(round_index, learner)
+    from resources.store import layout
+
+    entry = manifest["objects"]["delta"]
+    key = f"{layout.contribution_dir(store.experiment, round_index, learner)}/{entry['name']}"
+    if mode == "truncated":
+        data = store.blobs.read(key)
+        store.blobs.write(key, data[: len(data) // 2])
+    elif mode == "pickle":
+        store.blobs.write(key, PICKLED_EMPTY_DICT)
+    else:
+        raise ValueError(f"cannot tamper a payload as {mode!r}")
+
+
+class MergeFaults:
+    """The tape's faults for the merge run of one round."""
+
+    def __init__(self, store: ArtifactStore, tape: FaultTape | None, round_index: int,
+                 log: Log = print):
+        self.store, self.round, self.log = store, round_index, log
+        self.crashes = {} if tape is None else {
+            f.param("phase"): f for f in tape.at_round("merge_crash", round_index)}
+        self.store_errors = [] if tape is None else list(
+            tape.at_round("merge_store_errors", round_index))
+        self.tape = tape
+
+    def wrap_store(self, store: ArtifactStore) -> ArtifactStore:
+        blobs = store.blobs
+        for f in self.store_errors:
+            if self._fire(f.id, f.kind, {}):
+                blobs = FaultyBlobStore(blobs, (self.tape.seed, f.id), float(f.param("rate")),
+                                        list(f.param("kinds")), float(f.param("slow_seconds")))
+        return store if blobs is store.blobs else ArtifactStore(blobs, store.experiment,
+                                                                store.max_object_bytes)
+
+    def at(self, phase: str) -> None:
+        f = self.crashes.get(phase)
+        if f is not None and self._fire(f.id, f.kind, {"phase": phase}):
+            self.log(f"fault {f.id}: merge of round {self.round} crashes {phase}")
+            raise InjectedFault(f"injected crash of the round {self.round} merge at {phase} "
+                                f"({f.id})")
+
+    def _fire(self, fault_id: str, kind: str, extra: dict) -> bool:
+        return self.store.mark_fault_fired(fault_id, {
+            "id": fault_id, "kind": kind, "round": self.round, "time": time.time(),
+            "pid": os.getpid(), **extra})
+
+
+def _sleep(seconds: float) -> None:
+    # In slices, so a forwarded SIGINT (Dagster terminating the run) ends an infinite hang.
+    deadline = time.monotonic() + seconds if math.isfinite(seconds) else math.inf
+    while time.monotonic() < deadline:
+        time.sleep(min(1.0, max(deadline - time.monotonic(), 0.0)))
