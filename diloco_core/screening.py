@@ -10,7 +10,9 @@ steps, a fast one hundreds), and the norm grows with the steps taken, so the com
 inner step: an AdamW step moves each value by about the learning rate whatever the data, so
 norm / steps is comparable across learners. With at least three contributions, one whose
 per-step norm exceeds `max_ratio` times the median of the *others* is excluded, with the ratio
-as the reason. Two contributions cannot say which one is wrong, so nothing is screened then.
+as the reason. Two contributions cannot say which one is wrong among themselves; then (and
+for one) the reference is the previous merge of the same fragment, when there is one: its
+members' median per-step norm. A round of two, one of them absurd, must not wreck the model.
 """
 
 import math
@@ -19,13 +21,21 @@ from collections.abc import Sequence
 
 
 def screen_norms(learners: Sequence[str], norms: Sequence[float], steps: Sequence[int],
-                 max_ratio: float) -> dict[str, str]:
-    """Learners whose outer-gradient norm per inner step is an outlier, mapped to the reason."""
+                 max_ratio: float, reference: float | None = None) -> dict[str, str]:
+    """Learners whose outer-gradient norm per inner step is an outlier, mapped to the reason.
+    `reference`: the previous merge's median per-step norm (used below three contributions)."""
     if not len(learners) == len(norms) == len(steps):
         raise ValueError(f"{len(learners)} learners, {len(norms)} norms, {len(steps)} steps")
-    if len(norms) < 3 or math.isinf(max_ratio):
+    if math.isinf(max_ratio):
         return {}
     per_step = [n / max(s, 1) for n, s in zip(norms, steps, strict=True)]
+    if len(norms) < 3:
+        if not reference or reference <= 0:
+            return {}
+        return {name: (f"outer-gradient norm per step {x:.4g} is {x / reference:.1f}x the "
+                       f"previous merge's median ({reference:.4g}); limit {max_ratio:g}x")
+                for name, x in zip(learners, per_step, strict=True)
+                if x > max_ratio * reference}
     flagged = {}
     for i, name in enumerate(learners):
         others = statistics.median(n for j, n in enumerate(per_step) if j != i)

@@ -122,13 +122,15 @@ def _outer_grad(current: FragmentState, c: Contribution, anchor: str) -> FlatPar
 def merge_fragment(current: FragmentState, names: Sequence[str], num_fragments: int,
                    round_index: int, fragment: int, contributions: Sequence[Contribution],
                    cfg: SyncConfig, tx: optax.GradientTransformation,
-                   is_embedding: Callable[[str], bool], reason: str, late: Sequence[str] = ()
+                   is_embedding: Callable[[str], bool], reason: str, late: Sequence[str] = (),
+                   reference_norm: float | None = None
                    ) -> tuple[FlatParams | None, optax.OptState | None, MergeRecord]:
     """Merge the admitted contributions of one round into one fragment.
 
     Returns the new fragment values and outer state (None when nothing could be merged) and the
     decision record. Each contribution is validated, turned into an outer gradient, and screened
-    for an absurd norm (`screen_norms`); the rest are weighted, combined and applied.
+    for an absurd norm (`screen_norms`, against `reference_norm`, the previous merge's median
+    per-step norm, when there are fewer than three); the rest are weighted, combined, applied.
     """
     rejected: dict[str, str] = {}
     accepted: list[tuple[Contribution, FlatParams]] = []
@@ -141,7 +143,8 @@ def merge_fragment(current: FragmentState, names: Sequence[str], num_fragments: 
             accepted.append((c, grad))
     norms = [tree_norm(g) for _, g in accepted]
     outliers = screen_norms([c.learner for c, _ in accepted], norms,
-                            [c.steps for c, _ in accepted], cfg.max_norm_ratio)
+                            [c.steps for c, _ in accepted], cfg.max_norm_ratio,
+                            reference_norm)
     rejected.update(outliers)
     kept = [(c, g, n) for (c, g), n in zip(accepted, norms, strict=True)
             if c.learner not in outliers]

@@ -8,12 +8,16 @@
   in inner steps (applying merges, encoding offers, checkpointing, heartbeats) / loop time.
 - learners_rejoined: learners relaunched at least once whose contributions were merged after
   the relaunch.
+- ledger: where every processed token went (`pipelines.token_ledger`); faults, rejoins and
+  goodput (`pipelines.resilience`).
 """
 
 import statistics
 
 from diloco_core.config_loading import config_from_mapping
+from pipelines.resilience import resilience_report
 from pipelines.round_eval import evaluate_global
+from pipelines.token_ledger import run_ledger
 from resources.store.artifact_store import ArtifactStore
 
 
@@ -24,7 +28,7 @@ def merge_records(store: ArtifactStore, num_fragments: int) -> list[dict]:
         for version in store.versions(p):
             if version == 0:
                 continue
-            meta = store.load_global(p, version).meta
+            meta = store.version_meta(p, version) or {}
             records.append({**meta, "fragment": p, "version": version})
     return sorted(records, key=lambda m: m.get("published_at") or 0.0)
 
@@ -71,6 +75,7 @@ def build_summary(store: ArtifactStore, eval_batches: int | None = None) -> dict
                 n in m.get("members", []) and (m.get("published_at") or 0) > started
                 for m in merges):
             rejoined.append(n)
+    ledger, rejections = run_ledger(store, cfg)
     initial = evaluate_global(store, eval_batches, version=0)
     final = evaluate_global(store, eval_batches)
     publish = [m["published_at"] for m in merges if m.get("published_at")]
@@ -95,5 +100,7 @@ def build_summary(store: ArtifactStore, eval_batches: int | None = None) -> dict
             "p90": statistics.quantiles(latencies, n=10)[-1] if len(latencies) >= 2 else None,
             "count": len(latencies)},
         "bytes_up": sum(int(b.get("bytes_up", 0)) for b in beats.values()),
+        "ledger": {**ledger.summary(), "rejections": rejections},
+        **resilience_report(store, cfg, merges, ledger),
         "rounds": rounds,
     }

@@ -105,7 +105,8 @@ def merge_from_store(store: ArtifactStore, round_index: int,
                           current.version, current.outer_state, base_of)
     new_params, new_outer, record = merge_fragment(
         state, names, plan.num_fragments, round_index, fragment, contributions, cfg.sync, tx,
-        is_embedding, decision["reason"], decision.get("late", ()))
+        is_embedding, decision["reason"], decision.get("late", ()),
+        reference_norm=previous_norm_per_step(current.meta))
     record = dataclasses.replace(record, rejected={**refused, **record.rejected})
     meta = {**_jsonable(dataclasses.asdict(record)), "round": round_index,
             "quorum_at": decision.get("quorum_at"), "decided_at": decision.get("decided_at")}
@@ -129,6 +130,14 @@ def merge_from_store(store: ArtifactStore, round_index: int,
         meta["reason"] = f"{meta['reason']}; NOT committed: merged parameters are not finite"
     return MergeOutcome(round_index, fragment, committed, version, meta, decision, finite,
                         seconds=time.monotonic() - started)
+
+
+def previous_norm_per_step(meta: dict) -> float | None:
+    """The median outer-gradient norm per inner step of the merge that made `meta`'s version
+    (the screening reference for rounds with fewer than three contributions)."""
+    norms, steps = meta.get("outer_grad_norms") or [], meta.get("steps") or []
+    per_step = sorted(n / max(s, 1) for n, s in zip(norms, steps, strict=False) if n > 0)
+    return per_step[len(per_step) // 2] if per_step else None
 
 
 def _find_commit(store: ArtifactStore, fragment: int, version: int, meta: dict,

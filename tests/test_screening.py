@@ -24,3 +24,12 @@ def test_two_contributions_or_an_infinite_limit_screen_nothing():
 
 def test_zero_norms_do_not_divide_by_zero():
     assert screen_norms(["a", "b", "c"], [0.0, 0.0, 1.0], [1, 1, 1], 10.0) == {}
+
+
+def test_below_three_contributions_the_previous_merge_is_the_reference():
+    flagged = screen_norms(["a", "b"], [1.0, 1e6], [10, 10], 10.0, reference=0.1)
+    assert list(flagged) == ["b"] and "previous merge" in flagged["b"]
+    assert list(screen_norms(["a"], [1e3], [1], 10.0, reference=1.0)) == ["a"]
+    # Honest progress of a different size is per step, so it passes.
+    assert screen_norms(["a", "b"], [30.0, 1.0], [300, 10], 10.0, reference=0.1) == {}
+    assert screen_norms(["a", "b"], [1.0, 1e6], [1, 1], 10.0, reference=None) == {}

@@ -24,6 +24,9 @@ class TrainingConfig(dg.Config):
         default=True, description="start from the orchestrated defaults of `diloco demo` "
                                   "(4 learners at different speeds, rounds every 16 steps) "
                                   "under the file and the overrides")
+    fault_tape_path: str | None = Field(
+        default=None, description="chaos runs only: a JSON fault tape (see docs/chaos.md) "
+                                  "whose faults are injected into this run")
 
 
 @dg.multi_asset(
@@ -50,6 +53,7 @@ def start_experiment(context: dg.AssetExecutionContext, config: TrainingConfig,
         cfg = load_config(config.config_path, list(config.overrides), base=base)
     except ConfigError as err:
         raise dg.Failure(description=f"invalid experiment config: {err}") from None
+    tape = _load_tape(config.fault_tape_path, cfg.learners.learner_names)
 
     import jax
 
@@ -65,6 +69,13 @@ def start_experiment(context: dg.AssetExecutionContext, config: TrainingConfig,
         raise dg.Failure(description=(
             f"experiment {cfg.name!r} already exists in {store.base_uri} with a different "
             "config; choose another `name`")) from None
+    if tape is not None:
+        try:
+            artifacts.put_fault_tape(tape)
+        except Conflict:
+            raise dg.Failure(description=f"experiment {cfg.name!r} already has a different "
+                                         "fault tape") from None
+        context.log.warning(f"chaos run: {len(tape['faults'])} faults will be injected")
     _, params = init_model(cfg.model, cfg.seed)
     plan = plan_fragments({k: v.shape for k, v in params.items()}, cfg.sync.num_fragments)
     tx = build_outer_optimizer(cfg.outer)
@@ -92,6 +103,25 @@ def start_experiment(context: dg.AssetExecutionContext, config: TrainingConfig,
         "fragment_sizes": dg.MetadataValue.json(list(plan.sizes)),
         "seed": cfg.seed,
     })
+
+
+def _load_tape(path: str | None, learner_names) -> dict | None:
+    """The fault tape as validated plain data, or a Failure naming the field (before anything
+    is written)."""
+    if not path:
+        return None
+    import json
+
+    from diloco_core.fault_tape import TapeError, tape_from_mapping
+
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        return tape_from_mapping(data, list(learner_names)).to_mapping()
+    except (OSError, json.JSONDecodeError) as err:
+        raise dg.Failure(description=f"fault_tape_path: cannot read {path}: {err}") from None
+    except TapeError as err:
+        raise dg.Failure(description=f"invalid fault tape {path}: {err}") from None
 
 
 train_job = dg.define_asset_job(

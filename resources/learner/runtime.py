@@ -304,7 +304,8 @@ class LearnerRuntime:
     def attempt_record(self, final: bool = False, status: str | None = None) -> dict:
         """This process's token ledger; `final` once nothing more can change it."""
         return {"learner": self.name, "attempt": self.attempt, "status": status or self.status,
-                "final": final, "time": time.time(), "step": int(self.train.step),
+                "final": final, "time": time.time(), "started_at": self.started_at,
+                "step": int(self.train.step), "compute_seconds": self.compute_seconds,
                 "ledger": self.ledger.to_record()}
 
     def _final_record(self, status: str) -> None:

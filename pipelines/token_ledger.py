@@ -1,0 +1,54 @@
+"""The token ledger of a run, assembled from the store (see `diloco_core.ledger`).
+
+Learner processes write their own ledgers (`learners/{l}/attempts/`); offers carry their claim
+and the process that made them; decisions and committed merges give each offer its fate.
+"""
+
+from diloco_core.config import ExperimentConfig
+from diloco_core.ledger import Ledger, build_ledger
+from resources.store.artifact_store import ArtifactStore
+
+
+def offer_fates(store: ArtifactStore, num_fragments: int
+                ) -> tuple[dict, dict, list[dict]]:
+    """(round, learner) -> stored offer {attempt, claim}; (round, learner) -> fate; and the
+    rejections with their reasons."""
+    merged = {}
+    for p in range(num_fragments):
+        for version in store.versions(p):
+            meta = store.version_meta(p, version) or {}
+            if version > 0 and isinstance(meta.get("round"), int):
+                merged[meta["round"]] = meta
+    offers, fates, rejections = {}, {}, []
+    last_round = (store.latest_open_round() or {}).get("round", -1)
+    for r in range(last_round + 1):
+        decision = store.get_decision(r)
+        merge = merged.get(r)
+        for learner in store.list_contributions(r):
+            manifest = store.contribution_manifest(r, learner) or {}
+            extra = manifest.get("extra") or {}
+            offers[(r, learner)] = {"attempt": extra.get("attempt", 0),
+                                    "claim": extra.get("claim")}
+            if decision is None:
+                fate = "undecided"
+            elif learner not in decision.get("members", []):
+                fate = "late"
+            elif merge is None:
+                fate = "round_not_merged"
+            elif learner in merge.get("members", []):
+                fate = "merged"
+            else:
+                fate = "rejected"
+                rejections.append({"round": r, "learner": learner,
+                                   "reason": merge.get("rejected", {}).get(
+                                       learner, "admitted but not in the merge")})
+            fates[(r, learner)] = fate
+    return offers, fates, rejections
+
+
+def run_ledger(store: ArtifactStore, cfg: ExperimentConfig) -> tuple[Ledger, list[dict]]:
+    P = cfg.sync.num_fragments
+    attempts = [record for name in cfg.learners.learner_names
+                for record in store.attempt_records(name)]
+    offers, fates, rejections = offer_fates(store, P)
+    return build_ledger(P, attempts, offers, fates), rejections
