@@ -158,17 +158,24 @@ class LearnerFaults:
                 self.log(f"fault {f.id}: {f.kind} from step {step}")
 
     def bad_contribution(self, round_index: int) -> str | None:
-        """The mode of a bad contribution due for this round, if any (fires once)."""
-        for f in self.tape.at_round("bad_contribution", round_index, self.learner):
-            if f.id not in self._fired and self._fire(f.id, f.kind, self.step):
+        """The mode of a bad contribution due at this offer, if any: the learner's first offer
+        to a round >= `at_round` (it may skip rounds while down or slow). Fires once."""
+        for f in self.faults_of("bad_contribution"):
+            if (f.at_round <= round_index and f.id not in self._fired
+                    and self._fire(f.id, f.kind, self.step, round=round_index)):
                 return str(f.param("mode"))
         return None
 
-    def _fire(self, fault_id: str, kind: str, step: int) -> bool:
+    def faults_of(self, kind: str):
+        return sorted((f for f in self.tape.faults
+                       if f.kind == kind and f.learner == self.learner),
+                      key=lambda f: f.at_round)
+
+    def _fire(self, fault_id: str, kind: str, step: int, **extra: Any) -> bool:
         self._fired.add(fault_id)
         return self.store.mark_fault_fired(fault_id, {
             "id": fault_id, "kind": kind, "learner": self.learner, "attempt": self.attempt,
-            "step": step, "time": time.time(), "pid": os.getpid()})
+            "step": step, "time": time.time(), "pid": os.getpid(), **extra})
 
 
 def corrupt_delta(contribution: Contribution, mode: str) -> Contribution:
@@ -203,7 +210,16 @@ def tamper_payload(store: ArtifactStore, round_index: int, learner: str, mode: s
         data = store.blobs.read(key)
         store.blobs.write(key, data[: len(data) // 2])
     elif mode == "pickle":
+        # A hostile writer: the manifest is rewritten to vouch for the pickle (size and
+        # checksum match), so only the reader's refusal to unpickle stands in the way.
+        import json
+
+        from resources.store.array_bundle import sha256
+
         store.blobs.write(key, PICKLED_EMPTY_DICT)
+        entry.update(size=len(PICKLED_EMPTY_DICT), sha256=sha256(PICKLED_EMPTY_DICT))
+        directory = layout.contribution_dir(store.experiment, round_index, learner)
+        store.blobs.write(f"{directory}/{layout.MANIFEST}", json.dumps(manifest).encode())
     else:
         raise ValueError(f"cannot tamper a payload as {mode!r}")
 

@@ -41,11 +41,12 @@ class Harness:
         self.launched: list[dg.RunRequest] = []
 
     # ---- the experiment -----------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, fault_tape_path: str | None = None) -> None:
         result = self.defs.resolve_job_def("train").execute_in_process(
             instance=self.instance,
             run_config={"ops": {"start_experiment": {"config": {
-                "overrides": self.overrides, "orchestrated_defaults": False}}}})
+                "overrides": self.overrides, "orchestrated_defaults": False,
+                "fault_tape_path": fault_tape_path}}}})
         assert result.success
         self.store = self.resource.active()
         self.cfg = config_from_mapping(self.store.get_config())
@@ -83,10 +84,13 @@ class Harness:
                                     {"train_loss": 3.0})
 
     # ---- the daemon's part --------------------------------------------------------------------
-    def tick(self, advance: float = 1.0) -> dg.SensorResult | dg.SkipReason:
+    def tick(self, advance: float = 1.0, real_time: bool = False
+             ) -> dg.SensorResult | dg.SkipReason:
         """One quorum tick, then what the daemon does with it: add partitions, record asset
-        events, launch runs not launched before under the same run key (and run them)."""
-        self.now += advance
+        events, launch runs not launched before under the same run key (and run them, retried
+        like the daemon's run retries when they fail). `real_time`: the clock is the wall
+        clock (real learner processes), not the harness's scripted one."""
+        self.now = time.time() if real_time else self.now + advance
         context = dg.build_sensor_context(instance=self.instance, cursor=self.cursor,
                                           resources={"store": self.resource})
         original = time.time
@@ -108,10 +112,14 @@ class Harness:
                     filters=dg.RunsFilter(tags={"dagster/run_key": request.run_key})):
                 continue
             self.launched.append(request)
-            self.defs.resolve_job_def(request.job_name).execute_in_process(
-                instance=self.instance, partition_key=request.partition_key,
-                tags={**request.tags, "dagster/run_key": request.run_key},
-                raise_on_error=False)
+            retries = int(request.tags.get("dagster/max_retries", 0))
+            for _ in range(retries + 1):
+                run = self.defs.resolve_job_def(request.job_name).execute_in_process(
+                    instance=self.instance, partition_key=request.partition_key,
+                    tags={**request.tags, "dagster/run_key": request.run_key},
+                    raise_on_error=False)
+                if run.success:
+                    break
         return result
 
     def state(self) -> dict:
