@@ -190,6 +190,13 @@ class RoundController:
                 if learner in seen:
                     continue
                 seen.add(learner)
+                if learner not in self.cfg.learners.learner_names:
+                    # Not one of this experiment's learners (a stray or hostile writer, or a
+                    # name that is not even a valid key): never an arrival, never merged.
+                    result.offers.append({**_offer_summary({}), "round": index,
+                                          "learner": learner, "late": True, "foreign": True,
+                                          "problem": "not a learner of this experiment"})
+                    continue
                 try:
                     manifest = self.store.contribution_manifest(index, learner) or {}
                 except RejectedArtifact as err:

@@ -191,3 +191,26 @@ def test_a_malformed_offer_is_recorded_and_does_not_stop_the_sensor(harness):
     assert decision["members"] == ["learner-0", "learner-1"]
     reasons = h.store.load_global(0).meta["rejected"]
     assert list(reasons) == ["learner-1"] and "refused by the store" in reasons["learner-1"]
+
+
+def test_offers_from_unknown_or_unsafe_names_are_ignored_not_merged(harness):
+    h = harness
+    _progress(h, ["learner-0", "learner-1"])
+    h.tick()
+    h.offer("learner-0", 0)
+    # A stray learner of another experiment, and directory names that are not valid learner
+    # names at all (they could never have been written through the store's API).
+    h.store.put_contribution(h.contribution("learner-9", 0))
+    base = "experiments/exp-test/rounds/r00000000/contributions"
+    for name in ("Evil", "..%2f..", "a b"):
+        h.store.blobs.write(f"{base}/{name}/manifest.json", b'{"format": 1}')
+    for _ in range(3):
+        h.tick()                           # the sensor neither crashes nor counts them
+    assert h.store.get_decision(0) is None  # quorum K=2 not reached by learner-0 alone
+    h.offer("learner-1", 0)
+    h.tick()
+    h.tick()
+    decision = h.store.get_decision(0)
+    assert decision["members"] == ["learner-0", "learner-1"]
+    assert "learner-9" not in decision["late"]
+    assert h.merged_rounds() == {"00000"}

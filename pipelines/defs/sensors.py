@@ -67,11 +67,15 @@ def quorum_tick(context: dg.SensorEvaluationContext, store: ArtifactStoreResourc
     if result.finished:
         requests.append(dg.RunRequest(job_name="summarize", run_key=f"summary:{exp}",
                                       tags={EXPERIMENT_TAG: exp, "dagster/max_retries": "3"}))
+    for offer in result.offers:
+        if offer.get("foreign"):
+            context.log.warning(f"ignored an offer to round {offer['round']} from "
+                                f"{offer['learner']!r}: {offer['problem']}")
     partitions = ([rounds.build_add_request([round_key(r) for r in result.opened])]
                   if result.opened else [])
     return dg.SensorResult(
         run_requests=requests, dynamic_partitions_requests=partitions,
-        asset_events=[_offer_event(o) for o in result.offers],
+        asset_events=[_offer_event(o) for o in result.offers if not o.get("foreign")],
         cursor=json.dumps(result.state),
         skip_reason=None if requests or partitions or result.offers else result.reason)
 
