@@ -313,8 +313,16 @@ class OrchestrationConfig:
     # Emulated hardware: pad each inner step to at least step_seconds_floor / speed seconds
     # (0: steps take what the machine takes; slower learners sleep (1/speed - 1) x that).
     step_seconds_floor: float = 0.0
+    # The simulator's overlap bound on the real path: a learner waits (idle) while it is tau
+    # steps past an offer whose merged fragment has not arrived, or H/P + tau steps past the
+    # last opened round. Off for Decoupled DiLoCo on Dagster, whose merges take a run launch
+    # (seconds) and whose learners therefore never wait; on for the synchronous-DiLoCo
+    # baseline (tau = 0: a barrier at every sync).
+    block_on_overlap: bool = False
 
     def __post_init__(self):
+        _require(isinstance(self.block_on_overlap, bool), "block_on_overlap",
+                 f"must be true or false, got {self.block_on_overlap!r}")
         for name in ("heartbeat_seconds", "poll_seconds", "learner_timeout_seconds",
                      "restart_backoff_seconds", "restart_backoff_max_seconds",
                      "round_timeout_seconds"):

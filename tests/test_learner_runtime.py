@@ -127,3 +127,32 @@ def test_an_orphaned_learner_steps_aside_when_a_newer_attempt_starts(harness):
     assert not thread.is_alive()
     assert result["status"] == "superseded"
     assert h.store.get_heartbeat("learner-2")["attempt"] == 1     # never overwritten
+
+
+def test_block_on_overlap_makes_a_barrier_at_every_sync(tmp_path):
+    # The synchronous-DiLoCo baseline: tau = 0, the learner stops after each offer until the
+    # merged fragment comes back, and stops at H/P steps when no round opens.
+    with dg.instance_for_test() as instance:
+        h = Harness(instance, str(tmp_path / "store"), FAST + [
+            "orchestration.block_on_overlap=true", "sync.overlap_steps=0",
+            "orchestration.round_timeout_seconds=5"])
+        h.start()
+        interval = h.cfg.sync.round_interval_steps
+        runtime, thread, result = _start(h, "learner-0", max_steps=10 * interval)
+        _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("step", 0) >= interval,
+              what="the first H/P steps")
+        time.sleep(1.0)
+        assert h.store.get_heartbeat("learner-0")["step"] == interval   # no round: it waits
+        h.store.open_round(0, {"fragment": 0, "opened_at": time.time()})
+        _wait(lambda: h.store.contribution_manifest(0, "learner-0") is not None,
+              what="the offer")
+        time.sleep(1.0)
+        assert h.store.get_heartbeat("learner-0")["step"] == interval   # waits for the merge
+        _bump(h, 0, 1)
+        _wait(lambda: h.store.get_heartbeat("learner-0")["step"] > interval,
+              what="training to resume after the merged fragment arrived")
+        assert runtime.ledger.superseded[0] == 0    # nothing computed between offer and merge
+        h.store.request_stop({"reason": "test", "final_left": 0})
+        thread.join(60)
+        beat = h.store.get_heartbeat("learner-0")
+        assert beat["training_seconds"] - beat["compute_seconds"] > 1.5  # the waits are idle

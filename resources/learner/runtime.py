@@ -83,6 +83,11 @@ class LearnerRuntime:
         self.received = 0
         self.checkpoint_step: int | None = None
         self.ledger = AttemptLedger.start(self.cfg.sync.num_fragments)
+        # block_on_overlap: offers whose merged fragment has not come back, round -> (fragment,
+        # version held at the offer, step of the offer, when); the newest round seen and the
+        # step it was first seen at.
+        self.awaiting: dict[int, tuple[int, int, int, float]] = {}
+        self.round_seen: tuple[int, int] = (-1, 0)
 
     # ---- start or rejoin ----------------------------------------------------------------------
     def _start_state(self) -> str:
@@ -169,8 +174,9 @@ class LearnerRuntime:
                     if done or timed_out:
                         break
                     time.sleep(orch.poll_seconds / 2)
-                elif self.max_steps is not None and int(self.train.step) >= self.max_steps:
-                    time.sleep(orch.poll_seconds / 2)
+                elif ((self.max_steps is not None and int(self.train.step) >= self.max_steps)
+                      or self._must_wait()):
+                    time.sleep(orch.poll_seconds / 4)
                 else:
                     self._step()
                     if int(self.train.step) % orch.checkpoint_every_steps == 0:
@@ -247,6 +253,8 @@ class LearnerRuntime:
                                               int(self.train.step), self._clock(), s.encoding,
                                               s.encoding_block_size)
         self.ledger, claim = self.ledger.offered(p, rnd["round"])
+        self.awaiting[rnd["round"]] = (p, self.sync.fragments[p].version, int(self.train.step),
+                                       time.monotonic())
         extra = {"train_loss": self.last_loss, "attempt": self.attempt, "claim": claim}
         after_put = None
         bad = None if self.faults is None else self.faults.bad_contribution(rnd["round"])
@@ -260,6 +268,24 @@ class LearnerRuntime:
         self.link.offer(contribution, extra, after_put)
         self.offers += 1
         return rnd
+
+    def _must_wait(self) -> bool:
+        """The overlap bound (`orchestration.block_on_overlap`), as in the simulator."""
+        if not self.cfg.orchestration.block_on_overlap:
+            return False
+        s, step = self.cfg.sync, int(self.train.step)
+        rnd = self.link.open_round
+        if rnd is not None and rnd["round"] > self.round_seen[0]:
+            self.round_seen = (rnd["round"], step)
+        patience = self.cfg.orchestration.round_timeout_seconds
+        for r, (p, version, _, since) in list(self.awaiting.items()):
+            # Answered when a newer version of the fragment arrived; given up after the round
+            # timeout (e.g. a round whose merge committed nothing).
+            if self.sync.fragments[p].version > version or time.monotonic() - since > patience:
+                del self.awaiting[r]
+        if any(step >= at + s.overlap_steps for _, _, at, _ in self.awaiting.values()):
+            return True
+        return step - self.round_seen[1] >= s.round_interval_steps + s.overlap_steps
 
     def _checkpoint(self) -> None:
         step = int(self.train.step)
