@@ -144,7 +144,7 @@ def _cmd_demo(args) -> int:
 
     cfg = load_config(args.config, args.overrides, base=ORCHESTRATED_DEFAULTS)
     return run_demo(cfg, chaos=args.chaos, json_path=args.json, workdir=args.workdir,
-                    port=args.port, timeout=args.timeout)
+                    port=args.port, timeout=args.timeout, fault_tape_path=args.fault_tape)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -165,6 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(demo)
     demo.add_argument("--chaos", action="store_true",
                       help="kill one learner process mid-run and show it rejoining")
+    demo.add_argument("--fault-tape", metavar="PATH",
+                      help="replay a fault tape (JSON, see docs/chaos.md): learner faults are "
+                           "injected by the learners and merges, Dagster restarts by this "
+                           "command at their times")
     demo.add_argument("--json", metavar="PATH", help="write the run summary as JSON")
     demo.add_argument("--workdir", help="where DAGSTER_HOME and the store go "
                       "(default runs/demo-<time>)")

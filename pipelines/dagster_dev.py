@@ -56,35 +56,129 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class Service:
+    """One long-running process in its own process group, so that it can be crashed (SIGKILL
+    to the group) or stopped (SIGINT, then SIGKILL) without touching its siblings."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path):
+        self.name, self.argv, self.env, self.log_path = name, argv, env, log_path
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.argv, cwd=REPO_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, grace: float = 30.0, crash: bool = False) -> None:
+        """End the group: SIGKILL at once when `crash`, else SIGINT and SIGKILL after `grace`.
+        Runs launched by the group (learners, merges under the code server) end with it."""
+        if self.process is None:
+            return
+        pgid = self.process.pid  # the group leader: start_new_session made pid == pgid
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL if crash else signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(5 if crash else grace)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(10)
+
+
+def reap_orphaned_runs(home: Path) -> list[str]:
+    """Mark the runs an instance crash left behind (STARTING, STARTED, CANCELING with no
+    process any more) as failed, so that tag concurrency slots free up and run retries and
+    the learner supervisor take over. Only valid while no part of the instance is running:
+    every run worker of a local instance lives under its code server, which is gone."""
+    from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+
+    stale = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
+    with DagsterInstance.from_config(str(home)) as instance:
+        runs = instance.get_runs(filters=RunsFilter(statuses=stale))
+        for run in runs:
+            instance.report_run_failed(
+                run, message="The instance restarted while this run was in progress; its "
+                             "process is gone (marked failed so that it can be retried).")
+        return [run.run_id for run in runs]
+
+
+def _init_storage(home: Path) -> None:
+    """Create the instance's SQLite schemas once, before three processes race to (what
+    `dagster dev` does in its own process before it starts the others)."""
+    from dagster import DagsterInstance
+
+    with DagsterInstance.from_config(str(home)) as instance:
+        instance.get_runs(limit=1)
+        instance.all_instigator_state()
+
+
 class DagsterDev:
-    """`with DagsterDev(home, env) as dev:` serves the code location until the block ends."""
+    """`with DagsterDev(home, env) as dev:` serves the code location until the block ends.
+
+    By default this is `dagster dev` (one process group). With `split=True` it runs the same
+    instance as a production deployment does, as three process groups: a code server (which
+    launches and therefore owns the runs), the webserver and the daemon, each restartable on
+    its own: `restart_webserver()`, `restart_daemon()`, and `restart_instance()` (a crash of
+    all three, runs included, then a cold start from the same DAGSTER_HOME and store).
+    """
 
     def __init__(self, home: Path, env: dict[str, str] | None = None, port: int | None = None,
-                 max_concurrent_runs: int = 10, log_path: Path | None = None):
+                 max_concurrent_runs: int = 10, log_path: Path | None = None,
+                 split: bool = False):
         self.home = Path(home).resolve()
         self.port = port or free_port()
         self.env = {**os.environ, "DAGSTER_HOME": str(self.home), **(env or {})}
         self.max_concurrent_runs = max_concurrent_runs
         self.log_path = log_path or self.home / "dagster-dev.log"
-        self.process: subprocess.Popen | None = None
+        self.split = split
+        self.services: dict[str, Service] = {}
+        self.restarts: list[dict] = []
 
     @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    def process(self) -> subprocess.Popen | None:
+        main = self.services.get("webserver" if self.split else "dev")
+        return main.process if main else None
+
+    def _build_services(self) -> None:
+        py = sys.executable
+        if not self.split:
+            self.services = {"dev": Service("dev", [
+                py, "-m", "dagster", "dev", "-w", str(REPO_ROOT / "workspace.yaml"),
+                "-h", "127.0.0.1", "-p", str(self.port)], self.env, self.log_path)}
+            return
+        grpc_port = self.grpc_port = free_port()
+        workspace = self.home / "workspace-grpc.yaml"
+        workspace.write_text(yaml.safe_dump({"load_from": [{"grpc_server": {
+            "host": "127.0.0.1", "port": grpc_port, "location_name": "diloco"}}]}))
+        logs = {n: self.log_path.with_name(f"{self.log_path.stem}-{n}.log")
+                for n in ("code-server", "webserver", "daemon")}
+        self.services = {
+            "code_server": Service("code_server", [
+                py, "-m", "dagster", "code-server", "start", "-h", "127.0.0.1",
+                "-p", str(grpc_port), "-m", "pipelines.definitions", "--location-name",
+                "diloco", "--use-python-environment-entry-point"], self.env,
+                logs["code-server"]),
+            "webserver": Service("webserver", [
+                py, "-m", "dagster_webserver", "-w", str(workspace), "-h", "127.0.0.1",
+                "-p", str(self.port)], self.env, logs["webserver"]),
+            "daemon": Service("daemon", [py, "-m", "dagster._daemon", "run", "-w",
+                                         str(workspace)], self.env, logs["daemon"]),
+        }
 
     def __enter__(self) -> "DagsterDev":
         self.home.mkdir(parents=True, exist_ok=True)
         (self.home / "dagster.yaml").write_text(
             yaml.safe_dump(instance_yaml(self.max_concurrent_runs), sort_keys=False))
-        log = open(self.log_path, "ab")  # noqa: SIM115 - closed in __exit__
-        self._log = log
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "dagster", "dev", "-w", str(REPO_ROOT / "workspace.yaml"),
-             "-h", "127.0.0.1", "-p", str(self.port)],
-            cwd=REPO_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True)
+        if self.split:
+            _init_storage(self.home)
+        self._build_services()
         try:
-            self.wait_ready()
+            self._start(list(self.services))
         except BaseException:
             self.stop()
             raise
@@ -93,12 +187,74 @@ class DagsterDev:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    def stop(self, grace: float = 30.0) -> None:
+        # Webserver and daemon first, so that nothing launches runs while the code server
+        # (and with it every run) goes down.
+        for service in reversed(list(self.services.values())):
+            service.stop(grace)
+
+    def restart_webserver(self) -> None:
+        self._restart(["webserver"])
+
+    def restart_daemon(self) -> None:
+        self._restart(["daemon"])
+
+    def restart_instance(self) -> None:
+        """Crash every process of the instance (runs included) with SIGKILL, mark the runs it
+        left in progress as failed, and start it again on the same home and store."""
+        self._restart(list(self.services), reap=True)
+
+    def _restart(self, names: list[str], reap: bool = False) -> None:
+        if not self.split:
+            raise RuntimeError("restarting parts of the instance needs DagsterDev(split=True)")
+        began = time.time()
+        for name in names:
+            self.services[name].stop(crash=True)
+        reaped = reap_orphaned_runs(self.home) if reap else []
+        self._start(names)
+        self.restarts.append({"services": names, "at": began, "reaped_runs": len(reaped),
+                              "seconds": time.time() - began})
+
+    def _start(self, names: list[str]) -> None:
+        # The code server first: the webserver and the daemon load the code location once at
+        # their start, and keep an error if it is not serving yet.
+        if "code_server" in names:
+            self.services["code_server"].start()
+            self._wait_code_server()
+        for name in names:
+            if name != "code_server":
+                self.services[name].start()
+        self.wait_ready()
+
+    def _wait_code_server(self, timeout: float = 180.0) -> None:
+        from dagster._grpc.client import DagsterGrpcClient
+
+        client = DagsterGrpcClient(port=self.grpc_port, host="127.0.0.1")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            service = self.services["code_server"]
+            if not service.alive():
+                raise RuntimeError(f"the code server exited with {service.process.returncode}; "
+                                   f"see {service.log_path}")
+            with contextlib.suppress(Exception):  # gRPC raises its own errors until it serves
+                # Probe the port first: the gRPC client prints every refused connection.
+                socket.create_connection(("127.0.0.1", self.grpc_port), timeout=1).close()
+                if client.health_check_query() == "SERVING":
+                    return
+            time.sleep(0.5)
+        raise TimeoutError(f"the code server did not serve within {timeout:.0f}s")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
     def wait_ready(self, timeout: float = 180.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"dagster dev exited with {self.process.returncode}; see "
-                                   f"{self.log_path}")
+            for service in self.services.values():
+                if not service.alive():
+                    raise RuntimeError(f"{service.name} exited with "
+                                       f"{service.process.returncode}; see {service.log_path}")
             try:
                 with urllib.request.urlopen(f"{self.url}/server_info", timeout=5):
                     pass
@@ -107,14 +263,16 @@ class DagsterDev:
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             time.sleep(1.0)
-        raise TimeoutError(f"dagster dev did not serve within {timeout:.0f}s; see "
+        raise TimeoutError(f"Dagster did not serve within {timeout:.0f}s; see "
                            f"{self.log_path}")
 
     def _location_loaded(self) -> bool:
         data = self.graphql("{ workspaceOrError { ... on Workspace { locationEntries { "
-                            "loadStatus } } } }")
+                            "loadStatus locationOrLoadError { __typename } } } } }")
         entries = data["workspaceOrError"].get("locationEntries", [])
-        return bool(entries) and all(e["loadStatus"] == "LOADED" for e in entries)
+        return bool(entries) and all(
+            e["loadStatus"] == "LOADED"
+            and e["locationOrLoadError"]["__typename"] == "RepositoryLocation" for e in entries)
 
     def graphql(self, query: str, variables: dict | None = None) -> dict:
         body = json.dumps({"query": query, "variables": variables or {}}).encode()
@@ -131,19 +289,3 @@ class DagsterDev:
 
         client = DagsterGraphQLClient("127.0.0.1", port_number=self.port)
         return client.submit_job_execution(job_name, run_config=run_config, tags=tags or {})
-
-    def stop(self, grace: float = 30.0) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        pgid = os.getpgid(self.process.pid)
-        os.killpg(pgid, signal.SIGINT)
-        try:
-            self.process.wait(grace)
-        except subprocess.TimeoutExpired:
-            os.killpg(pgid, signal.SIGKILL)
-            self.process.wait(10)
-        # Runs launched by the daemon (learners, merges) live in the same group; make sure
-        # nothing of this instance outlives it.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGKILL)
-        self._log.close()

@@ -6,6 +6,12 @@ API, the learner supervisor dispatches one learner process per learner through D
 the quorum sensor opens and decides rounds and requests merge runs, and the run ends with the
 summary asset. This command only launches and watches (reading the store), and with `--chaos`
 kills one learner process mid-run (SIGKILL) to show it being relaunched and rejoining.
+
+With a fault tape, the learners and merges inject their own faults (the train job stores the
+tape), and this command plays the orchestrator's part: it restarts the Dagster daemon, the
+webserver or the whole instance at the tape's times. Then the instance runs as a production
+deployment does (code server, webserver and daemon as separate processes), so that a daemon
+or webserver restart leaves the learners running.
 """
 
 import json
@@ -33,6 +39,8 @@ class Watch:
     failures_injected: int = 0
     killed: list[dict] = field(default_factory=list)
     last_line: float = 0.0
+    pending: list = field(default_factory=list)  # Dagster faults not fired yet, in time order
+    restarts: list[dict] = field(default_factory=list)
 
 
 def _progress_line(store: ArtifactStore, cfg: ExperimentConfig, watch: Watch) -> str:
@@ -74,8 +82,33 @@ def _inject_failure(store: ArtifactStore, cfg: ExperimentConfig, watch: Watch) -
     print(f"chaos: killed {victim} (pid {beat['pid']}) at step {beat.get('step')}", flush=True)
 
 
+def _restart_due(dev: DagsterDev, store: ArtifactStore, watch: Watch, launched: float) -> None:
+    """Fire the tape's Dagster restarts whose time (seconds after launch) has come."""
+    while watch.pending and time.time() - launched >= watch.pending[0].at_seconds:
+        fault = watch.pending.pop(0)
+        if not store.mark_fault_fired(fault.id, {"id": fault.id, "kind": fault.kind,
+                                                 "time": time.time(), "pid": os.getpid()}):
+            continue  # fired by an earlier invocation on this store
+        print(f"chaos: {fault.kind} ({fault.id}) at {time.time() - launched:.0f}s", flush=True)
+        {"daemon_restart": dev.restart_daemon, "webserver_restart": dev.restart_webserver,
+         "instance_restart": dev.restart_instance}[fault.kind]()
+        watch.restarts.append({"id": fault.id, "kind": fault.kind, **dev.restarts[-1]})
+        print(f"chaos: {fault.kind} done in {dev.restarts[-1]['seconds']:.1f}s "
+              f"({dev.restarts[-1]['reaped_runs']} orphaned runs marked failed)", flush=True)
+
+
+def _read_tape(path: str, cfg: ExperimentConfig):
+    from diloco_core.fault_tape import tape_from_mapping
+
+    with open(path) as f:
+        return tape_from_mapping(json.load(f), cfg.learners.learner_names)
+
+
 def run_demo(cfg: ExperimentConfig, *, chaos: bool, json_path: str | None, workdir: str | None,
-             port: int | None, timeout: float, store_uri: str | None = None) -> int:
+             port: int | None, timeout: float, store_uri: str | None = None,
+             fault_tape_path: str | None = None) -> int:
+    # Validate the tape here too: its Dagster faults are this command's to execute.
+    tape = _read_tape(fault_tape_path, cfg) if fault_tape_path else None
     stamp = time.strftime("%Y%m%d-%H%M%S")
     root = Path(workdir or f"runs/demo-{stamp}").resolve()
     root.mkdir(parents=True, exist_ok=True)
@@ -89,18 +122,22 @@ def run_demo(cfg: ExperimentConfig, *, chaos: bool, json_path: str | None, workd
            # programs between them instead of compiling the same merge and eval each round.
            "JAX_COMPILATION_CACHE_DIR": str(root / "jax-cache"),
            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.2"}
-    watch = Watch()
+    watch = Watch(pending=list(tape.dagster_faults()) if tape else [])
     m = cfg.learners.num_learners
     print(f"demo: {m} learners, budget {cfg.token_budget:,} tokens, K={cfg.sync.min_quorum}, "
           f"H={cfg.sync.sync_period}, P={cfg.sync.num_fragments}; working in {root}",
           flush=True)
     with DagsterDev(root / "dagster_home", env=env, port=port,
-                    max_concurrent_runs=m + 2 * cfg.sync.num_fragments + 2) as dev:
+                    max_concurrent_runs=m + 2 * cfg.sync.num_fragments + 2,
+                    split=bool(watch.pending)) as dev:
         print(f"demo: Dagster UI at {dev.url} (sensors: quorum_sensor, learner_supervisor)",
               flush=True)
         # The file holds the fully resolved config: no defaults layered under it.
-        run_id = dev.submit_job("train", {"ops": {"start_experiment": {"config": {
-            "config_path": str(config_path), "orchestrated_defaults": False}}}})
+        train = {"config_path": str(config_path), "orchestrated_defaults": False}
+        if fault_tape_path:
+            train["fault_tape_path"] = str(Path(fault_tape_path).resolve())
+        run_id = dev.submit_job("train", {"ops": {"start_experiment": {"config": train}}})
+        launched = time.time()
         print(f"demo: launched the train job (run {run_id})", flush=True)
         deadline = time.monotonic() + timeout
         summary = None
@@ -114,6 +151,7 @@ def run_demo(cfg: ExperimentConfig, *, chaos: bool, json_path: str | None, workd
                     continue
                 if chaos:
                     _inject_failure(store, cfg, watch)
+                _restart_due(dev, store, watch, launched)
                 if time.time() - watch.last_line >= 10:
                     print(_progress_line(store, cfg, watch), flush=True)
                     watch.last_line = time.time()
@@ -125,7 +163,7 @@ def run_demo(cfg: ExperimentConfig, *, chaos: bool, json_path: str | None, workd
             return 1
     summary = {**summary, "wall_seconds": time.time() - watch.started,
                "failures_injected": watch.failures_injected, "killed": watch.killed,
-               "workdir": str(root)}
+               "restarts": watch.restarts, "workdir": str(root)}
     _print_summary(summary)
     if json_path:
         Path(json_path).write_text(json.dumps(summary, indent=2))
@@ -148,5 +186,17 @@ def _print_summary(s: dict) -> None:
               "(quorum -> published)")
     print(f"failures injected    {s['failures_injected']}; rejoined: "
           f"{', '.join(s['learners_rejoined']) or 'none'}")
+    if s.get("faults_fired"):
+        fired = ", ".join(f"{k} x{v}" for k, v in sorted(s["faults_fired"].items()))
+        print(f"faults fired         {fired}")
+    if s.get("goodput") is not None:
+        print(f"goodput              {s['goodput']:.3f} (tokens merged / learner capacity)")
+    ledger = s.get("ledger")
+    if ledger:
+        lost = ", ".join(f"{k} {v:,.0f}" for k, v in sorted(ledger["tokens"].items())
+                         if v and k != "merged")
+        print(f"token ledger         {'balanced' if ledger['balanced'] else 'UNBALANCED'}"
+              f"{'' if ledger['exact'] else ' (inexact: crashed attempts)'}; merged "
+              f"{ledger['tokens']['merged']:,.0f}; lost: {lost or 'none'}")
     print(f"wall time            {s['wall_seconds']:.0f}s")
     print(f"sample               {s['final_sample']!r}")

@@ -1,6 +1,7 @@
 """Resilience figures of a run, from the store: faults fired, rejoins, goodput.
 
-- rejoins: for every injected learner kill or hang, when the learner was relaunched and when a
+- rejoins: for every injected learner kill or hang (and for every learner after an instance
+  restart, which kills them all), when the learner was relaunched and when a
   merge next included it (`rejoin_seconds`), and how many merges were committed without it in
   between (`rounds_missed`).
 - goodput: tokens merged / tokens the allocated learners could have processed between the
@@ -14,6 +15,7 @@ from diloco_core.ledger import Ledger
 from resources.store.artifact_store import ArtifactStore
 
 OUTAGES = ("learner_kill", "learner_hang")
+EVERY_LEARNER_DOWN = ("instance_restart",)  # the learner processes died with the instance
 
 
 def resilience_report(store: ArtifactStore, cfg: ExperimentConfig, merges: list[dict],
@@ -23,10 +25,11 @@ def resilience_report(store: ArtifactStore, cfg: ExperimentConfig, merges: list[
     attempts = {n: store.attempt_records(n) for n in names}
     fired = store.fired_faults()
     rejoins = []
-    for fault in fired:
-        if fault.get("kind") not in OUTAGES:
-            continue
-        name, at = fault["learner"], float(fault["time"])
+    outages = [(fault, fault["learner"]) for fault in fired if fault.get("kind") in OUTAGES]
+    outages += [(fault, name) for fault in fired if fault.get("kind") in EVERY_LEARNER_DOWN
+                for name in names]
+    for fault, name in outages:
+        at = float(fault["time"])
         later = [a for a in attempts.get(name, []) if a.get("started_at", 0.0) > at]
         relaunched = min((a["started_at"] for a in later), default=None)
         back = next((m for m in merges if name in m.get("members", [])

@@ -1,0 +1,244 @@
+"""Chaos soak: a seeded random kill/restart loop on the real Dagster path, Decoupled DiLoCo
+against synchronous DiLoCo on the same tape.
+
+Four runs of `diloco demo` (Dagster daemon, sensors, one process per learner, a merge run per
+round), one after the other on this machine, same model, data, learners and token budget:
+
+  decoupled            K=2 of M=4, P=2 fragments, adaptive grace window; no faults
+  decoupled + tape     the same, under the fault tape
+  synchronous          K=M, P=1, no overlap, no grace, every learner blocks at each sync
+                       until the merge arrives (orchestration.block_on_overlap); no faults
+  synchronous + tape   the same, under the same tape
+
+The tape (`kill_loop_tape`, seeded) SIGKILLs learner processes at given steps (the learner
+supervisor relaunches them from their last checkpoint) and restarts the Dagster daemon and
+webserver at given seconds. The same steps fire in both methods.
+
+Figures per run: faults fired; rounds merged; uptime (share of time the global model kept
+advancing, stalls measured against the fault-free run's median gap between merges); goodput
+(tokens merged / what the allocated learners could have processed, from the token ledger);
+rejoin time (kill -> first merge that includes the relaunched learner) median and max; final
+held-out loss against the fault-free run; wall time to the token budget; the ledger.
+
+    python benchmarks/chaos_soak.py                 # ~30 min on 2 cores
+    python benchmarks/chaos_soak.py --budget 300000 --kills 4   # a shorter soak
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+DEFAULT_OUT = REPO / "benchmarks" / "results" / "chaos_soak.json"
+PLOT = REPO / "docs" / "img" / "chaos_soak.png"
+
+LEARNERS = 4
+TOKENS_PER_STEP = 4 * 32  # data.batch_size x data.seq_len below
+SOAK = ["name=soak", "model.preset=tiny", "data.seq_len=32", "data.batch_size=4",
+        f"learners.num_learners={LEARNERS}", "learners.speeds=[1.0, 1.0, 1.0, 1.0]",
+        "orchestration.step_seconds_floor=0.1", "sync.sync_period=120",
+        "sync.num_fragments=2", "sync.min_quorum=2", "sync.grace_min_seconds=1",
+        "orchestration.eval_batches=4", "orchestration.checkpoint_every_steps=20",
+        "orchestration.heartbeat_seconds=1", "orchestration.learner_timeout_seconds=15",
+        "orchestration.restart_backoff_seconds=5", "orchestration.round_timeout_seconds=90"]
+
+
+def configs(budget: int):
+    from diloco_core.baselines import synchronous_config
+    from pipelines.cli import load_config
+
+    decoupled = load_config(None, SOAK + [f"token_budget={budget}"])
+    sync = synchronous_config(decoupled)
+    sync = sync.replace(orchestration=dataclasses.replace(sync.orchestration,
+                                                          block_on_overlap=True))
+    return {"decoupled": decoupled, "synchronous": sync}
+
+
+def make_tape(seed: int, budget: int, kills: int, restarts: list[tuple[str, float]]) -> dict:
+    from diloco_core.fault_tape import kill_loop_tape
+
+    steps = budget // (LEARNERS * TOKENS_PER_STEP)
+    # Kills between 10% and 85% of each learner's steps: after the first merges, and early
+    # enough that the relaunched learner has rounds left to rejoin in.
+    tape = kill_loop_tape(seed, [f"learner-{i}" for i in range(LEARNERS)],
+                          steps=int(0.85 * steps), kills=kills,
+                          min_gap_steps=max(1, steps // 5), first_step=steps // 10,
+                          restarts=restarts)
+    return tape.to_mapping()
+
+
+def soak_run(cfg, tape_path: Path | None, workdir: Path) -> dict:
+    from pipelines.demo_command import run_demo
+    from resources.store.artifact_store import ArtifactStore
+    from resources.store.backends import open_blob_store
+
+    out = workdir / "summary.json"
+    code = run_demo(cfg, chaos=False, json_path=str(out), workdir=str(workdir / "demo"),
+                    port=None, timeout=3600,
+                    fault_tape_path=str(tape_path) if tape_path else None)
+    if code != 0:
+        raise SystemExit(f"the soak run in {workdir} failed")
+    summary = json.loads(out.read_text())
+    store = ArtifactStore(open_blob_store(str(workdir / "demo" / "store")), cfg.name)
+    evals = []  # (when the round's merge was published, held-out loss after it)
+    for r in summary["rounds"]:
+        e = store.get_eval(r["round"]) if r["merged"] else None
+        if e:
+            evals.append((r["published_at"], e["loss"]))
+    summary["eval_curve"] = sorted(evals)
+    return summary
+
+
+def stall_uptime(publish: list[float], reference_gap: float) -> float:
+    """Share of [first, last merge] in which merges kept coming, a gap longer than twice the
+    fault-free run's median gap counting as down for its excess."""
+    if len(publish) < 2:
+        return 0.0
+    gaps = [b - a for a, b in zip(publish, publish[1:], strict=False)]
+    down = sum(max(0.0, g - 2 * reference_gap) for g in gaps)
+    return 1.0 - down / (publish[-1] - publish[0])
+
+
+def figures(s: dict, reference: dict | None) -> dict:
+    publish = sorted(r["published_at"] for r in s["rounds"] if r["merged"])
+    ref_publish = sorted(r["published_at"] for r in (reference or s)["rounds"] if r["merged"])
+    ref_gap = statistics.median(b - a for a, b in zip(ref_publish, ref_publish[1:],
+                                                       strict=False))
+    rejoin = [r["rejoin_seconds"] for r in s["rejoins"] if r["rejoin_seconds"] is not None]
+    ledger = s["ledger"]
+    out = {
+        "faults_fired": s.get("faults_fired", {}),
+        "rounds_merged": s["rounds_merged"], "rounds_opened": s["rounds_opened"],
+        "uptime": stall_uptime(publish, ref_gap),
+        "uptime_own_median": s["uptime"],
+        "goodput": s["goodput"],
+        "rejoins": len(s["rejoins"]),
+        "rejoins_never_back": sum(r["rejoin_seconds"] is None for r in s["rejoins"]),
+        "rejoin_seconds_median": statistics.median(rejoin) if rejoin else None,
+        "rejoin_seconds_max": max(rejoin) if rejoin else None,
+        "rounds_missed_max": max((r["rounds_missed"] or 0 for r in s["rejoins"]), default=0),
+        "initial_eval_loss": s["initial_eval_loss"],
+        "final_eval_loss": s["final_eval_loss"],
+        "wall_seconds": s["wall_seconds"], "tokens": s["tokens"],
+        "learner_idle_fraction": s["learner_idle_fraction"],
+        "merge_latency_median_seconds": s["merge_latency_seconds"]["median"],
+        "ledger_balanced": ledger["balanced"], "ledger_exact": ledger["exact"],
+        "ledger_tokens": ledger["tokens"], "tokens_processed": ledger["tokens_processed"],
+        "restarts": [{k: r[k] for k in ("kind", "seconds", "reaped_runs")}
+                     for r in s.get("restarts", [])],
+    }
+    if reference is not None:
+        out["final_eval_loss_vs_fault_free"] = (s["final_eval_loss"]
+                                                / reference["final_eval_loss"])
+        out["wall_seconds_vs_fault_free"] = s["wall_seconds"] / reference["wall_seconds"]
+    return out
+
+
+def plot(runs: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    styles = {"decoupled": "tab:blue", "synchronous": "tab:red"}
+    for name, s in runs.items():
+        method, faulty = name.split("/")
+        ls = "-" if faulty == "tape" else ":"
+        start = s["started"]
+        curve = s["eval_curve"]
+        axes[0].plot([t - start for t, _ in curve], [v for _, v in curve], ls,
+                     color=styles[method], label=f"{method}, {faulty}")
+        publish = sorted(r["published_at"] - start for r in s["rounds"] if r["merged"])
+        axes[1].step(publish, range(1, len(publish) + 1), ls, where="post",
+                     color=styles[method], label=f"{method}, {faulty}")
+        if faulty == "tape":
+            for f in s["faults"]:
+                axes[1].axvline(f["time"] - start, color=styles[method], alpha=0.15, lw=1)
+    axes[0].set(xlabel="wall seconds", ylabel="held-out loss", title="Held-out loss")
+    axes[1].set(xlabel="wall seconds", ylabel="merges committed",
+                title="Global model progress (faint lines: faults fired)")
+    for ax in axes:
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget", type=int, default=600_000, help="tokens per run")
+    parser.add_argument("--kills", type=int, default=8, help="learner SIGKILLs on the tape")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--daemon-restart-at", type=float, default=120.0)
+    parser.add_argument("--webserver-restart-at", type=float, default=200.0)
+    parser.add_argument("--out", default=str(DEFAULT_OUT))
+    parser.add_argument("--plot", default=str(PLOT))
+    args = parser.parse_args()
+    os.environ.setdefault("DILOCO_TICK_SECONDS", "2")
+    from pipelines.reporting import machine_info
+
+    restarts = [("daemon_restart", args.daemon_restart_at),
+                ("webserver_restart", args.webserver_restart_at)]
+    tape = make_tape(args.seed, args.budget, args.kills, restarts)
+    cfgs = configs(args.budget)
+    runs: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
+        tape_path = Path(tmp) / "tape.json"
+        tape_path.write_text(json.dumps(tape))
+        for method, cfg in cfgs.items():
+            for faulty in ("fault_free", "tape"):
+                name = f"{method}/{faulty}"
+                print(f"soak: {name}", flush=True)
+                started = time.time()
+                s = soak_run(cfg, tape_path if faulty == "tape" else None,
+                             Path(tmp) / name.replace("/", "-"))
+                runs[name] = {**s, "started": started}
+    result = {
+        "benchmark": "chaos_soak",
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        "command": "python benchmarks/chaos_soak.py " + " ".join(sys.argv[1:]),
+        "config": {"overrides": SOAK, "token_budget": args.budget,
+                   "synchronous": "synchronous_config(decoupled) + "
+                                  "orchestration.block_on_overlap=true"},
+        "tape": tape,
+        "runs": {name: figures(s, None if name.endswith("fault_free")
+                               else runs[name.replace("tape", "fault_free")])
+                 for name, s in runs.items()},
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    plot(runs, Path(args.plot))
+    print_table(result["runs"])
+    print(f"written to {args.out} and {args.plot}")
+
+
+def print_table(runs: dict) -> None:
+    def fmt(v, spec):
+        return "-" if v is None else format(v, spec)
+
+    print(f"{'run':24} {'faults':>6} {'merges':>6} {'uptime':>6} {'goodput':>7} "
+          f"{'rejoin med/max s':>16} {'loss':>6} {'vs free':>7} {'wall s':>6}  ledger")
+    for name, r in runs.items():
+        print(f"{name:24} {sum(r['faults_fired'].values()):>6} {r['rounds_merged']:>6} "
+              f"{r['uptime']:>6.3f} {fmt(r['goodput'], '.3f'):>7} "
+              f"{fmt(r['rejoin_seconds_median'], '.0f'):>7}/"
+              f"{fmt(r['rejoin_seconds_max'], '.0f'):<8}"
+              f" {r['final_eval_loss']:>6.3f} "
+              f"{fmt(r.get('final_eval_loss_vs_fault_free'), '.3f'):>7} "
+              f"{r['wall_seconds']:>6.0f}  "
+              f"{'balanced' if r['ledger_balanced'] else 'UNBALANCED'}")
+
+
+if __name__ == "__main__":
+    main()
