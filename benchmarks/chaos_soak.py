@@ -28,6 +28,7 @@ import argparse
 import dataclasses
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -39,6 +40,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "chaos_soak.json"
 PLOT = REPO / "docs" / "img" / "chaos_soak.png"
+# Ledger fates caused by a fault (the rest are the algorithm's own: superseded on receipt,
+# late, a round that merged nothing).
+FAILURE_FATES = ("died_before_offer", "offer_not_stored", "duplicate_offer", "rejected")
 
 LEARNERS = 4
 TOKENS_PER_STEP = 4 * 32  # data.batch_size x data.seq_len below
@@ -125,6 +129,16 @@ def figures(s: dict, reference: dict | None) -> dict:
         "rejoin_seconds_median": statistics.median(rejoin) if rejoin else None,
         "rejoin_seconds_max": max(rejoin) if rejoin else None,
         "rounds_missed_max": max((r["rounds_missed"] or 0 for r in s["rejoins"]), default=0),
+        # Kill -> the relaunched process started (supervisor backoff, run launch, imports):
+        # the repair time of the goodput simulator's cross-check.
+        "utilisation": (ledger["tokens_processed"] / s["learner_capacity_tokens"]
+                        if s.get("learner_capacity_tokens") else None),
+        "failure_loss": (sum(ledger["tokens"][k] for k in FAILURE_FATES)
+                         / s["learner_capacity_tokens"]
+                         if s.get("learner_capacity_tokens") else None),
+        "relaunch_seconds": [r["relaunched_at"] - r["at"] for r in s["rejoins"]
+                             if r["relaunched_at"] is not None],
+        "learners": len(s["learner_attempts"]),
         "initial_eval_loss": s["initial_eval_loss"],
         "final_eval_loss": s["final_eval_loss"],
         "wall_seconds": s["wall_seconds"], "tokens": s["tokens"],
@@ -185,6 +199,9 @@ def main() -> None:
     parser.add_argument("--plot", default=str(PLOT))
     args = parser.parse_args()
     os.environ.setdefault("DILOCO_TICK_SECONDS", "2")
+    # Stopped with SIGTERM (or SIGINT, which background jobs ignore): unwind, so that the
+    # Dagster instance of the current run (its own process groups) is stopped too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     from pipelines.reporting import machine_info
 
     restarts = [("daemon_restart", args.daemon_restart_at),

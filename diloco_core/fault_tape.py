@@ -45,6 +45,9 @@ _PARAMS: dict[str, dict[str, Any]] = {
 }
 
 
+# Parameters that may be "inf": a hang until the supervisor ends it, a window to the run's end.
+_UNBOUNDED = (("learner_hang", "seconds"), ("learner_slow", "steps"), ("store_errors", "steps"))
+
 _ID = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")   # ids become store keys
 
 
@@ -117,12 +120,19 @@ def tape_from_mapping(data: Mapping[str, Any], learners: Sequence[str] | None = 
     raw = data.get("faults", [])
     if not isinstance(raw, list):
         raise TapeError("fault tape: faults must be a list")
-    faults, ids = [], set()
+    faults, ids, crashes = [], set(), set()
     for i, item in enumerate(raw):
         fault = _fault(f"faults[{i}]", i, item, learners)
         if fault.id in ids:
             raise TapeError(f"faults[{i}].id: duplicate id {fault.id!r}")
         ids.add(fault.id)
+        if fault.kind == "merge_crash":
+            # A merge run crashes at a phase once; a second crash there could never fire.
+            where = (fault.at_round, fault.param("phase"))
+            if where in crashes:
+                raise TapeError(f"faults[{i}]: a second merge_crash at round {where[0]}, "
+                                f"phase {where[1]}")
+            crashes.add(where)
         faults.append(fault)
     return FaultTape(seed, tuple(faults))
 
@@ -164,13 +174,21 @@ def _fault(where: str, index: int, item: Any, learners: Sequence[str] | None) ->
             values[key] = value
         elif value is not None:
             raise TapeError(f"{where}.{key}: {kind} is not triggered by {key}")
-    params = dict(item.get("params") or {})
+    raw = item.get("params")
+    raw = {} if raw is None else raw
+    if not isinstance(raw, Mapping):
+        raise TapeError(f"{where}.params: a mapping of parameter names to values, got "
+                        f"{type(raw).__name__}")
+    params = dict(raw)
     allowed = _PARAMS[kind]
     for name, value in params.items():
         if name not in allowed:
             raise TapeError(f"{where}.params.{name}: {kind} takes "
                             f"{', '.join(allowed) or 'no parameters'}")
         if value == "inf":
+            if (kind, name) not in _UNBOUNDED:
+                raise TapeError(f"{where}.params.{name}: only "
+                                f"{', '.join(f'{k}.{n}' for k, n in _UNBOUNDED)} may be \"inf\"")
             params[name] = value = math.inf
         _check_param(f"{where}.params.{name}", kind, name, value)
     return Fault(fid, kind, learner, params=params, **values)
@@ -184,7 +202,8 @@ def _check_param(where: str, kind: str, name: str, value: Any) -> None:
     if name == "kinds" and (not isinstance(value, list) or not value
             or any(k not in STORE_ERROR_KINDS for k in value)):
         raise TapeError(f"{where}: a non-empty list of {', '.join(STORE_ERROR_KINDS)}")
-    if name == "rate" and not (isinstance(value, int | float) and 0 <= value <= 1):
+    if name == "rate" and (isinstance(value, bool) or not isinstance(value, int | float)
+                           or not 0 <= value <= 1):
         raise TapeError(f"{where}: a fraction in [0, 1], got {value!r}")
     if name == "seconds" and kind == "clock_skew":
         # A clock may be behind as well as ahead.
@@ -193,8 +212,12 @@ def _check_param(where: str, kind: str, name: str, value: Any) -> None:
             raise TapeError(f"{where}: a finite number of seconds, got {value!r}")
         return
     if name in ("seconds", "slow_seconds", "factor", "steps"):
-        if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
-            raise TapeError(f"{where}: a number >= 0, got {value!r}")
+        if (not isinstance(value, int | float) or isinstance(value, bool) or value < 0
+                or math.isnan(value) or (math.isinf(value) and name in ("slow_seconds",
+                                                                        "factor"))):
+            raise TapeError(f"{where}: a finite number >= 0, got {value!r}")
+        if name == "steps" and not (isinstance(value, int) or math.isinf(value)):
+            raise TapeError(f"{where}: a whole number of steps, got {value!r}")
         if name == "factor" and value < 1:
             raise TapeError(f"{where}: a slowdown factor >= 1, got {value!r}")
 
@@ -205,6 +228,16 @@ def kill_loop_tape(seed: int, learners: Sequence[str], steps: int, kills: int,
     """The soak's random kill/restart loop as a tape: `kills` SIGKILLs spread over learners
     (uniformly at random, seeded) at steps in [first_step, steps), at least `min_gap_steps`
     apart on any one learner, plus the given Dagster restarts (kind, at_seconds)."""
+    if not learners:
+        raise TapeError("kill loop: no learners to kill")
+    if min_gap_steps < 1:
+        raise TapeError(f"kill loop: min_gap_steps must be >= 1, got {min_gap_steps}")
+    if kills and not 0 <= first_step < steps:
+        raise TapeError(f"kill loop: no steps in [first_step={first_step}, steps={steps})")
+    for kind, _ in restarts:
+        if kind not in DAGSTER_KINDS:
+            raise TapeError(f"kill loop: restart kind {kind!r} is not one of "
+                            f"{', '.join(DAGSTER_KINDS)}")
     rng = random.Random(seed)
     chosen: dict[str, list[int]] = {name: [] for name in learners}
     attempts = 0

@@ -11,6 +11,7 @@ Heavy imports (JAX) happen inside the commands so `diloco --help` and config err
 
 import argparse
 import json
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +24,7 @@ from diloco_core.config_loading import (
     overrides_to_mapping,
     parse_config_text,
 )
+from diloco_core.fault_tape import TapeError
 
 
 def load_config(path: str | None, overrides: list[str],
@@ -143,6 +145,8 @@ def _cmd_demo(args) -> int:
     from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
 
     cfg = load_config(args.config, args.overrides, base=ORCHESTRATED_DEFAULTS)
+    # A SIGTERM unwinds like Ctrl-C, so that the demo's Dagster instance is stopped with it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     return run_demo(cfg, chaos=args.chaos, json_path=args.json, workdir=args.workdir,
                     port=args.port, timeout=args.timeout, fault_tape_path=args.fault_tape)
 
@@ -220,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except ConfigError as err:
         print(f"diloco: invalid config: {err}", file=sys.stderr)
+        return 2
+    except TapeError as err:
+        print(f"diloco: invalid fault tape: {err}", file=sys.stderr)
         return 2
 
 

@@ -98,10 +98,14 @@ def _restart_due(dev: DagsterDev, store: ArtifactStore, watch: Watch, launched: 
 
 
 def _read_tape(path: str, cfg: ExperimentConfig):
-    from diloco_core.fault_tape import tape_from_mapping
+    from diloco_core.fault_tape import TapeError, tape_from_mapping
 
-    with open(path) as f:
-        return tape_from_mapping(json.load(f), cfg.learners.learner_names)
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, json.JSONDecodeError) as err:
+        raise TapeError(f"--fault-tape: cannot read {path}: {err}") from None
+    return tape_from_mapping(data, cfg.learners.learner_names)
 
 
 def run_demo(cfg: ExperimentConfig, *, chaos: bool, json_path: str | None, workdir: str | None,

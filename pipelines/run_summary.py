@@ -61,7 +61,13 @@ def build_summary(store: ArtifactStore, eval_batches: int | None = None) -> dict
     for entry in rounds:
         merge = merged_rounds.get(entry["round"])
         entry["merged"] = merge is not None
-        entry["rejected"] = (merge or {}).get("rejected", {})
+        if merge is None:
+            # A round that committed nothing may still have refused contributions (all of them).
+            merge_record = store.get_round_not_merged(entry["round"]) or {}
+            entry["not_merged_reason"] = merge_record.get("reason")
+        else:
+            merge_record = merge
+        entry["rejected"] = merge_record.get("rejected", {})
         entry["published_at"] = (merge or {}).get("published_at")
     beats = {n: store.get_heartbeat(n) or {} for n in names}
     training = sum(b.get("training_seconds", 0.0) for b in beats.values())

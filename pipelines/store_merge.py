@@ -128,6 +128,8 @@ def merge_from_store(store: ArtifactStore, round_index: int,
             faults.at("after_commit")
     elif new_params is not None:
         meta["reason"] = f"{meta['reason']}; NOT committed: merged parameters are not finite"
+    if not committed:
+        store.put_round_not_merged(round_index, meta)
     return MergeOutcome(round_index, fragment, committed, version, meta, decision, finite,
                         seconds=time.monotonic() - started)
 

@@ -4,15 +4,18 @@ Learner processes write their own ledgers (`learners/{l}/attempts/`); offers car
 and the process that made them; decisions and committed merges give each offer its fate.
 """
 
+from collections.abc import Sequence
+
 from diloco_core.config import ExperimentConfig
 from diloco_core.ledger import Ledger, build_ledger
-from resources.store.artifact_store import ArtifactStore
+from resources.store.artifact_store import ArtifactStore, RejectedArtifact
 
 
-def offer_fates(store: ArtifactStore, num_fragments: int
+def offer_fates(store: ArtifactStore, num_fragments: int, learners: Sequence[str]
                 ) -> tuple[dict, dict, list[dict]]:
     """(round, learner) -> stored offer {attempt, claim}; (round, learner) -> fate; and the
-    rejections with their reasons."""
+    rejections with their reasons. Only the experiment's learners count: anything else under
+    a round's contributions (a foreign or hostile writer) was never merged, and is not read."""
     merged = {}
     for p in range(num_fragments):
         for version in store.versions(p):
@@ -24,8 +27,15 @@ def offer_fates(store: ArtifactStore, num_fragments: int
     for r in range(last_round + 1):
         decision = store.get_decision(r)
         merge = merged.get(r)
+        refused = ((store.get_round_not_merged(r) or {}).get("rejected", {})
+                   if merge is None and decision is not None else {})
         for learner in store.list_contributions(r):
-            manifest = store.contribution_manifest(r, learner) or {}
+            if learner not in learners:
+                continue
+            try:
+                manifest = store.contribution_manifest(r, learner) or {}
+            except RejectedArtifact:  # unreadable: its claim shows up as unmatched below
+                continue
             extra = manifest.get("extra") or {}
             offers[(r, learner)] = {"attempt": extra.get("attempt", 0),
                                     "claim": extra.get("claim")}
@@ -33,6 +43,9 @@ def offer_fates(store: ArtifactStore, num_fragments: int
                 fate = "undecided"
             elif learner not in decision.get("members", []):
                 fate = "late"
+            elif learner in refused:
+                fate = "rejected"   # refused, and so was everyone else: nothing committed
+                rejections.append({"round": r, "learner": learner, "reason": refused[learner]})
             elif merge is None:
                 fate = "round_not_merged"
             elif learner in merge.get("members", []):
@@ -50,5 +63,5 @@ def run_ledger(store: ArtifactStore, cfg: ExperimentConfig) -> tuple[Ledger, lis
     P = cfg.sync.num_fragments
     attempts = [record for name in cfg.learners.learner_names
                 for record in store.attempt_records(name)]
-    offers, fates, rejections = offer_fates(store, P)
+    offers, fates, rejections = offer_fates(store, P, cfg.learners.learner_names)
     return build_ledger(P, attempts, offers, fates), rejections

@@ -6,7 +6,8 @@
 - `MergeFaults` runs inside a merge run: crash before, during (version written, pointer not
   moved) or after its commit, or see store errors; each fires on the round's first try only.
 - `FaultyBlobStore` wraps a blob store with seeded transient errors, timeouts and slow calls.
-Dagster restarts are executed by the driver that owns the instance (`pipelines.chaos`).
+Dagster restarts are executed by the driver that owns the instance
+(`pipelines.demo_command`, `diloco demo --fault-tape`).
 
 Every fault is recorded in the store (`faults/fired/{id}.json`, write-once) *before* it acts:
 that is the audit trail, and what keeps a fault from firing twice (a learner relaunched from a
@@ -113,7 +114,7 @@ class LearnerFaults:
         blobs = store.blobs
         for f in self.faults:
             if f.kind == "store_errors":
-                start, end = f.at_step, f.at_step + int(f.param("steps"))
+                start, end = f.at_step, f.at_step + f.param("steps")  # steps may be inf
                 blobs = FaultyBlobStore(blobs, (self.tape.seed, f.id, self.attempt),
                                         float(f.param("rate")), list(f.param("kinds")),
                                         float(f.param("slow_seconds")),
@@ -129,7 +130,7 @@ class LearnerFaults:
     def slowdown(self, step: int) -> float:
         factor = 1.0
         for f in self.faults:
-            if f.kind == "learner_slow" and f.at_step <= step < f.at_step + int(f.param("steps")):
+            if f.kind == "learner_slow" and f.at_step <= step < f.at_step + f.param("steps"):
                 factor *= float(f.param("factor"))
         return factor
 
@@ -139,7 +140,7 @@ class LearnerFaults:
         for f in self.faults:
             if f.at_step > step or f.id in self._fired:
                 continue
-            if f.kind == "learner_slow" and step >= f.at_step + int(f.param("steps")):
+            if f.kind == "learner_slow" and step >= f.at_step + f.param("steps"):
                 continue  # a window already over (e.g. rejoined past it): nothing to record
             if not self._fire(f.id, f.kind, step):
                 continue

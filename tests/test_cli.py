@@ -18,6 +18,20 @@ def test_bad_config_is_refused_before_anything_runs(capsys, tmp_path):
     assert "no such file" in capsys.readouterr().err
 
 
+def test_a_bad_fault_tape_is_refused_before_dagster_starts(capsys, tmp_path):
+    tape = tmp_path / "tape.json"
+    tape.write_text(json.dumps({"faults": [
+        {"id": "k", "kind": "learner_kill", "learner": "learner-9", "at_step": 3}]}))
+    workdir = tmp_path / "demo"
+    code = main(["demo", "--fault-tape", str(tape), "--workdir", str(workdir)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "faults[0].learner" in err and "'learner-9' is not a learner" in err
+    assert not workdir.exists(), "nothing may be started or written for a bad tape"
+    assert main(["demo", "--fault-tape", str(tmp_path / "missing.json")]) == 2
+    assert "--fault-tape: cannot read" in capsys.readouterr().err
+
+
 def test_config_prints_every_default_and_reads_files(capsys, tmp_path):
     path = tmp_path / "exp.toml"
     path.write_text('name = "from-toml"\n[sync]\nmin_quorum = 2\n')

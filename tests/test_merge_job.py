@@ -150,3 +150,25 @@ def test_an_orphan_version_of_another_round_is_replaced_and_a_superseded_round_s
     assert out["meta"]["merged"].value is False
     assert "round 2 of this fragment was merged first" in out["meta"]["decision_reason"].value
     assert h.store.current_version(0) == 2
+
+
+def test_a_round_whose_every_contribution_is_refused_keeps_the_reasons(harness):
+    from pipelines.token_ledger import offer_fates
+
+    h = harness
+    h.offer("learner-0", 0, value=np.nan)
+    h.offer("learner-1", 0, fragment=1)
+    _decide(h, 0, ["learner-0", "learner-1"])
+    out = _merge(h, 0)
+    assert out["meta"]["merged"].value is False and h.store.current_version(0) == 0
+    record = h.store.get_round_not_merged(0)
+    assert "NaN" in record["rejected"]["learner-0"]
+    assert "fragment 1 does not exist" in record["rejected"]["learner-1"]
+    _merge(h, 0)                                   # a retry finds the record, writes nothing new
+    # The ledger counts their tokens as rejected, with the reason, not "round not merged"; a
+    # directory from a name outside the experiment is never read.
+    prefix = layout.contributions_prefix(h.store.experiment, 0)
+    h.store.blobs.write(f"{prefix}Evil/manifest.json", b"not json")
+    _, fates, rejections = offer_fates(h.store, 1, h.cfg.learners.learner_names)
+    assert fates == {(0, "learner-0"): "rejected", (0, "learner-1"): "rejected"}
+    assert {r["learner"]: r["reason"] for r in rejections} == record["rejected"]

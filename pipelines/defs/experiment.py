@@ -75,7 +75,15 @@ def start_experiment(context: dg.AssetExecutionContext, config: TrainingConfig,
         except Conflict:
             raise dg.Failure(description=f"experiment {cfg.name!r} already has a different "
                                          "fault tape") from None
-        context.log.warning(f"chaos run: {len(tape['faults'])} faults will be injected")
+        from diloco_core.fault_tape import DAGSTER_KINDS
+
+        driven = [f["id"] for f in tape["faults"] if f["kind"] in DAGSTER_KINDS]
+        context.log.warning(
+            f"chaos run: {len(tape['faults']) - len(driven)} faults will be injected by the "
+            "learners and merges"
+            + (f"; {len(driven)} Dagster restarts ({', '.join(driven)}) are executed only by "
+               "the driver that owns the instance (`diloco demo --fault-tape`), not by this "
+               "job" if driven else ""))
     _, params = init_model(cfg.model, cfg.seed)
     plan = plan_fragments({k: v.shape for k, v in params.items()}, cfg.sync.num_fragments)
     tx = build_outer_optimizer(cfg.outer)

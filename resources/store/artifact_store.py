@@ -14,6 +14,7 @@ JAX is imported only where arrays are handled: sensors and run workers that load
 code location only read and write small records and should not pay for it.
 """
 
+import contextlib
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -314,6 +315,17 @@ class ArtifactStore:
 
     def get_decision(self, round_index: int) -> dict | None:
         return self._read_json(layout.decision(self.experiment, round_index))
+
+    def put_round_not_merged(self, round_index: int, record: Mapping[str, Any]) -> None:
+        """The merge record of a round that committed nothing (write-once: a retry finds it;
+        the reasons of its rejections must outlive the merge run for the token ledger)."""
+        # Conflict: an earlier try of the same merge recorded it.
+        with contextlib.suppress(Conflict):
+            self._write_once(layout.round_outcome(self.experiment, round_index),
+                             _json_bytes(dict(record)))
+
+    def get_round_not_merged(self, round_index: int) -> dict | None:
+        return self._read_json(layout.round_outcome(self.experiment, round_index))
 
     def put_eval(self, round_index: int, result: Mapping[str, Any]) -> None:
         self._write_once(layout.evaluation(self.experiment, round_index), _json_bytes(dict(result)))

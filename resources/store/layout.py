@@ -66,6 +66,11 @@ def decision(exp: str, round_index: int) -> str:
     return f"{round_dir(exp, round_index)}/decision.json"
 
 
+def round_outcome(exp: str, round_index: int) -> str:
+    """Why a decided round committed nothing (every contribution refused, non-finite)."""
+    return f"{round_dir(exp, round_index)}/not_merged.json"
+
+
 def evaluation(exp: str, round_index: int) -> str:
     return f"{experiment(exp)}/evals/r{_index(round_index, 'round'):08d}.json"
 

@@ -1,0 +1,102 @@
+"""Cross-check: the goodput simulator (`diloco_core.goodput`, no ML) against the goodput the
+chaos soak measured on the real Dagster path.
+
+The soak is the simulator's model scaled down to one machine: M = 4 learners of one "slice"
+(a learner process) each, failures = the tape's SIGKILLs, repair = the time from a kill until
+the relaunched process runs again. The simulator is run with
+
+  chips = slice_chips-per-learner x M = 4, slice_chips = 1, learners = 4, min_quorum = K,
+  MTBI = the soak's observed learner-seconds per kill, horizon = the soak's wall time,
+  repair_seconds = measured (median kill -> relaunch; as an upper bound kill -> merged again),
+  downscale/upscale = 0 (a one-slice learner has nothing to reconfigure),
+
+and compared with the measured *failure-attributable* goodput: goodput under the tape divided
+by goodput of the fault-free run of the same method (the simulator models failures only, not
+the overlap losses and merge latency that both runs share).
+
+    python benchmarks/chaos_soak.py && python benchmarks/goodput_crosscheck.py
+"""
+
+import argparse
+import json
+import statistics
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+SOAK = REPO / "benchmarks" / "results" / "chaos_soak.json"
+OUT = REPO / "benchmarks" / "results" / "goodput_crosscheck.json"
+SECONDS_PER_YEAR = 365 * 24 * 3600
+
+
+def simulate(learners: int, quorum: int, kills: int, wall: float, repair: float,
+             seeds: int) -> dict:
+    from diloco_core.goodput import GoodputParams, goodput_with_ci
+
+    mtbi_seconds = learners * wall / kills  # per chip (= per learner here)
+    params = GoodputParams(chips=learners, learners=learners, min_quorum=quorum,
+                           mtbi_years=mtbi_seconds / SECONDS_PER_YEAR, slice_chips=1,
+                           repair_seconds=repair, restart_seconds=repair,
+                           downscale_seconds=0.0, upscale_seconds=0.0, horizon_seconds=wall)
+    r = goodput_with_ci(params, seeds=seeds)
+    return {k: r[k] for k in ("decoupled", "synchronous_diloco", "decoupled_uptime")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--soak", default=str(SOAK))
+    parser.add_argument("--seeds", type=int, default=400)
+    parser.add_argument("--out", default=str(OUT))
+    args = parser.parse_args()
+    from pipelines.reporting import machine_info
+
+    soak = json.loads(Path(args.soak).read_text())
+    runs = soak["runs"]
+    quorum = int(next(o.split("=")[1] for o in soak["config"]["overrides"]
+                      if o.startswith("sync.min_quorum=")))
+    rows = {}
+    for method, sim_key in (("decoupled", "decoupled"), ("synchronous", "synchronous_diloco")):
+        tape, free = runs[f"{method}/tape"], runs[f"{method}/fault_free"]
+        kills = tape["faults_fired"].get("learner_kill", 0)
+        if not kills:
+            raise SystemExit(f"{method}/tape fired no kills: nothing to cross-check")
+        relaunch = statistics.median(tape["relaunch_seconds"])
+        rejoin = tape["rejoin_seconds_median"] or relaunch
+        learners = tape["learners"]
+        measured = tape["goodput"] / free["goodput"]
+        sims = {name: simulate(learners, learners if method == "synchronous" else quorum,
+                               kills, tape["wall_seconds"], repair, args.seeds)
+                for name, repair in (("repair=relaunch", relaunch), ("repair=rejoin", rejoin))}
+        rows[method] = {
+            "kills": kills, "wall_seconds": tape["wall_seconds"],
+            "mtbi_learner_seconds": learners * tape["wall_seconds"] / kills,
+            "repair_seconds": {"relaunch_median": relaunch, "rejoin_median": rejoin},
+            "measured_goodput": {"tape": tape["goodput"], "fault_free": free["goodput"],
+                                 "ratio": measured},
+            "simulated_goodput": {name: s[sim_key] for name, s in sims.items()},
+            "simulated_decoupled_uptime": {name: s["decoupled_uptime"]
+                                           for name, s in sims.items()},
+        }
+    result = {"benchmark": "goodput_crosscheck",
+              "when": datetime.now(UTC).isoformat(timespec="seconds"),
+              "machine": machine_info(), "soak": soak["when"],
+              "command": "python benchmarks/goodput_crosscheck.py", "seeds": args.seeds,
+              "methods": rows}
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(f"{'method':12} {'kills':>5} {'MTBI s':>7} {'repair s':>13}  {'measured':>8}  "
+          f"{'simulated (relaunch .. rejoin)':>30}")
+    for method, r in rows.items():
+        sim = r["simulated_goodput"]
+        print(f"{method:12} {r['kills']:>5} {r['mtbi_learner_seconds']:>7.0f} "
+              f"{r['repair_seconds']['relaunch_median']:>5.0f} .. "
+              f"{r['repair_seconds']['rejoin_median']:<5.0f}  "
+              f"{r['measured_goodput']['ratio']:>8.3f}  "
+              f"{sim['repair=relaunch']['mean']:>12.3f} ± {sim['repair=relaunch']['ci95']:.3f} .. "
+              f"{sim['repair=rejoin']['mean']:.3f} ± {sim['repair=rejoin']['ci95']:.3f}")
+    print(f"written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
