@@ -15,7 +15,9 @@ supervisor relaunches them from their last checkpoint) and restarts the Dagster 
 webserver at given seconds. The same steps fire in both methods.
 
 Figures per run: faults fired; rounds merged; uptime (share of time the global model kept
-advancing, stalls measured against the fault-free run's median gap between merges); goodput
+advancing, stalls measured against the fault-free run's median gap between merges); K-up
+uptime (share of time at least K learner processes were up: the goodput simulator's uptime;
+for synchronous DiLoCo K = M, so any dead learner stops it); goodput
 (tokens merged / what the allocated learners could have processed, from the token ledger);
 rejoin time (kill -> first merge that includes the relaunched learner) median and max; final
 held-out loss against the fault-free run; wall time to the token budget; the ledger.
@@ -111,14 +113,32 @@ def stall_uptime(publish: list[float], reference_gap: float) -> float:
     return 1.0 - down / (publish[-1] - publish[0])
 
 
-def figures(s: dict, reference: dict | None) -> dict:
+def quorum_uptime(s: dict, quorum: int, learners: int, span: tuple[float, float]) -> float:
+    """Share of `span` in which at least `quorum` learner processes were up (the goodput
+    simulator's uptime): a learner is down from a kill until its relaunched process started."""
+    down = [(r["at"], r["relaunched_at"] or span[1]) for r in s["rejoins"]]
+    edges = sorted({span[0], span[1], *[min(max(t, span[0]), span[1]) for iv in down
+                                        for t in iv]})
+    up_time = 0.0
+    for a, b in zip(edges, edges[1:], strict=False):
+        mid = (a + b) / 2
+        if learners - sum(lo <= mid < hi for lo, hi in down) >= quorum:
+            up_time += b - a
+    return up_time / (span[1] - span[0]) if span[1] > span[0] else 1.0
+
+
+def figures(s: dict, reference: dict | None, quorum: int) -> dict:
     publish = sorted(r["published_at"] for r in s["rounds"] if r["merged"])
     ref_publish = sorted(r["published_at"] for r in (reference or s)["rounds"] if r["merged"])
     ref_gap = statistics.median(b - a for a, b in zip(ref_publish, ref_publish[1:],
                                                        strict=False))
     rejoin = [r["rejoin_seconds"] for r in s["rejoins"] if r["rejoin_seconds"] is not None]
     ledger = s["ledger"]
+    learners = len(s["learner_attempts"])
+    start = s["started"]
     out = {
+        "quorum_uptime": quorum_uptime(s, quorum, learners, (publish[0], publish[-1])),
+        "quorum": quorum,
         "faults_fired": s.get("faults_fired", {}),
         "rounds_merged": s["rounds_merged"], "rounds_opened": s["rounds_opened"],
         "uptime": stall_uptime(publish, ref_gap),
@@ -138,7 +158,16 @@ def figures(s: dict, reference: dict | None) -> dict:
                          if s.get("learner_capacity_tokens") else None),
         "relaunch_seconds": [r["relaunched_at"] - r["at"] for r in s["rejoins"]
                              if r["relaunched_at"] is not None],
-        "learners": len(s["learner_attempts"]),
+        "learners": learners,
+        # The timeline, in seconds after the train job was launched.
+        "outages": [{"learner": r["learner"], "kind": r["kind"], "at": r["at"] - start,
+                     "relaunched": (r["relaunched_at"] or start) - start,
+                     "back_in_round": r["back_in_round"],
+                     "merged_again": (None if r["rejoin_seconds"] is None
+                                      else r["at"] + r["rejoin_seconds"] - start)}
+                    for r in s["rejoins"]],
+        "merges_published": [t - start for t in publish],
+        "eval_curve": [(t - start, v) for t, v in s["eval_curve"]],
         "initial_eval_loss": s["initial_eval_loss"],
         "final_eval_loss": s["final_eval_loss"],
         "wall_seconds": s["wall_seconds"], "tokens": s["tokens"],
@@ -156,30 +185,33 @@ def figures(s: dict, reference: dict | None) -> dict:
     return out
 
 
-def plot(runs: dict, path: Path) -> None:
+def plot(result: dict, path: Path) -> None:
+    """Held-out loss and global-model progress over wall time, from the results JSON."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    styles = {"decoupled": "tab:blue", "synchronous": "tab:red"}
-    for name, s in runs.items():
+    colors = {"decoupled": "tab:blue", "synchronous": "tab:red"}
+    for name, r in result["runs"].items():
         method, faulty = name.split("/")
-        ls = "-" if faulty == "tape" else ":"
-        start = s["started"]
-        curve = s["eval_curve"]
-        axes[0].plot([t - start for t, _ in curve], [v for _, v in curve], ls,
-                     color=styles[method], label=f"{method}, {faulty}")
-        publish = sorted(r["published_at"] - start for r in s["rounds"] if r["merged"])
-        axes[1].step(publish, range(1, len(publish) + 1), ls, where="post",
-                     color=styles[method], label=f"{method}, {faulty}")
-        if faulty == "tape":
-            for f in s["faults"]:
-                axes[1].axvline(f["time"] - start, color=styles[method], alpha=0.15, lw=1)
-    axes[0].set(xlabel="wall seconds", ylabel="held-out loss", title="Held-out loss")
-    axes[1].set(xlabel="wall seconds", ylabel="merges committed",
-                title="Global model progress (faint lines: faults fired)")
+        style = {"linestyle": "-" if faulty == "tape" else ":", "color": colors[method]}
+        label = f"{method}, {faulty.replace('_', '-')}"
+        curve = r["eval_curve"]
+        axes[0].plot([t for t, _ in curve], [v for _, v in curve], label=label, **style)
+        # A merge updates one fragment: P merges make one full-model sync.
+        P = result["fragments"][method]
+        publish = r["merges_published"]
+        axes[1].step(publish, [(i + 1) / P for i in range(len(publish))], where="post",
+                     label=label, **style)
+        for outage in r["outages"] if faulty == "tape" else []:
+            axes[1].axvspan(outage["at"], outage["relaunched"], color=colors[method],
+                            alpha=0.08, lw=0)
+    axes[0].set(xlabel="wall seconds after launch", ylabel="held-out loss",
+                title="Held-out loss after each merge")
+    axes[1].set(xlabel="wall seconds after launch", ylabel="full-model syncs (merges / P)",
+                title="Global model progress (shaded: a learner down)")
     for ax in axes:
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
@@ -197,7 +229,18 @@ def main() -> None:
     parser.add_argument("--webserver-restart-at", type=float, default=200.0)
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     parser.add_argument("--plot", default=str(PLOT))
+    parser.add_argument("--plot-only", action="store_true",
+                        help="redraw the plot and table from --out, run nothing")
     args = parser.parse_args()
+    if args.plot_only:
+        result = json.loads(Path(args.out).read_text())
+        if "fragments" not in result:  # results written before the field existed
+            result["fragments"] = {m: c.sync.num_fragments for m, c in
+                                   configs(result["config"]["token_budget"]).items()}
+            Path(args.out).write_text(json.dumps(result, indent=2))
+        plot(result, Path(args.plot))
+        print_table(result["runs"])
+        return
     os.environ.setdefault("DILOCO_TICK_SECONDS", "2")
     # Stopped with SIGTERM (or SIGINT, which background jobs ignore): unwind, so that the
     # Dagster instance of the current run (its own process groups) is stopped too.
@@ -229,13 +272,15 @@ def main() -> None:
                    "synchronous": "synchronous_config(decoupled) + "
                                   "orchestration.block_on_overlap=true"},
         "tape": tape,
+        "fragments": {method: cfg.sync.num_fragments for method, cfg in cfgs.items()},
         "runs": {name: figures(s, None if name.endswith("fault_free")
-                               else runs[name.replace("tape", "fault_free")])
+                               else runs[name.replace("tape", "fault_free")],
+                               cfgs[name.split("/")[0]].sync.min_quorum)
                  for name, s in runs.items()},
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
-    plot(runs, Path(args.plot))
+    plot(result, Path(args.plot))
     print_table(result["runs"])
     print(f"written to {args.out} and {args.plot}")
 
@@ -244,11 +289,11 @@ def print_table(runs: dict) -> None:
     def fmt(v, spec):
         return "-" if v is None else format(v, spec)
 
-    print(f"{'run':24} {'faults':>6} {'merges':>6} {'uptime':>6} {'goodput':>7} "
+    print(f"{'run':24} {'faults':>6} {'merges':>6} {'uptime':>6} {'K-up':>6} {'goodput':>7} "
           f"{'rejoin med/max s':>16} {'loss':>6} {'vs free':>7} {'wall s':>6}  ledger")
     for name, r in runs.items():
         print(f"{name:24} {sum(r['faults_fired'].values()):>6} {r['rounds_merged']:>6} "
-              f"{r['uptime']:>6.3f} {fmt(r['goodput'], '.3f'):>7} "
+              f"{r['uptime']:>6.3f} {r['quorum_uptime']:>6.3f} {fmt(r['goodput'], '.3f'):>7} "
               f"{fmt(r['rejoin_seconds_median'], '.0f'):>7}/"
               f"{fmt(r['rejoin_seconds_max'], '.0f'):<8}"
               f" {r['final_eval_loss']:>6.3f} "
