@@ -103,16 +103,6 @@ def soak_run(cfg, tape_path: Path | None, workdir: Path) -> dict:
     return summary
 
 
-def stall_uptime(publish: list[float], reference_gap: float) -> float:
-    """Share of [first, last merge] in which merges kept coming, a gap longer than twice the
-    fault-free run's median gap counting as down for its excess."""
-    if len(publish) < 2:
-        return 0.0
-    gaps = [b - a for a, b in zip(publish, publish[1:], strict=False)]
-    down = sum(max(0.0, g - 2 * reference_gap) for g in gaps)
-    return 1.0 - down / (publish[-1] - publish[0])
-
-
 def quorum_uptime(s: dict, quorum: int, learners: int, span: tuple[float, float]) -> float:
     """Share of `span` in which at least `quorum` learner processes were up (the goodput
     simulator's uptime): a learner is down from a kill until its relaunched process started."""
@@ -128,6 +118,8 @@ def quorum_uptime(s: dict, quorum: int, learners: int, span: tuple[float, float]
 
 
 def figures(s: dict, reference: dict | None, quorum: int) -> dict:
+    from pipelines.run_summary import uptime
+
     publish = sorted(r["published_at"] for r in s["rounds"] if r["merged"])
     ref_publish = sorted(r["published_at"] for r in (reference or s)["rounds"] if r["merged"])
     ref_gap = statistics.median(b - a for a, b in zip(ref_publish, ref_publish[1:],
@@ -141,7 +133,7 @@ def figures(s: dict, reference: dict | None, quorum: int) -> dict:
         "quorum": quorum,
         "faults_fired": s.get("faults_fired", {}),
         "rounds_merged": s["rounds_merged"], "rounds_opened": s["rounds_opened"],
-        "uptime": stall_uptime(publish, ref_gap),
+        "uptime": uptime(publish, median_gap=ref_gap),
         "uptime_own_median": s["uptime"],
         "goodput": s["goodput"],
         "rejoins": len(s["rejoins"]),
@@ -149,13 +141,13 @@ def figures(s: dict, reference: dict | None, quorum: int) -> dict:
         "rejoin_seconds_median": statistics.median(rejoin) if rejoin else None,
         "rejoin_seconds_max": max(rejoin) if rejoin else None,
         "rounds_missed_max": max((r["rounds_missed"] or 0 for r in s["rejoins"]), default=0),
-        # Kill -> the relaunched process started (supervisor backoff, run launch, imports):
-        # the repair time of the goodput simulator's cross-check.
         "utilisation": (ledger["tokens_processed"] / s["learner_capacity_tokens"]
                         if s.get("learner_capacity_tokens") else None),
         "failure_loss": (sum(ledger["tokens"][k] for k in FAILURE_FATES)
                          / s["learner_capacity_tokens"]
                          if s.get("learner_capacity_tokens") else None),
+        # Kill -> the relaunched process started (supervisor backoff, run launch, imports):
+        # the repair time of the goodput simulator's cross-check.
         "relaunch_seconds": [r["relaunched_at"] - r["at"] for r in s["rejoins"]
                              if r["relaunched_at"] is not None],
         "learners": learners,

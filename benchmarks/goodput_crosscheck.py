@@ -54,8 +54,6 @@ def main() -> None:
 
     soak = json.loads(Path(args.soak).read_text())
     runs = soak["runs"]
-    quorum = int(next(o.split("=")[1] for o in soak["config"]["overrides"]
-                      if o.startswith("sync.min_quorum=")))
     rows = {}
     for method, sim_key in (("decoupled", "decoupled"), ("synchronous", "synchronous_diloco")):
         tape, free = runs[f"{method}/tape"], runs[f"{method}/fault_free"]
@@ -66,8 +64,8 @@ def main() -> None:
         rejoin = tape["rejoin_seconds_median"] or relaunch
         learners = tape["learners"]
         measured = tape["goodput"] / free["goodput"]
-        sims = {name: simulate(learners, learners if method == "synchronous" else quorum,
-                               kills, tape["wall_seconds"], repair, args.seeds)
+        sims = {name: simulate(learners, tape["quorum"], kills, tape["wall_seconds"], repair,
+                               args.seeds)
                 for name, repair in (("repair=relaunch", relaunch), ("repair=rejoin", rejoin))}
         rows[method] = {
             "kills": kills, "wall_seconds": tape["wall_seconds"],

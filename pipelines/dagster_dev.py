@@ -139,11 +139,6 @@ class DagsterDev:
         self.services: dict[str, Service] = {}
         self.restarts: list[dict] = []
 
-    @property
-    def process(self) -> subprocess.Popen | None:
-        main = self.services.get("webserver" if self.split else "dev")
-        return main.process if main else None
-
     def _build_services(self) -> None:
         py = sys.executable
         if not self.split:

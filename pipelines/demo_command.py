@@ -97,22 +97,14 @@ def _restart_due(dev: DagsterDev, store: ArtifactStore, watch: Watch, launched: 
               f"({dev.restarts[-1]['reaped_runs']} orphaned runs marked failed)", flush=True)
 
 
-def _read_tape(path: str, cfg: ExperimentConfig):
-    from diloco_core.fault_tape import TapeError, tape_from_mapping
-
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except (OSError, json.JSONDecodeError) as err:
-        raise TapeError(f"--fault-tape: cannot read {path}: {err}") from None
-    return tape_from_mapping(data, cfg.learners.learner_names)
-
-
 def run_demo(cfg: ExperimentConfig, *, chaos: bool, json_path: str | None, workdir: str | None,
              port: int | None, timeout: float, store_uri: str | None = None,
              fault_tape_path: str | None = None) -> int:
     # Validate the tape here too: its Dagster faults are this command's to execute.
-    tape = _read_tape(fault_tape_path, cfg) if fault_tape_path else None
+    from resources.faults import read_tape_file
+
+    tape = (read_tape_file(fault_tape_path, cfg.learners.learner_names)
+            if fault_tape_path else None)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     root = Path(workdir or f"runs/demo-{stamp}").resolve()
     root.mkdir(parents=True, exist_ok=True)

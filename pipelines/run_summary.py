@@ -33,11 +33,13 @@ def merge_records(store: ArtifactStore, num_fragments: int) -> list[dict]:
     return sorted(records, key=lambda m: m.get("published_at") or 0.0)
 
 
-def uptime(publish_times: list[float]) -> float:
+def uptime(publish_times: list[float], median_gap: float | None = None) -> float:
+    """`median_gap`: the steady gap between merges to measure stalls against (default: this
+    run's own median; the chaos soak passes its fault-free run's)."""
     if len(publish_times) < 3:
         return 1.0
     gaps = [b - a for a, b in zip(publish_times, publish_times[1:], strict=False)]
-    allowed = 2.0 * statistics.median(gaps)
+    allowed = 2.0 * (statistics.median(gaps) if median_gap is None else median_gap)
     span = publish_times[-1] - publish_times[0]
     down = sum(max(0.0, g - allowed) for g in gaps)
     return 1.0 - down / span if span > 0 else 1.0

@@ -34,7 +34,7 @@ def offer_fates(store: ArtifactStore, num_fragments: int, learners: Sequence[str
                 continue
             try:
                 manifest = store.contribution_manifest(r, learner) or {}
-            except RejectedArtifact:  # unreadable: its claim shows up as unmatched below
+            except RejectedArtifact:  # unreadable: the learner's claim counts as offer_not_stored
                 continue
             extra = manifest.get("extra") or {}
             offers[(r, learner)] = {"attempt": extra.get("attempt", 0),

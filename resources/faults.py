@@ -14,6 +14,7 @@ that is the audit trail, and what keeps a fault from firing twice (a learner rel
 checkpoint taken before `at_step` reaches that step again).
 """
 
+import json
 import math
 import os
 import random
@@ -24,7 +25,7 @@ from dataclasses import replace
 from typing import Any
 
 from diloco_core.contribution import Contribution
-from diloco_core.fault_tape import FaultTape, tape_from_mapping
+from diloco_core.fault_tape import FaultTape, TapeError, tape_from_mapping
 from resources.store.artifact_store import ArtifactStore
 from resources.store.blobs import BlobInfo, BlobStore
 
@@ -42,6 +43,17 @@ class InjectedFault(RuntimeError):
 
 class InjectedStoreError(ConnectionError):
     """An injected transient store error (what a dropped connection or a 503 looks like)."""
+
+
+def read_tape_file(path: str, learners: list[str] | None = None) -> FaultTape:
+    """A tape from a JSON file, validated; `TapeError` (naming the file or the field) if it
+    cannot be read or is invalid."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, json.JSONDecodeError) as err:
+        raise TapeError(f"cannot read {path}: {err}") from None
+    return tape_from_mapping(data, learners)
 
 
 def load_tape(store: ArtifactStore, learners: list[str] | None = None) -> FaultTape | None:

@@ -29,7 +29,7 @@ def test_a_bad_fault_tape_is_refused_before_dagster_starts(capsys, tmp_path):
     assert "faults[0].learner" in err and "'learner-9' is not a learner" in err
     assert not workdir.exists(), "nothing may be started or written for a bad tape"
     assert main(["demo", "--fault-tape", str(tmp_path / "missing.json")]) == 2
-    assert "--fault-tape: cannot read" in capsys.readouterr().err
+    assert "invalid fault tape: cannot read" in capsys.readouterr().err
 
 
 def test_config_prints_every_default_and_reads_files(capsys, tmp_path):

@@ -118,18 +118,13 @@ def _load_tape(path: str | None, learner_names) -> dict | None:
     is written)."""
     if not path:
         return None
-    import json
-
-    from diloco_core.fault_tape import TapeError, tape_from_mapping
+    from diloco_core.fault_tape import TapeError
+    from resources.faults import read_tape_file
 
     try:
-        with open(path) as f:
-            data = json.load(f)
-        return tape_from_mapping(data, list(learner_names)).to_mapping()
-    except (OSError, json.JSONDecodeError) as err:
-        raise dg.Failure(description=f"fault_tape_path: cannot read {path}: {err}") from None
+        return read_tape_file(path, list(learner_names)).to_mapping()
     except TapeError as err:
-        raise dg.Failure(description=f"invalid fault tape {path}: {err}") from None
+        raise dg.Failure(description=f"fault_tape_path: invalid fault tape: {err}") from None
 
 
 train_job = dg.define_asset_job(
