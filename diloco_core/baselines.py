@@ -1,9 +1,9 @@
 """Baselines on the same data and token budget as a Decoupled DiLoCo run.
 
 - Data-parallel: one model, every step takes one batch from each of the M learners' shards (a
-  global batch of M x batch_size) and applies one AdamW step. On the fake clock the step takes as
-  long as the slowest learner (lock-step), and the whole job stalls while any learner is down
-  (no elasticity), then restarts.
+  global batch of all their batches together) and applies one AdamW step. On the fake clock the
+  step takes as long as the slowest learner (lock-step), and the whole job stalls while any
+  learner is down (no elasticity), then restarts.
 - Synchronous DiLoCo: the simulator itself with K = M, P = 1, tau = 0, no grace window, plain
   mean: every learner waits for every other at each sync.
 """
@@ -90,14 +90,15 @@ def run_data_parallel(cfg: ExperimentConfig, learner_streams: Sequence[np.ndarra
                 s.lost_seconds += failed_at - t
             t = failed_at
             continue
-        batch = np.concatenate([it.next() for it in iterators])
+        parts = [it.next() for it in iterators]
+        batch = np.concatenate(parts)
         state, metrics = inner.step(state, batch)
         losses.append(metrics["loss"])
-        for s, d in zip(stats, durations, strict=True):
+        for s, d, part in zip(stats, durations, parts, strict=True):
             s.busy_seconds += d
             s.idle_seconds += step_time - d
             s.steps += 1
-            s.tokens += batch.size // m
+            s.tokens += int(part.size)
         t += step_time
         up_time += step_time
         tokens += int(batch.size)

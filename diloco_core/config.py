@@ -148,7 +148,7 @@ class OuterOptConfig:
 
 
 MERGE_RULES = ("rda", "mean")
-RECEIVE_RULES = ("overwrite", "blend")
+RECEIVE_RULES = ("overwrite", "blend", "rebase")
 WEIGHTINGS = ("tokens", "uniform")
 ENCODINGS = ("fp32", "bf16", "int8", "int4", "int2")
 ANCHORS = ("global", "base")
@@ -168,7 +168,7 @@ class SyncConfig:
     ema_decay: float = 0.9         # running estimates of step / quorum / sync times
     merge_rule: str = "rda"        # rda (non-embedding tensors) + weighted mean (embeddings)
     weighting: str = "tokens"      # tokens: w = tokens^2 / steps; uniform: w = 1
-    receive_rule: str = "overwrite"
+    receive_rule: str = "overwrite"  # or "blend", or "rebase" (keep progress since the offer)
     blend_alpha: float = 0.5       # theta <- alpha * local + (1 - alpha) * global, for "blend"
     encoding: str = "bf16"         # outer-gradient wire format
     encoding_block_size: int = 64  # values per scale for int8/int4/int2
@@ -218,16 +218,23 @@ class LearnersConfig:
     names: tuple[str, ...] = ()    # default: learner-0 .. learner-{M-1}
     regions: tuple[str, ...] = ()  # default: "local" for every learner
     speeds: tuple[float, ...] = ()  # relative step rate (1.0 = nominal, 0.5 = half as fast)
+    # Sequences per inner step, per learner (default: data.batch_size for every learner). Unequal
+    # batches model learners on hardware of different sizes; the merge weights tokens^2/steps
+    # then favour the learners that processed more tokens per step.
+    batch_sizes: tuple[int, ...] = ()
 
     def __post_init__(self):
         _require(isinstance(self.num_learners, int) and self.num_learners >= 1, "num_learners",
                  f"must be an integer >= 1, got {self.num_learners!r}")
-        for name in ("names", "regions", "speeds"):
+        for name in ("names", "regions", "speeds", "batch_sizes"):
             value = getattr(self, name)
             _require(len(value) in (0, self.num_learners), name,
                      f"has {len(value)} entries but num_learners is {self.num_learners}")
         for i, s in enumerate(self.speeds):
             _finite_positive(s, f"speeds[{i}]")
+        for i, b in enumerate(self.batch_sizes):
+            _require(isinstance(b, int) and not isinstance(b, bool) and b >= 1,
+                     f"batch_sizes[{i}]", f"must be a positive integer, got {b!r}")
         for name in ("names", "regions"):
             for i, value in enumerate(getattr(self, name)):
                 _require(_is_safe_name(value), f"{name}[{i}]",
@@ -384,18 +391,28 @@ class ExperimentConfig:
                      f"overlaps an earlier outage of learner {outage.learner} "
                      f"(ending at {last_end.get(outage.learner)}); merge them into one")
             last_end[outage.learner] = outage.end
-        _require(self.tokens_per_learner_step <= self.token_budget, "token_budget",
-                 f"is smaller than one learner step ({self.tokens_per_learner_step} tokens)")
+        _require(sum(self.learner_step_tokens) <= self.token_budget, "token_budget",
+                 f"is smaller than one step of every learner ({sum(self.learner_step_tokens)} "
+                 "tokens)")
 
     @property
     def tokens_per_learner_step(self) -> int:
+        """Tokens of one inner step at the nominal batch size (data.batch_size)."""
         return self.data.batch_size * self.data.seq_len
 
     @property
+    def learner_batch_sizes(self) -> tuple[int, ...]:
+        return self.learners.batch_sizes or (self.data.batch_size,) * self.learners.num_learners
+
+    @property
+    def learner_step_tokens(self) -> tuple[int, ...]:
+        """Tokens of one inner step of each learner."""
+        return tuple(b * self.data.seq_len for b in self.learner_batch_sizes)
+
+    @property
     def total_learner_steps(self) -> int:
-        """Inner steps per learner if all M learners share the budget equally."""
-        per_round = self.tokens_per_learner_step * self.learners.num_learners
-        return max(1, self.token_budget // per_round)
+        """Inner steps per learner if all M learners step in lock-step until the budget."""
+        return max(1, self.token_budget // sum(self.learner_step_tokens))
 
     def replace(self, **changes) -> "ExperimentConfig":
         return dataclasses.replace(self, **changes)

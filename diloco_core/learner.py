@@ -2,8 +2,17 @@
 
 Per fragment the learner keeps the anchor (the global values it last received), that version
 number, and the steps and tokens it has processed since. It never waits for the syncer: it makes
-contributions from its current parameters, and overwrites (or blends) a fragment whenever a newer
-merged version arrives, which resets that fragment's counters.
+contributions from its current parameters and takes a newer merged version of a fragment when it
+arrives, by one of three receive rules:
+
+- overwrite (the paper): theta <- merged. Whatever the learner computed on the fragment after
+  its offer is discarded; the counters restart at zero.
+- blend: theta <- alpha * theta + (1 - alpha) * merged (Streaming DiLoCo's mixing).
+- rebase: theta <- merged + (theta - theta_at_offer). The merged fragment replaces what the
+  learner offered, and the progress it made since the offer (not yet in any merge) is kept on
+  top, with its counters, for its next offer. Nothing is discarded however long the merge takes,
+  at the cost of one copy of the fragment per offer in flight. With no offer since the last
+  receipt, everything since the anchor is kept.
 """
 
 from collections.abc import Mapping
@@ -25,6 +34,10 @@ class FragmentSync:
     version: int            # their version
     steps: int = 0          # inner steps since the anchor was received
     tokens: int = 0         # tokens processed since the anchor was received
+    # "rebase" only: the fragment's values and counters when it was last offered.
+    offered_values: FlatParams | None = None
+    offered_steps: int = 0
+    offered_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -54,15 +67,31 @@ class LearnerSync:
         return Contribution(self.name, fragment, round_index, sync.version, sync.tokens,
                             sync.steps, learner_step, clock, delta)
 
+    def after_offer(self, params: Mapping[str, jax.Array], plan: FragmentPlan,
+                    fragment: int) -> "LearnerSync":
+        """Remember what was offered of `fragment` (for the "rebase" receive rule)."""
+        sync = self.fragments[fragment]
+        # Copies: the learner's params are donated to its jitted step.
+        values = {name: jnp.array(params[name], copy=True) for name in plan.fragments[fragment]}
+        fragments = list(self.fragments)
+        fragments[fragment] = replace(sync, offered_values=values, offered_steps=sync.steps,
+                                      offered_tokens=sync.tokens)
+        return replace(self, fragments=tuple(fragments))
+
     def receive(self, params: FlatParams, fragment: int, merged: Mapping[str, jax.Array],
                 version: int, rule: str = "overwrite", alpha: float = 0.5
                 ) -> tuple[FlatParams, "LearnerSync"]:
-        """Take a merged fragment: overwrite (alpha = 0) or blend, then reset its counters.
+        """Take a merged fragment by `rule` (see the module docstring) and reset its counters
+        (under "rebase", to what was processed since the offer).
 
         A version not newer than the one held is ignored, so out-of-order deliveries are safe.
         """
-        if version <= self.fragments[fragment].version:
+        sync = self.fragments[fragment]
+        if version <= sync.version:
             return params, self
+        if rule not in ("overwrite", "blend", "rebase"):
+            raise ValueError(f"unknown receive rule {rule!r}")
+        base = sync.offered_values if sync.offered_values is not None else sync.anchor
         new_params = dict(params)
         for name, value in merged.items():
             if rule == "overwrite":
@@ -72,7 +101,13 @@ class LearnerSync:
             elif rule == "blend":
                 new_params[name] = alpha * params[name] + (1.0 - alpha) * value
             else:
-                raise ValueError(f"unknown receive rule {rule!r}")
+                new_params[name] = value + (params[name] - base[name])
+        steps = tokens = 0
+        if rule == "rebase":
+            kept_from = sync.offered_values is not None
+            steps = sync.steps - (sync.offered_steps if kept_from else 0)
+            tokens = sync.tokens - (sync.offered_tokens if kept_from else 0)
         fragments = list(self.fragments)
-        fragments[fragment] = FragmentSync({k: jnp.asarray(v) for k, v in merged.items()}, version)
+        fragments[fragment] = FragmentSync({k: jnp.asarray(v) for k, v in merged.items()}, version,
+                                           steps, tokens)
         return new_params, replace(self, fragments=tuple(fragments))

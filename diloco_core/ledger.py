@@ -62,7 +62,11 @@ class AttemptLedger:
         return replace(self, unclaimed=tuple(unclaimed),
                        claims=self.claims + ((round_index, fragment, claim),)), claim
 
-    def received(self, fragment: int) -> "AttemptLedger":
+    def received(self, fragment: int, keeps_local: bool = False) -> "AttemptLedger":
+        """A merged fragment arrived. Overwrite and blend supersede what is unclaimed; the
+        "rebase" rule (`keeps_local`) keeps it for the next offer to claim."""
+        if keeps_local:
+            return self
         unclaimed, superseded = list(self.unclaimed), list(self.superseded)
         superseded[fragment] += unclaimed[fragment]
         unclaimed[fragment] = 0

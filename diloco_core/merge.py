@@ -88,3 +88,12 @@ def pairwise_cosines(grads: Sequence[Mapping[str, jax.Array]]) -> np.ndarray:
     vecs = jnp.stack([jnp.concatenate([jnp.ravel(g[n]) for n in sorted(g)]) for g in grads])
     units = jax.vmap(_unit)(vecs)
     return np.asarray(units @ units.T)
+
+
+def mean_pairwise_cosine(grads: Sequence[Mapping[str, jax.Array]]) -> float | None:
+    """The mean of the off-diagonal pairwise cosines; None with fewer than two gradients."""
+    m = len(grads)
+    if m < 2:
+        return None
+    cos = pairwise_cosines(grads)
+    return float((cos.sum() - np.trace(cos)) / (m * (m - 1)))

@@ -86,7 +86,7 @@ class _Round:
 
 def learner_data(cfg: ExperimentConfig, index: int, stream: np.ndarray) -> BatchIterator:
     """Learner `index`'s batches: its own shard, its own seeded order (shared with baselines)."""
-    return BatchIterator(stream, cfg.data.batch_size, cfg.data.seq_len,
+    return BatchIterator(stream, cfg.learner_batch_sizes[index], cfg.data.seq_len,
                          seed=cfg.seed * 1000 + index)
 
 
@@ -311,11 +311,17 @@ class Simulation:
         contribution = learner.sync.contribution(
             learner.train.params, self.plan, rnd.fragment, rnd.index, learner.stats.steps, t,
             self.sync_cfg.encoding, self.sync_cfg.encoding_block_size)
+        self._record_offer(learner, rnd, contribution, t)
+        self._evaluate(rnd, t)
+
+    def _record_offer(self, learner: _Learner, rnd: _Round, contribution: Contribution,
+                      t: float) -> None:
         rnd.arrivals[learner.name] = t
         rnd.contributions[learner.name] = contribution
         learner.offered[rnd.index] = learner.stats.steps
         self.bytes_up += contribution.nbytes
-        self._evaluate(rnd, t)
+        if self.sync_cfg.receive_rule == "rebase":
+            learner.sync = learner.sync.after_offer(learner.train.params, self.plan, rnd.fragment)
 
     def _has_news(self, learner: _Learner, fragment: int) -> bool:
         """Whether the learner has progress on `fragment` that no offer of it covers yet.
@@ -398,8 +404,8 @@ class Simulation:
     def _finish(self) -> None:
         """End of the budget: every live learner offers the open rounds, which merge; merges in
         flight land; then one final round per fragment merges whatever progress no offer covers
-        yet. Only what overwrite discards anyway is left out: steps taken on a fragment while an
-        offer of it was in flight (at most tau per fragment)."""
+        yet. Only what overwrite discards anyway is left out (nothing under "rebase"): steps taken
+        on a fragment while an offer of it was in flight (at most tau per fragment)."""
         t = self.now
         self.next_eval_tokens = math.inf  # one eval, after the final rounds
         for learner in self.learners:
@@ -432,10 +438,7 @@ class Simulation:
                     learner.train.params, self.plan, rnd.fragment, rnd.index,
                     learner.stats.steps, t, self.sync_cfg.encoding,
                     self.sync_cfg.encoding_block_size)
-                rnd.arrivals[learner.name] = t
-                rnd.contributions[learner.name] = contribution
-                learner.offered[rnd.index] = learner.stats.steps
-                self.bytes_up += contribution.nbytes
+                self._record_offer(learner, rnd, contribution, t)
         if rnd.arrivals:
             self._merge(rnd, t, sorted(rnd.arrivals, key=lambda n: (rnd.arrivals[n], n)), (),
                         reason)

@@ -22,7 +22,7 @@ from diloco_core.compression import decode
 from diloco_core.config import SyncConfig
 from diloco_core.contribution import Contribution
 from diloco_core.fragments import FragmentPlan
-from diloco_core.merge import merge_outer_grads, tree_norm
+from diloco_core.merge import mean_pairwise_cosine, merge_outer_grads, tree_norm
 from diloco_core.outer import outer_step
 from diloco_core.screening import screen_norms
 from diloco_core.weights import normalized_weights
@@ -65,6 +65,9 @@ class MergeRecord:
     merged_norm: float = 0.0
     update_norm: float = 0.0
     bytes_in: int = 0
+    # Mean pairwise cosine of the members' outer gradients (None with fewer than two): near 0,
+    # learners' progress is near-orthogonal and a plain mean shrinks it (why RDA exists).
+    mean_cosine: float | None = None
 
 
 @dataclass(frozen=True)
@@ -169,7 +172,8 @@ def merge_fragment(current: FragmentState, names: Sequence[str], num_fragments: 
         tokens=tuple(c.tokens for c in members), steps=tuple(c.steps for c in members),
         rejected=rejected, late=tuple(late),
         outer_grad_norms=tuple(n for _, _, n in kept),
-        merged_norm=tree_norm(merged), update_norm=tree_norm(update), bytes_in=bytes_in)
+        merged_norm=tree_norm(merged), update_norm=tree_norm(update), bytes_in=bytes_in,
+        mean_cosine=mean_pairwise_cosine(grads))
     return new_params, new_opt, record
 
 

@@ -291,9 +291,11 @@ class RoundController:
                 return
             final = True
         else:
-            needed = cfg.sync.round_interval_steps * cfg.tokens_per_learner_step
+            # H/P steps of each learner's own batch since the last round opened.
+            needed = {name: cfg.sync.round_interval_steps * step_tokens for name, step_tokens
+                      in zip(cfg.learners.learner_names, cfg.learner_step_tokens, strict=True)}
             at_open = state.get("tokens_at_open", {})
-            ready = [n for n in live if tokens.get(n, 0) - at_open.get(n, 0) >= needed]
+            ready = [n for n in live if tokens.get(n, 0) - at_open.get(n, 0) >= needed[n]]
             if len(ready) < cfg.sync.min_quorum:
                 return
             final = False

@@ -12,7 +12,12 @@ from diloco_core.compression import encode
 from diloco_core.config import OuterOptConfig, SyncConfig
 from diloco_core.contribution import Contribution
 from diloco_core.fragments import plan_fragments
-from diloco_core.merge import merge_outer_grads, radial_directional_average, weighted_mean
+from diloco_core.merge import (
+    mean_pairwise_cosine,
+    merge_outer_grads,
+    radial_directional_average,
+    weighted_mean,
+)
 from diloco_core.outer import build_outer_optimizer, outer_step
 from diloco_core.syncer import SyncerState, merge_round
 from diloco_core.weights import merge_weight, normalized_weights
@@ -140,3 +145,13 @@ def test_bad_contributions_are_rejected_with_a_reason():
     assert "no progress" in record.rejected["idle"]
     _, none = merge_round(state, plan, 1, 0, [nan], cfg, tx, NOT_EMBEDDING, "t")
     assert not none.merged and "rejected" in none.reason
+
+
+def test_mean_pairwise_cosine_by_hand():
+    x = {"a": jnp.array([1.0, 0.0]), "b": jnp.array([0.0])}
+    y = {"a": jnp.array([0.0, 2.0]), "b": jnp.array([0.0])}
+    z = {"a": jnp.array([3.0, 0.0]), "b": jnp.array([0.0])}
+    assert mean_pairwise_cosine([x, y]) == pytest.approx(0.0)
+    assert mean_pairwise_cosine([x, z]) == pytest.approx(1.0)
+    assert mean_pairwise_cosine([x, y, z]) == pytest.approx(1 / 3)   # pairs: 0, 1, 0
+    assert mean_pairwise_cosine([x]) is None

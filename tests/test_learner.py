@@ -1,4 +1,4 @@
-"""A learner's sync bookkeeping: counters, contributions, overwrite/blend on receipt."""
+"""A learner's sync bookkeeping: counters, contributions, overwrite/blend/rebase on receipt."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -55,3 +55,34 @@ def test_blend_mixes_local_and_global():
     # 0.25 * local + 0.75 * global = (0.5, 1.0)
     np.testing.assert_allclose(new["a"], [0.5, 1.0])
     assert sync.fragments[0].steps == 0
+
+
+def test_rebase_keeps_the_progress_made_since_the_offer():
+    params, plan, sync = _setup()
+    sync = sync.after_step(100).after_step(100)
+    offered = {"a": jnp.array([0.5, 1.5]), "b": jnp.array([3.0])}
+    sync = sync.after_offer(offered, plan, 0)
+    offered["a"] = offered["a"].at[0].set(-99.0)   # the snapshot is a copy (params are donated)
+    sync = sync.after_step(50)                      # one more step while the offer is in flight
+    now = {"a": jnp.array([0.25, 1.75]), "b": jnp.array([2.0])}
+    merged = {"a": jnp.array([0.75, 1.25])}
+    new, sync2 = sync.receive(now, 0, merged, version=1, rule="rebase")
+    # merged + (now - offered) = (0.75 - 0.25, 1.25 + 0.25)
+    np.testing.assert_allclose(new["a"], [0.5, 1.5])
+    np.testing.assert_allclose(new["b"], [2.0])
+    f = sync2.fragments[0]
+    assert (f.version, f.steps, f.tokens, f.offered_values) == (1, 1, 50, None)
+    np.testing.assert_allclose(f.anchor["a"], [0.75, 1.25])
+    # The next offer carries exactly the kept progress: anchor - theta = -(now - offered).
+    c = sync2.contribution(new, plan, 0, 3, 3, 0.0, "fp32", 64)
+    np.testing.assert_allclose(decode(c.delta["a"]), [0.25, -0.25])
+    assert (c.steps, c.tokens) == (1, 50)
+
+
+def test_rebase_without_an_offer_keeps_everything_since_the_anchor():
+    params, plan, sync = _setup()
+    sync = sync.after_step(100)
+    now = {"a": jnp.array([1.5, 2.5]), "b": jnp.array([3.0])}
+    new, sync2 = sync.receive(now, 0, {"a": jnp.array([0.0, 0.0])}, version=1, rule="rebase")
+    np.testing.assert_allclose(new["a"], [0.5, 0.5])     # merged + (now - anchor (1, 2))
+    assert (sync2.fragments[0].steps, sync2.fragments[0].tokens) == (1, 100)

@@ -61,6 +61,17 @@ def test_a_received_fragment_supersedes_what_was_unclaimed_on_it():
     assert _identity_holds(book, P)
 
 
+def test_under_rebase_a_received_fragment_keeps_what_is_unclaimed_for_the_next_offer():
+    book = AttemptLedger.start(P).after_step(10)
+    book, _ = book.offered(0, 0)
+    book = book.after_step(3).received(0, keeps_local=True)
+    assert book.superseded == (0, 0)
+    assert book.unclaimed == (3, 13)
+    book, claim = book.offered(0, 1)
+    assert claim == 3
+    assert _identity_holds(book, P)
+
+
 def test_ledger_operations_do_not_mutate():
     start = AttemptLedger.start(P)
     stepped = start.after_step(4)

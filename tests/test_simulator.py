@@ -168,6 +168,9 @@ def _assert_time_accounts_for_wall(result):
      "simulation.outages=[{learner: 0, start: 2.5, end: 7.2}]"],
     ["sync.min_quorum=3", "sync.grace_min_seconds=2.0", "simulation.step_jitter=0.2",
      "simulation.outages=[{learner: 2, start: 3.3, end: 5.1}, {learner: 2, start: 8, end: 9}]"],
+    # Rebase carries steps past a receipt: still none may be merged twice.
+    ["sync.receive_rule=rebase", "sync.overlap_steps=3", "simulation.sync_seconds=2.5",
+     "simulation.step_jitter=0.2", "simulation.outages=[{learner: 1, start: 6.5, end: 9}]"],
 ])
 def test_accounting_is_exact_and_no_step_is_merged_twice(corpus, overrides):
     result = run_simulation(tiny_cfg(*overrides), corpus.learner_streams, corpus.heldout_stream)
@@ -188,3 +191,46 @@ def test_data_parallel_loses_the_step_a_failure_interrupts(corpus):
     # 24 steps of 1 s, plus 0.2 s of the interrupted step and 0.6 s stalled.
     assert dp.wall_seconds == pytest.approx(24.8)
     _assert_time_accounts_for_wall(dp)
+
+
+def test_unequal_batch_sizes_count_tokens_per_learner_and_weight_by_them(corpus):
+    cfg = tiny_cfg("learners.batch_sizes=[2, 4, 6]")
+    assert cfg.learner_step_tokens == (64, 128, 192)
+    assert cfg.total_learner_steps == cfg.token_budget // (64 + 128 + 192)
+    result = run_simulation(cfg, corpus.learner_streams, corpus.heldout_stream)
+    for stats, step_tokens in zip(result.learners, cfg.learner_step_tokens, strict=True):
+        assert stats.tokens == stats.steps * step_tokens
+    # w = tokens^2 / steps: at equal steps a learner with 3x the batch gets 9x the weight.
+    full = [m for m in result.merges if m.merged and len(m.members) == 3
+            and len(set(m.steps)) == 1]
+    assert full, "expected rounds that merged all three learners at equal steps"
+    for m in full:
+        w = dict(zip(m.members, m.weights, strict=True))
+        assert w["learner-2"] / w["learner-0"] == pytest.approx(9.0, rel=1e-5)
+    uniform = run_simulation(tiny_cfg("learners.batch_sizes=[2, 4, 6]", "sync.weighting=uniform"),
+                             corpus.learner_streams, corpus.heldout_stream)
+    assert all(len(set(m.weights)) == 1 for m in uniform.merges if m.merged)
+    dp = run_data_parallel(cfg, corpus.learner_streams, corpus.heldout_stream)
+    for stats, step_tokens in zip(dp.learners, cfg.learner_step_tokens, strict=True):
+        assert stats.tokens == stats.steps * step_tokens
+
+
+def test_merge_records_the_learners_pairwise_cosine(corpus):
+    result = run_simulation(tiny_cfg("sync.min_quorum=3"), corpus.learner_streams,
+                            corpus.heldout_stream)
+    multi = [m for m in result.merges if m.merged and len(m.members) >= 2]
+    assert multi
+    # Learners on different shards move in related but far from identical directions.
+    assert all(-1.0 <= m.mean_cosine < 0.99 for m in multi)
+    assert all(m.mean_cosine is None for m in result.merges if len(m.members) == 1)
+
+
+def test_rebase_merges_the_steps_overwrite_discards_under_merge_latency(corpus):
+    slow = ("simulation.sync_seconds=2.5", "sync.overlap_steps=3")
+    overwrite = run_simulation(tiny_cfg(*slow), corpus.learner_streams, corpus.heldout_stream)
+    rebase = run_simulation(tiny_cfg(*slow, "sync.receive_rule=rebase"), corpus.learner_streams,
+                            corpus.heldout_stream)
+    # With 2.5 steps of merge latency, overwrite discards the steps taken while an offer is in
+    # flight; rebase keeps them for the next offer, so nearly every processed token is merged.
+    assert overwrite.merged_token_fraction < 0.8
+    assert rebase.merged_token_fraction > 0.97

@@ -237,7 +237,7 @@ class LearnerRuntime:
             if self.sync.fragments[p].version == before:
                 continue  # not newer than what it holds
             self.train = self.train.replace(params=params)
-            self.ledger = self.ledger.received(p)
+            self.ledger = self.ledger.received(p, keeps_local=s.receive_rule == "rebase")
             self.received += 1
 
     def _maybe_offer(self) -> dict | None:
@@ -252,6 +252,8 @@ class LearnerRuntime:
         contribution = self.sync.contribution(self.train.params, self.plan, p, rnd["round"],
                                               int(self.train.step), self._clock(), s.encoding,
                                               s.encoding_block_size)
+        if s.receive_rule == "rebase":
+            self.sync = self.sync.after_offer(self.train.params, self.plan, p)
         self.ledger, claim = self.ledger.offered(p, rnd["round"])
         self.awaiting[rnd["round"]] = (p, self.sync.fragments[p].version, int(self.train.step),
                                        time.monotonic())

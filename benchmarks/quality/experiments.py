@@ -1,0 +1,140 @@
+"""The nine quality experiments: which runs (arms) each compares, and the target it is held to.
+
+Every arm is the embedded default experiment (`small` preset, the standard library's source,
+4 learners, H = 16, P = 4, tau = 1, K = 1 with the grace window, bf16 outer gradients) with a few
+`field.path=value` overrides, run by one method on the reference simulator's fake clock. Arms
+that resolve to the same config, method and seed are run once and shared between experiments
+(e.g. experiment 9's fault-free references are experiment 1's runs).
+
+Budgets: experiments 1 and 9 use 1M tokens (about 122 inner steps per learner); the breadth
+experiments 2-8 use 500k tokens (about 61 steps per learner), so that all nine fit in about an
+hour on 2 CPU cores. Within an experiment every arm has the same token budget (experiment 5
+keeps tokens per learner equal across M instead, so that M = 8 is not starved of steps).
+"""
+
+from dataclasses import dataclass, field
+
+DECOUPLED, SYNCHRONOUS, DATA_PARALLEL = "decoupled_diloco", "synchronous_diloco", "data_parallel"
+HEADLINE_TOKENS = 1_000_000
+BREADTH_TOKENS = 500_000
+
+# Experiment 9's failure schedule on the fake clock (1 s per step at speed 1.0; a 1M-token run
+# lasts about 125 s): three learners down in turn, 75 learner-seconds in all (15% of the run).
+OUTAGES = ("[{learner: 1, start: 20, end: 50}, {learner: 2, start: 55, end: 80}, "
+           "{learner: 3, start: 85, end: 105}]")
+# Experiment 4: half the learners markedly slower (0.4x), every step time jittered by 20%.
+HETEROGENEOUS = ("learners.speeds=[1.0, 1.0, 0.4, 0.4]", "simulation.step_jitter=0.2")
+# Experiment 3: equal hardware still varies a little from step to step.
+HOMOGENEOUS = ("simulation.step_jitter=0.05",)
+
+
+@dataclass(frozen=True)
+class Arm:
+    label: str
+    method: str
+    overrides: tuple[str, ...] = ()
+    seed: int = 0
+    tokens: int = BREADTH_TOKENS
+
+    def all_overrides(self) -> tuple[str, ...]:
+        return (f"seed={self.seed}", f"token_budget={self.tokens}", *self.overrides)
+
+
+@dataclass(frozen=True)
+class Experiment:
+    number: int
+    slug: str
+    title: str
+    question: str
+    target: str               # as stated by the issue / the product's quality bars; "" if none
+    arms: tuple[Arm, ...] = field(default_factory=tuple)
+
+
+def _seeds(label: str, method: str, overrides: tuple[str, ...], seeds, tokens: int):
+    return tuple(Arm(label, method, overrides, s, tokens) for s in seeds)
+
+
+def _experiments() -> tuple[Experiment, ...]:
+    headline = HEADLINE_TOKENS
+    exp1 = Experiment(
+        1, "baselines", "Data-parallel vs synchronous DiLoCo vs Decoupled DiLoCo (M = 4)",
+        "At equal tokens, how far is each DiLoCo from data-parallel's held-out loss?",
+        "Decoupled DiLoCo within 2% of data-parallel held-out loss",
+        (*_seeds("data-parallel", DATA_PARALLEL, (), (0, 1), headline),
+         *_seeds("synchronous DiLoCo", SYNCHRONOUS, (), (0, 1), headline),
+         *_seeds("Decoupled DiLoCo", DECOUPLED, (), (0, 1), headline)))
+    exp2 = Experiment(
+        2, "fragments_overlap", "Fragments P and overlap tau",
+        "What do streaming fragments and overlapping their transfer cost in loss, and what do "
+        "they save in peak bytes per step?", "",
+        tuple(Arm(f"P={p} tau={tau}", DECOUPLED,
+                  (f"sync.num_fragments={p}", f"sync.overlap_steps={tau}"))
+              for p in (1, 4) for tau in (0, 1, 2)))
+    exp3 = Experiment(
+        3, "quorum_homogeneous", "Homogeneous learners: K = M vs K = 1 vs K = 1 with grace",
+        "With equal learners (5% step jitter), what does the quorum policy change?", "",
+        (Arm("K=M", DECOUPLED, (*HOMOGENEOUS, "sync.min_quorum=4")),
+         Arm("K=1", DECOUPLED, (*HOMOGENEOUS, "sync.grace_gamma=0.0")),
+         Arm("K=1 + grace", DECOUPLED, HOMOGENEOUS)))
+    exp4 = Experiment(
+        4, "quorum_heterogeneous",
+        "Heterogeneous speeds: K = M vs K = 1 vs K = 1 with grace",
+        "Two learners at 0.4x speed, 20% step jitter: goodput and loss of each quorum policy.",
+        "The paper's qualitative finding: K = M loses goodput, K = 1 alone loses quality, "
+        "K = 1 with the grace window keeps both",
+        (Arm("K=M", DECOUPLED, (*HETEROGENEOUS, "sync.min_quorum=4")),
+         Arm("K=1", DECOUPLED, (*HETEROGENEOUS, "sync.grace_gamma=0.0")),
+         Arm("K=1 + grace", DECOUPLED, HETEROGENEOUS),
+         Arm("data-parallel", DATA_PARALLEL, HETEROGENEOUS)))
+    per_learner = BREADTH_TOKENS // 4
+    exp5 = Experiment(
+        5, "merge_rule", "Merge rule: weighted mean vs RDA at M = 2, 4, 8",
+        "Does radial-directional averaging keep the outer step's size as M grows, and does it "
+        "train better? (125k tokens per learner at every M.)",
+        "RDA at least as good as the weighted mean at M = 8",
+        tuple(Arm(f"M={m} {rule}", DECOUPLED,
+                  (f"learners.num_learners={m}", f"sync.merge_rule={rule}"),
+                  tokens=per_learner * m)
+              for m in (2, 4, 8) for rule in ("mean", "rda")))
+    exp6 = Experiment(
+        6, "weighting", "Token weighting vs uniform weights, unequal batch sizes",
+        "Learners with batches of 8, 8, 24 and 24 sequences: does weighting by tokens^2/steps "
+        "beat uniform weights?", "",
+        tuple(Arm(w, DECOUPLED, ("learners.batch_sizes=[8, 8, 24, 24]", f"sync.weighting={w}"))
+              for w in ("tokens", "uniform")))
+    exp7 = Experiment(
+        7, "encoding", "Outer-gradient encodings: fp32, bf16, int8, int4, 2-bit",
+        "What does quantising the outer gradients on the wire cost in loss?",
+        "int4 within 1% of uncompressed (fp32) held-out loss",
+        (*_seeds("fp32", DECOUPLED, ("sync.encoding=fp32",), (0, 1), BREADTH_TOKENS),
+         Arm("bf16", DECOUPLED, ("sync.encoding=bf16",)),
+         Arm("int8", DECOUPLED, ("sync.encoding=int8",)),
+         *_seeds("int4", DECOUPLED, ("sync.encoding=int4",), (0, 1), BREADTH_TOKENS),
+         Arm("int2", DECOUPLED, ("sync.encoding=int2",))))
+    latency = ("simulation.sync_seconds=3.0", "sync.overlap_steps=4")
+    exp8 = Experiment(
+        8, "receive_rule", "Receive rule: overwrite vs blend (alpha = 0.5) vs rebase",
+        "When a merged fragment arrives, replace the local copy (the paper), average with it "
+        "(Streaming DiLoCo), or replace what was offered and keep the progress made since "
+        "(rebase, this project's)? At the default 0.3 s merge latency (tau = 1) and at 3 s "
+        "(tau = 4, about the real path's latency in steps).", "",
+        tuple(Arm(f"{rule}, {lat}", DECOUPLED, (*extra, f"sync.receive_rule={rule}"))
+              for lat, extra in (("0.3 s", ()), ("3 s", latency))
+              for rule in ("overwrite", "blend", "rebase")))
+    outages = (f"simulation.outages={OUTAGES}",)
+    exp9 = Experiment(
+        9, "outages", "Learner outages: Decoupled vs synchronous DiLoCo vs data-parallel",
+        "Three learners down in turn (15% of learner-time): goodput, uptime and loss against "
+        "the same method without failures.", "",
+        (Arm("Decoupled DiLoCo", DECOUPLED, outages, tokens=headline),
+         Arm("synchronous DiLoCo", SYNCHRONOUS, outages, tokens=headline),
+         Arm("data-parallel", DATA_PARALLEL, outages, tokens=headline),
+         Arm("Decoupled DiLoCo, no failures", DECOUPLED, (), tokens=headline),
+         Arm("synchronous DiLoCo, no failures", SYNCHRONOUS, (), tokens=headline),
+         Arm("data-parallel, no failures", DATA_PARALLEL, (), tokens=headline)))
+    return (exp1, exp2, exp3, exp4, exp5, exp6, exp7, exp8, exp9)
+
+
+EXPERIMENTS: dict[int, Experiment] = {e.number: e for e in _experiments()}
+# Run order for "all": the headline first, then what the issue's targets hinge on.
+RUN_ORDER = (1, 9, 4, 7, 5, 3, 2, 8, 6)

@@ -1,0 +1,124 @@
+"""Running one arm on the reference simulator and keeping its figures.
+
+Each arm's result is a JSON file named by a hash of its full config and method, so an arm shared
+by two experiments runs once, and an interrupted sweep resumes where it stopped. Nothing is
+pickled: results are plain JSON figures, never parameters.
+"""
+
+import hashlib
+import json
+import statistics
+import time
+from functools import cache
+from pathlib import Path
+
+from benchmarks.quality.experiments import DATA_PARALLEL, DECOUPLED, SYNCHRONOUS, Arm
+from diloco_core.config import ExperimentConfig
+from diloco_core.config_loading import config_from_mapping, config_to_mapping
+
+RUNS_DIR = Path(__file__).resolve().parents[1] / "results" / "quality" / "runs"
+
+
+def arm_config(arm: Arm) -> ExperimentConfig:
+    return config_from_mapping({}, arm.all_overrides())
+
+
+def arm_key(arm: Arm) -> str:
+    body = json.dumps({"method": arm.method, "config": config_to_mapping(arm_config(arm))},
+                      sort_keys=True)
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+def arm_path(arm: Arm, runs_dir: Path = RUNS_DIR) -> Path:
+    return runs_dir / f"{arm_key(arm)}.json"
+
+
+def load_arm(arm: Arm, runs_dir: Path = RUNS_DIR) -> dict | None:
+    path = arm_path(arm, runs_dir)
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+@cache
+def _corpus(name: str, learners: int, heldout_fraction: float):
+    from resources.corpus import load_corpus
+
+    return load_corpus(name, learners, heldout_fraction)
+
+
+def _merge_figures(merges) -> dict:
+    """Per-merge diagnostics over the rounds that merged 2+ learners (experiment 5)."""
+    multi = [m for m in merges if m.merged and len(m.members) >= 2]
+    ratios = [m.merged_norm / statistics.fmean(m.outer_grad_norms) for m in multi
+              if m.outer_grad_norms and statistics.fmean(m.outer_grad_norms) > 0]
+    cosines = [m.mean_cosine for m in multi if m.mean_cosine is not None]
+    merged = [m for m in merges if m.merged]
+    upload = [m.bytes_in / len(m.members) for m in merged if m.members]
+    return {
+        "merged_norm_ratio_median": statistics.median(ratios) if ratios else None,
+        "mean_cosine_median": statistics.median(cosines) if cosines else None,
+        "mean_members_per_merge": statistics.fmean(len(m.members) for m in merged)
+        if merged else 0.0,
+        "max_contribution_bytes": max(upload) if upload else 0,
+        "weights_by_learner": _mean_weights(merged),
+    }
+
+
+def _mean_weights(merged) -> dict[str, float]:
+    """Each learner's mean merge weight over the rounds that admitted it."""
+    seen: dict[str, list[float]] = {}
+    for m in merged:
+        for name, w in zip(m.members, m.weights, strict=True):
+            seen.setdefault(name, []).append(w)
+    return {name: statistics.fmean(ws) for name, ws in sorted(seen.items())}
+
+
+def _fragment_bytes(cfg: ExperimentConfig, final_params) -> int:
+    """fp32 bytes of the largest fragment (what a learner downloads per merged round)."""
+    from diloco_core.fragments import plan_fragments
+
+    plan = plan_fragments({k: v.shape for k, v in final_params.items()},
+                          cfg.sync.num_fragments)
+    return 4 * max(plan.sizes)
+
+
+def run_arm(arm: Arm, runs_dir: Path = RUNS_DIR, progress=None) -> dict:
+    """Run one arm (or return its stored result) and write its figures as JSON."""
+    stored = load_arm(arm, runs_dir)
+    if stored is not None:
+        return stored
+    from diloco_core.baselines import run_data_parallel, run_synchronous_diloco
+    from diloco_core.simulator import run_simulation
+    from pipelines.reporting import machine_info
+
+    cfg = arm_config(arm)
+    corpus = _corpus(cfg.data.corpus, cfg.learners.num_learners, cfg.data.heldout_fraction)
+    runner = {DECOUPLED: run_simulation, SYNCHRONOUS: run_synchronous_diloco,
+              DATA_PARALLEL: run_data_parallel}[arm.method]
+    started = time.perf_counter()
+    result = runner(cfg, corpus.learner_streams, corpus.heldout_stream, progress=progress)
+    elapsed = time.perf_counter() - started
+    summary = result.summary()
+    record = {
+        "arm": {"label": arm.label, "method": arm.method, "seed": arm.seed,
+                "tokens": arm.tokens, "overrides": list(arm.overrides)},
+        "key": arm_key(arm),
+        "machine": machine_info(),
+        "compute_seconds": round(elapsed, 1),
+        "config": config_to_mapping(cfg),
+        "summary": summary,
+        "idle_fraction": _idle_fraction(summary),
+        "fragment_fp32_bytes": _fragment_bytes(cfg, result.final_params),
+        **_merge_figures(result.merges),
+    }
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    path = arm_path(arm, runs_dir)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    tmp.replace(path)  # a result file exists only once complete
+    return record
+
+
+def _idle_fraction(summary: dict) -> float:
+    busy = sum(s["busy_seconds"] for s in summary["learners"])
+    idle = sum(s["idle_seconds"] for s in summary["learners"])
+    return idle / (busy + idle) if busy + idle else 0.0

@@ -1,0 +1,92 @@
+"""Quality benchmarks: the paper's findings reproduced at CPU scale on the reference simulator.
+
+    python benchmarks/quality_benchmarks.py all        # every experiment (about an hour, 2 cores)
+    python benchmarks/quality_benchmarks.py 1 4        # experiments 1 and 4 only
+    python benchmarks/quality_benchmarks.py --report   # tables, plots and docs/results.md
+                                                       # from the stored results
+
+Each arm's figures are stored in `benchmarks/results/quality/runs/` as soon as it finishes (an
+interrupted sweep resumes); each experiment's table, verdict and plot go to
+`benchmarks/results/quality/expN_<slug>.{json,md}` and `docs/img/quality_expN_<slug>.png`.
+The experiments are defined in `benchmarks/quality/experiments.py`.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.quality.experiments import EXPERIMENTS, RUN_ORDER  # noqa: E402
+
+
+def _selected(names: list[str]) -> list[int]:
+    if not names or names == ["all"]:
+        return list(RUN_ORDER)
+    chosen = []
+    for name in names:
+        if not name.isdigit() or int(name) not in EXPERIMENTS:
+            raise SystemExit(f"unknown experiment {name!r}; choose from 1-9 or 'all'")
+        chosen.append(int(name))
+    return chosen
+
+
+def run(numbers: list[int]) -> None:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from benchmarks.quality.report import write_experiment
+    from benchmarks.quality.runner import arm_key, load_arm, run_arm
+
+    console = Console(stderr=True)
+    for number in numbers:
+        exp = EXPERIMENTS[number]
+        todo = [a for a in exp.arms if load_arm(a) is None]
+        console.print(f"experiment {number} ({exp.slug}): {len(exp.arms)} arms, "
+                      f"{len(todo)} to run")
+        for arm in exp.arms:
+            label = f"{arm.label} (seed {arm.seed})"
+            with Progress(TextColumn("{task.description:<40}"), BarColumn(),
+                          MofNCompleteColumn(), TimeElapsedColumn(), console=console) as bar:
+                task = bar.add_task(label, total=arm.tokens)
+                last = [-1]
+
+                def progress(done: int, total: int, task=task, label=label, last=last) -> None:
+                    bar.update(task, completed=min(done, total))
+                    if not console.is_terminal and 10 * done // total > last[0]:
+                        last[0] = 10 * done // total  # logs: one line every 10%
+                        console.print(f"  {label}: {min(done, total):,}/{total:,} tokens")
+
+                record = run_arm(arm, progress=progress)
+            console.print(f"  {label}: held-out loss {record['summary']['final_heldout_loss']:.4f}"
+                          f" ({record['compute_seconds']} s, run {arm_key(arm)})")
+        try:  # a report bug must not cost the runs: `--report` rebuilds it from stored results
+            paths = write_experiment(exp)
+            console.print(f"  wrote {', '.join(str(p.relative_to(REPO)) for p in paths)}")
+        except Exception as err:  # noqa: BLE001
+            console.print(f"  [red]report of experiment {number} failed: {err!r}[/red]")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("experiments", nargs="*", help="experiment numbers (1-9) or 'all'")
+    parser.add_argument("--report", action="store_true",
+                        help="only rebuild tables and plots from stored results")
+    args = parser.parse_args()
+    numbers = _selected(args.experiments)
+    if not args.report:
+        run(numbers)
+    from benchmarks.quality.report import Missing, write_experiment, write_results_page
+
+    for number in numbers:
+        try:
+            for path in write_experiment(EXPERIMENTS[number]):
+                print(path.relative_to(REPO))
+        except Missing as why:
+            print(f"experiment {number}: not written, {why}")
+    print(write_results_page().relative_to(REPO))
+
+
+if __name__ == "__main__":
+    main()
