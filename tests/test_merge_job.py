@@ -71,6 +71,7 @@ def test_bad_contributions_are_rejected_with_their_reasons(harness):
     meta = out["meta"]
     assert meta["members"].value == "learner-0, learner-1"
     assert meta["version"].value == 3 and meta["merged"].value is True
+    assert -1.0 <= meta["mean_pairwise_cosine"].value <= 1.0     # two members: defined
     table = {row.data["learner"]: row.data for row in meta["decisions"].value.records}
     reasons = {name: row["reason"] for name, row in table.items() if row["status"] == "rejected"}
     assert set(reasons) == {f"learner-{i}" for i in range(2, 8)}

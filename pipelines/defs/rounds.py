@@ -100,7 +100,12 @@ def global_params(context: dg.AssetExecutionContext, store: ArtifactStoreResourc
     latency = None
     if record.get("published_at") and decision.get("quorum_at"):
         latency = record["published_at"] - decision["quorum_at"]
+    # Learners' outer gradients near-orthogonal (cosine ~0) is why the merge uses RDA; only
+    # defined with two or more members.
+    cosine = ({"mean_pairwise_cosine": float(record["mean_cosine"])}
+              if record.get("mean_cosine") is not None else {})
     yield dg.MaterializeResult(metadata={
+        **cosine,
         "experiment": artifacts.experiment,
         "fragment": outcome.fragment, "version": outcome.version,
         "parent_version": outcome.version - 1 if record.get("merged") else outcome.version,
