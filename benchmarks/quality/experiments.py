@@ -6,7 +6,8 @@ Every arm is the embedded default experiment (`small` preset, the standard libra
 that resolve to the same config, method and seed are run once and shared between experiments
 (e.g. experiment 9's fault-free references are experiment 1's runs).
 
-Budgets: experiments 1 and 9 use 1M tokens (about 122 inner steps per learner); the breadth
+Budgets: experiments 1 and 9 use 1M tokens (about 122 inner steps per learner; experiment 1
+also at 0.5M and 2M, to show how the gap to data-parallel moves with the budget); the breadth
 experiments 2-8 use 500k tokens (about 61 steps per learner), so that all nine fit in about an
 hour on 2 CPU cores. Within an experiment every arm has the same token budget (experiment 5
 keeps tokens per learner equal across M instead, so that M = 8 is not starved of steps).
@@ -62,7 +63,15 @@ def _experiments() -> tuple[Experiment, ...]:
         "Decoupled DiLoCo within 2% of data-parallel held-out loss",
         (*_seeds("data-parallel", DATA_PARALLEL, (), (0, 1), headline),
          *_seeds("synchronous DiLoCo", SYNCHRONOUS, (), (0, 1), headline),
-         *_seeds("Decoupled DiLoCo", DECOUPLED, (), (0, 1), headline)))
+         *_seeds("Decoupled DiLoCo", DECOUPLED, (), (0, 1), headline),
+         # How the gap moves with the budget (seed 0): half and twice the headline budget.
+         *(Arm(label, method, (), 0, tokens)
+           for tokens, methods in ((BREADTH_TOKENS, (DATA_PARALLEL, SYNCHRONOUS, DECOUPLED)),
+                                   (2 * headline, (DATA_PARALLEL, DECOUPLED)))
+           for label, method in (("data-parallel", DATA_PARALLEL),
+                                 ("synchronous DiLoCo", SYNCHRONOUS),
+                                 ("Decoupled DiLoCo", DECOUPLED))
+           if method in methods)))
     exp2 = Experiment(
         2, "fragments_overlap", "Fragments P and overlap tau",
         "What do streaming fragments and overlapping their transfer cost in loss, and what do "

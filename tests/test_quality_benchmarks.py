@@ -1,0 +1,46 @@
+"""The quality benchmarks' definitions stay runnable: every arm is a valid config, arms that
+mean the same run share one stored result, and each experiment compares what it says."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.quality.experiments import EXPERIMENTS, RUN_ORDER  # noqa: E402
+from benchmarks.quality.runner import arm_config, arm_key  # noqa: E402
+
+
+def test_every_arm_is_a_valid_config_and_every_experiment_runs_in_all():
+    assert sorted(RUN_ORDER) == sorted(EXPERIMENTS) == list(range(1, 10))
+    for exp in EXPERIMENTS.values():
+        labels = [(a.label, a.seed, a.tokens) for a in exp.arms]
+        assert len(set(labels)) == len(labels), exp.slug
+        for arm in exp.arms:
+            cfg = arm_config(arm)   # raises ConfigError naming the field if a definition rots
+            assert cfg.token_budget == arm.tokens and cfg.seed == arm.seed
+
+
+def test_equal_runs_share_one_result_and_different_runs_do_not():
+    exp1, exp2, exp9 = EXPERIMENTS[1], EXPERIMENTS[2], EXPERIMENTS[9]
+    headline = {(a.label, a.seed, a.tokens): arm_key(a) for a in exp1.arms}
+    free = {a.label: arm_key(a) for a in exp9.arms}
+    # Experiment 9's fault-free references are experiment 1's seed-0 runs.
+    assert free["Decoupled DiLoCo, no failures"] == headline[("Decoupled DiLoCo", 0, 1_000_000)]
+    assert free["data-parallel, no failures"] == headline[("data-parallel", 0, 1_000_000)]
+    # The default Decoupled run at 500k tokens is experiment 2's P=4 tau=1.
+    base = next(a for a in exp2.arms if a.label == "P=4 tau=1")
+    assert arm_key(base) == headline[("Decoupled DiLoCo", 0, 500_000)]
+    assert len({arm_key(a) for a in exp2.arms}) == len(exp2.arms)
+
+
+def test_each_experiment_varies_what_it_studies():
+    weighting = [arm_config(a) for a in EXPERIMENTS[6].arms]
+    assert {c.sync.weighting for c in weighting} == {"tokens", "uniform"}
+    assert all(len(set(c.learner_batch_sizes)) > 1 for c in weighting)
+    encodings = {arm_config(a).sync.encoding for a in EXPERIMENTS[7].arms}
+    assert encodings == {"fp32", "bf16", "int8", "int4", "int2"}
+    merge = {(arm_config(a).learners.num_learners, arm_config(a).sync.merge_rule)
+             for a in EXPERIMENTS[5].arms}
+    assert merge == {(m, r) for m in (2, 4, 8) for r in ("mean", "rda")}
+    outages = [arm_config(a) for a in EXPERIMENTS[9].arms if "no failures" not in a.label]
+    assert all(c.simulation.outages for c in outages)
