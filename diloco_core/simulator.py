@@ -127,6 +127,7 @@ class Simulation:
                                                   cfg.learners.learner_speeds, strict=True))]
         self.rounds: dict[int, _Round] = {}
         self.next_round = 0
+        self.last_open_at = -math.inf
         self.merges = []
         self.merge_times: dict[int, float] = {}
         self.evals: list[dict] = []
@@ -188,7 +189,7 @@ class Simulation:
         learner = self.learners[index]
         if generation != learner.generation or not learner.up:
             return  # the learner failed during this step: the step is lost
-        learner.step_started_at = None
+        started, learner.step_started_at = learner.step_started_at, None
         batch = learner.data.next()
         learner.train, metrics = self.inner.step(learner.train, batch)
         tokens = int(batch.size)
@@ -197,7 +198,13 @@ class Simulation:
         learner.stats.steps += 1
         learner.stats.tokens += tokens
         learner.stats.busy_seconds += duration
-        learner.steps_since_open += 1
+        # Count only steps begun after the last round opened: a step that was already running
+        # when it opened (even one ending at the same instant as the step that opened it)
+        # belongs to the previous interval. Otherwise, with equal step times, the learners
+        # whose step events are processed after the opener's run one step ahead of it, open
+        # the next round a step early, and the opener misses it every time.
+        if started >= self.last_open_at:
+            learner.steps_since_open += 1
         self.tokens += tokens
         self.estimates = self.estimates.observe(self.sync_cfg.ema_decay,
                                                 step=duration)
@@ -344,6 +351,7 @@ class Simulation:
         rnd = _Round(self.next_round, fragment, t)
         self.rounds[rnd.index] = rnd
         self.next_round += 1
+        self.last_open_at = t
         for learner in self.learners:
             learner.steps_since_open = 0
         # Learners waiting at a boundary offer right away; the others at their next boundary.

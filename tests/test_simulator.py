@@ -234,3 +234,13 @@ def test_rebase_merges_the_steps_overwrite_discards_under_merge_latency(corpus):
     # flight; rebase keeps them for the next offer, so nearly every processed token is merged.
     assert overwrite.merged_token_fraction < 0.8
     assert rebase.merged_token_fraction > 0.97
+
+
+def test_equal_learners_without_jitter_are_all_admitted_to_every_round(corpus):
+    # Equal step times put every learner's step end at the same instant as the one that opens
+    # a round; none of them may fall a step behind and miss rounds because of event order.
+    result = run_simulation(tiny_cfg("sync.overlap_steps=1"), corpus.learner_streams,
+                            corpus.heldout_stream)
+    regular = [m for m in result.merges if "final round" not in m.reason]
+    assert len(regular) >= 8
+    assert all(len(m.members) == 3 for m in regular), [m.members for m in regular]
