@@ -32,7 +32,7 @@ def _selected(names: list[str]) -> list[int]:
     return chosen
 
 
-def run(numbers: list[int]) -> None:
+def run(numbers: list[int], max_tokens: int | None = None) -> None:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -42,10 +42,11 @@ def run(numbers: list[int]) -> None:
     console = Console(stderr=True)
     for number in numbers:
         exp = EXPERIMENTS[number]
-        todo = [a for a in exp.arms if load_arm(a) is None]
+        arms = [a for a in exp.arms if max_tokens is None or a.tokens <= max_tokens]
+        todo = [a for a in arms if load_arm(a) is None]
         console.print(f"experiment {number} ({exp.slug}): {len(exp.arms)} arms, "
-                      f"{len(todo)} to run")
-        for arm in exp.arms:
+                      f"{len(todo)} to run now")
+        for arm in arms:
             label = f"{arm.label} (seed {arm.seed})"
             with Progress(TextColumn("{task.description:<40}"), BarColumn(),
                           MofNCompleteColumn(), TimeElapsedColumn(), console=console) as bar:
@@ -73,10 +74,12 @@ def main() -> None:
     parser.add_argument("experiments", nargs="*", help="experiment numbers (1-9) or 'all'")
     parser.add_argument("--report", action="store_true",
                         help="only rebuild tables and plots from stored results")
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="run only the arms with at most this budget (the rest later)")
     args = parser.parse_args()
     numbers = _selected(args.experiments)
     if not args.report:
-        run(numbers)
+        run(numbers, args.max_tokens)
     from benchmarks.quality.report import Missing, write_experiment, write_results_page
 
     for number in numbers:
