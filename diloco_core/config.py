@@ -391,9 +391,9 @@ class ExperimentConfig:
                      f"overlaps an earlier outage of learner {outage.learner} "
                      f"(ending at {last_end.get(outage.learner)}); merge them into one")
             last_end[outage.learner] = outage.end
-        _require(sum(self.learner_step_tokens) <= self.token_budget, "token_budget",
-                 f"is smaller than one step of every learner ({sum(self.learner_step_tokens)} "
-                 "tokens)")
+        smallest = min(self.learner_step_tokens)
+        _require(smallest <= self.token_budget, "token_budget",
+                 f"is smaller than one learner step ({smallest} tokens)")
 
     @property
     def tokens_per_learner_step(self) -> int:

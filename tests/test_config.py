@@ -38,7 +38,7 @@ def test_defaults_are_valid_and_match_the_paper_where_it_speaks():
     (["learners.batch_sizes=[8, 8]"], "learners.batch_sizes", "has 2 entries"),
     (["learners.batch_sizes=[8, 8, 0, 8]"], "learners.batch_sizes[2]", "positive integer"),
     (["name=../escape"], "name", "must match"),
-    (["token_budget=10"], "token_budget", "smaller than one step of every learner"),
+    (["token_budget=10"], "token_budget", "smaller than one learner step"),
     (["sync.nonsense=1"], "sync.nonsense", "unknown field"),
     (["sync.min_quorum=two"], "sync.min_quorum", "must be an integer"),
     (["simulation.outages=[{learner: 9, start: 1, end: 2}]"], "simulation.outages[0].learner",

@@ -64,6 +64,11 @@ def _experiments() -> tuple[Experiment, ...]:
         (*_seeds("data-parallel", DATA_PARALLEL, (), (0, 1), headline),
          *_seeds("synchronous DiLoCo", SYNCHRONOUS, (), (0, 1), headline),
          *_seeds("Decoupled DiLoCo", DECOUPLED, (), (0, 1), headline),
+         # Diagnostic: averaging the 4 AdamW learners after every step (H = 1, outer lr 1, no
+         # momentum) isolates what per-learner AdamW on 1/4 of the batch costs by itself.
+         Arm("averaging every step", SYNCHRONOUS,
+             ("sync.sync_period=1", "sync.num_fragments=1", "outer.lr=1.0", "outer.momentum=0.0"),
+             0, headline),
          # How the gap moves with the budget (seed 0): half and twice the headline budget.
          *(Arm(label, method, (), 0, tokens)
            for tokens, methods in ((BREADTH_TOKENS, (DATA_PARALLEL, SYNCHRONOUS, DECOUPLED)),
