@@ -69,6 +69,12 @@ def _experiments() -> tuple[Experiment, ...]:
          Arm("averaging every step", SYNCHRONOUS,
              ("sync.sync_period=1", "sync.num_fragments=1", "outer.lr=1.0", "outer.momentum=0.0"),
              0, headline),
+         # Diagnostic: the outer Nesterov momentum (0.9, the DiLoCo lineage's default) against
+         # plain averaging of the outer gradients (outer lr 1, no momentum), both DiLoCos.
+         *(Arm(f"{name}, outer lr 1 no momentum", method, ("outer.lr=1.0", "outer.momentum=0.0"),
+               0, headline)
+           for name, method in (("synchronous DiLoCo", SYNCHRONOUS),
+                                ("Decoupled DiLoCo", DECOUPLED))),
          # How the gap moves with the budget (seed 0): half and twice the headline budget.
          *(Arm(label, method, (), 0, tokens)
            for tokens, methods in ((BREADTH_TOKENS, (DATA_PARALLEL, SYNCHRONOUS, DECOUPLED)),

@@ -73,13 +73,17 @@ def _exp1(exp):
     budgets = sorted({a.tokens for a in exp.arms})
     for tokens in budgets:
         arms = [a for a in exp.arms if a.tokens == tokens]
+        if tokens != HEADLINE_TOKENS and any(load_arm(a) is None for a in arms):
+            continue  # the budget-trend runs are optional; the headline ones are not
         groups = _by_label(Experiment(exp.number, exp.slug, exp.title, exp.question, exp.target,
                                       tuple(arms)))
         dp = groups["data-parallel"]
         for label, group in groups.items():
             c = _common(group[0])
+            seeds = {a.seed: round(_loss(a), 4) for a in group}
             rows.append({"tokens": tokens, "method": label,
-                         **{f"loss_seed{a.seed}": round(_loss(a), 4) for a in group},
+                         **{f"loss_seed{s}": seeds.get(s) for s in sorted(
+                             {a.seed for a in exp.arms})},
                          "mean_loss": round(_mean_loss(group), 4),
                          "vs_data_parallel": round(_paired_ratio(group, dp), 4),
                          "bytes_up_per_token": c["bytes_up_per_token"],
@@ -222,7 +226,10 @@ def _plot(exp: Experiment, path: Path) -> Path:
 
     over_time = exp.number == 9
     fig, ax = plt.subplots(figsize=(7.5, 4.4))
-    for i, arm in enumerate(exp.arms):
+    # Experiment 1's extra budgets would crowd the plot: it shows the headline budget only.
+    shown = [a for a in exp.arms if load_arm(a) is not None
+             and (exp.number != 1 or a.tokens == HEADLINE_TOKENS)]
+    for i, arm in enumerate(shown):
         evals = _record(arm)["summary"]["evals"]
         x = [e["time"] if over_time else e["tokens"] / 1e6 for e in evals]
         style = "--" if arm.seed or "no failures" in arm.label else "-"
@@ -290,7 +297,8 @@ def write_experiment(exp: Experiment) -> list[Path]:
     data = {"experiment": exp.number, "slug": exp.slug, "title": exp.title,
             "question": exp.question, "target": exp.target or None, "verdict": verdict,
             "machine": _record(exp.arms[0])["machine"], "rows": rows,
-            "runs": {f"{a.label} (seed {a.seed})": _record(a)["key"] for a in exp.arms}}
+            "runs": {f"{a.label} (seed {a.seed}, {a.tokens:,} tokens)": _record(a)["key"]
+                     for a in exp.arms if load_arm(a) is not None}}
     json_path = OUT_DIR / f"{_name(exp)}.json"
     json_path.write_text(json.dumps(data, indent=2))
     md_path = OUT_DIR / f"{_name(exp)}.md"
