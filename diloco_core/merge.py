@@ -91,9 +91,19 @@ def pairwise_cosines(grads: Sequence[Mapping[str, jax.Array]]) -> np.ndarray:
 
 
 def mean_pairwise_cosine(grads: Sequence[Mapping[str, jax.Array]]) -> float | None:
-    """The mean of the off-diagonal pairwise cosines; None with fewer than two gradients."""
+    """The mean of the off-diagonal pairwise cosines; None with fewer than two gradients.
+
+    A diagnostic, computed on the host in NumPy: it must not add an XLA compilation (one per
+    fragment layout and member count) to every merge run, where latency matters.
+    """
     m = len(grads)
     if m < 2:
         return None
-    cos = pairwise_cosines(grads)
+    gram = np.zeros((m, m))
+    for name in grads[0]:
+        flat = np.stack([np.asarray(g[name], dtype=np.float32).ravel() for g in grads])
+        gram += flat.astype(np.float64) @ flat.T.astype(np.float64)
+    norms = np.sqrt(np.diag(gram))
+    denom = np.outer(norms, norms)
+    cos = np.divide(gram, denom, out=np.zeros_like(gram), where=denom > 0)
     return float((cos.sum() - np.trace(cos)) / (m * (m - 1)))
