@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -77,9 +78,20 @@ class ChaosRun:
         for name in self.h.cfg.learners.learner_names:
             self.launch(name)
         deadline = time.monotonic() + timeout
+        # The supervisor runs on its own thread, as the real one is a separate sensor: a slow
+        # tick (in-process merges in a cold environment take seconds) must not delay noticing
+        # a hung learner until after the run has finished without it.
+        done = threading.Event()
+
+        def supervise_loop() -> None:
+            while not done.is_set():
+                self.supervise()
+                done.wait(0.3)
+
+        supervisor = threading.Thread(target=supervise_loop, daemon=True)
+        supervisor.start()
         try:
             while time.monotonic() < deadline:
-                self.supervise()
                 result = self.h.tick(real_time=True)
                 if self.h.state().get("finished") if self.h.cursor else False:
                     break
@@ -87,9 +99,13 @@ class ChaosRun:
             else:
                 raise TimeoutError(f"the chaos run did not finish in {timeout:.0f}s; logs in "
                                    f"{self.workdir}")
+            done.set()
+            supervisor.join(30)
             for proc in self.procs.values():
                 proc.wait(60)
         finally:
+            done.set()
+            supervisor.join(30)
             for proc in self.procs.values():
                 if proc.poll() is None:
                     proc.kill()
