@@ -311,6 +311,9 @@ class OrchestrationConfig:
     poll_seconds: float = 0.5             # how often a learner looks for open rounds / merges
     checkpoint_every_steps: int = 50      # learner Orbax checkpoints (params, AdamW, data position)
     learner_timeout_seconds: float = 60.0  # heartbeat older than this: the learner counts as down
+    # A learner process's first inner step compiles the step program (minutes for a large model
+    # on a TPU slice); it keeps heartbeating through it for at most this long.
+    compile_timeout_seconds: float = 1800.0
     restart_backoff_seconds: float = 5.0  # first relaunch delay; doubles per consecutive failure
     restart_backoff_max_seconds: float = 60.0
     max_restarts: int = 20                # per learner, over the whole run
@@ -331,8 +334,8 @@ class OrchestrationConfig:
         _require(isinstance(self.block_on_overlap, bool), "block_on_overlap",
                  f"must be true or false, got {self.block_on_overlap!r}")
         for name in ("heartbeat_seconds", "poll_seconds", "learner_timeout_seconds",
-                     "restart_backoff_seconds", "restart_backoff_max_seconds",
-                     "round_timeout_seconds"):
+                     "compile_timeout_seconds", "restart_backoff_seconds",
+                     "restart_backoff_max_seconds", "round_timeout_seconds"):
             _finite_positive(getattr(self, name), name)
         _require(self.step_seconds_floor >= 0 and math.isfinite(self.step_seconds_floor),
                  "step_seconds_floor",

@@ -8,6 +8,7 @@ final heartbeat record comes back as a custom message.
 """
 
 import argparse
+import signal
 import sys
 
 from dagster_pipes import PipesEnvVarParamsLoader, open_dagster_pipes
@@ -18,7 +19,19 @@ from resources.store.artifact_store import ArtifactStore
 from resources.store.backends import open_blob_store
 
 
+def honour_termination() -> None:
+    """Make SIGINT raise KeyboardInterrupt, whatever this process inherited.
+
+    Dagster Pipes ends a run's learner with SIGINT, and the learner unwinds on KeyboardInterrupt
+    (final ledger record, status "failed"). But a process started under a non-interactive
+    shell's background job (`cmd &`, nohup, many CI runners) inherits SIGINT *ignored*, and
+    Python then installs no handler: such a learner, hung, could never be ended.
+    """
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(argv: list[str] | None = None) -> int:
+    honour_termination()
     under_pipes = PipesEnvVarParamsLoader().is_dagster_pipes_process()
     with open_dagster_pipes() as pipes:
         if under_pipes:

