@@ -14,12 +14,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from diloco_core.config import ExperimentConfig
-from diloco_core.data import heldout_batches
 from diloco_core.evaluation import evaluate
 from diloco_core.inner_step import InnerStep
 from diloco_core.model import init_model, param_count
+from diloco_core.objectives import batch_tokens, concat_batches
 from diloco_core.simulation_result import LearnerStats, SimulationResult
-from diloco_core.simulator import Progress, learner_data, run_simulation
+from diloco_core.simulator import Progress, heldout_data, learner_data, run_simulation
 
 
 def synchronous_config(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -64,8 +64,7 @@ def run_data_parallel(cfg: ExperimentConfig, learner_streams: Sequence[np.ndarra
     inner = InnerStep(model_def, cfg.inner, cfg.total_learner_steps)
     state = inner.init(params)
     iterators = [learner_data(cfg, i, stream) for i, stream in enumerate(learner_streams)]
-    heldout = heldout_batches(heldout_stream, cfg.data.batch_size, cfg.data.seq_len,
-                              cfg.simulation.eval_batches)
+    heldout = heldout_data(cfg, heldout_stream)
     sim = cfg.simulation
     rng = np.random.default_rng([cfg.seed, 10_000])
     stats = [LearnerStats(name) for name in cfg.learners.learner_names]
@@ -91,25 +90,24 @@ def run_data_parallel(cfg: ExperimentConfig, learner_streams: Sequence[np.ndarra
             t = failed_at
             continue
         parts = [it.next() for it in iterators]
-        batch = np.concatenate(parts)
+        batch = concat_batches(parts)
         state, metrics = inner.step(state, batch)
         losses.append(metrics["loss"])
         for s, d, part in zip(stats, durations, parts, strict=True):
             s.busy_seconds += d
             s.idle_seconds += step_time - d
             s.steps += 1
-            s.tokens += int(part.size)
+            s.tokens += batch_tokens(part)
         t += step_time
         up_time += step_time
-        tokens += int(batch.size)
+        tokens += batch_tokens(batch)
         step += 1
         if progress:
             progress(tokens, cfg.token_budget)
         if tokens >= next_eval or tokens >= cfg.token_budget:
             next_eval = tokens + eval_interval_tokens
-            ev = evaluate(model_def, state.params, heldout)
-            evals.append({"time": t, "tokens": tokens, "round": step, "loss": float(ev["loss"]),
-                          "bits_per_byte": float(ev["bits_per_byte"])})
+            evals.append({"time": t, "tokens": tokens, "round": step,
+                          **evaluate(model_def, state.params, heldout)})
     loss_values = [float(x) for x in np.asarray(losses)]
     for s in stats:
         s.train_loss = loss_values

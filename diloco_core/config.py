@@ -42,19 +42,35 @@ def _in_unit(value: float, name: str, *, low_open: bool, high_open: bool) -> Non
              name, f"must be in {interval}, got {value!r}")
 
 
+MODEL_FAMILIES = ("decoder", "vit")
+TASK_FAMILIES = {"text": "decoder", "digits": "vit"}   # each task's model family
+DIGITS_IMAGE_SIDE = 8   # scikit-learn's digits: 8x8 images, 16 grey levels, 10 classes
+DIGITS_CLASSES = 10
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    """Decoder-only transformer shape. Build with `ModelConfig.from_preset`."""
+    """Transformer shape. Build with `ModelConfig.from_preset`.
+
+    `family` "decoder" is the byte-level language model (task "text"); "vit" is a vision
+    transformer classifier over image patches (task "digits"). Either has dense MLP blocks, or
+    mixture-of-experts blocks when `n_experts` > 0 (`moe.py`).
+    """
 
     preset: str = "small"
-    vocab_size: int = 256          # byte-level tokens
+    family: str = "decoder"        # "decoder" (text) | "vit" (images)
+    vocab_size: int = 256          # byte-level tokens (decoder only)
     d_model: int = 128
     n_layers: int = 6
     n_heads: int = 4
-    d_ff: int = 512                # hidden width of the gated MLP
-    max_seq_len: int = 128         # rotary tables are built for this many positions
+    d_ff: int = 512                # hidden width of the gated MLP (of each expert, with MoE)
+    max_seq_len: int = 128         # rotary tables (decoder) / position embeddings (vit) cover this
     rope_base: float = 10_000.0
     dtype: str = "float32"         # activation/compute dtype; params are always float32
+    n_experts: int = 0             # 0: dense MLP blocks; E > 0: mixture of E experts per block
+    experts_per_token: int = 2     # top-k routing (MoE only)
+    router_aux_weight: float = 0.01  # weight of the load-balancing loss in training (MoE only)
+    patch_size: int = 2            # vit: square patches of patch_size x patch_size pixels
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len"):
@@ -69,6 +85,20 @@ class ModelConfig:
         _finite_positive(self.rope_base, "rope_base")
         _require(self.dtype in ("float32", "bfloat16"), "dtype",
                  f"must be 'float32' or 'bfloat16', got {self.dtype!r}")
+        _require(self.family in MODEL_FAMILIES, "family",
+                 f"must be one of {', '.join(MODEL_FAMILIES)}, got {self.family!r}")
+        for name in ("n_experts", "experts_per_token", "patch_size"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+                     name, f"must be an integer >= 0, got {value!r}")
+        if self.n_experts:
+            _require(1 <= self.experts_per_token <= self.n_experts, "experts_per_token",
+                     f"must be in [1, n_experts={self.n_experts}], got {self.experts_per_token}")
+        _require(isinstance(self.router_aux_weight, int | float)
+                 and math.isfinite(self.router_aux_weight) and self.router_aux_weight >= 0,
+                 "router_aux_weight", f"must be a finite number >= 0, got "
+                 f"{self.router_aux_weight!r}")
+        _require(self.patch_size >= 1, "patch_size", f"must be >= 1, got {self.patch_size}")
 
     @property
     def head_dim(self) -> int:
@@ -361,6 +391,10 @@ class ExperimentConfig:
 
     name: str = "diloco-demo"
     seed: int = 0
+    # "text": next-byte prediction on the corpus (decoder family). "digits": classification of
+    # scikit-learn's 8x8 handwritten digits (vit family); there a "token" is one image, so
+    # token_budget, batch sizes and the merge weights count images.
+    task: str = "text"
     token_budget: int = 1_000_000  # tokens processed by all learners together
     model: ModelConfig = field(default_factory=_default_model)
     data: DataConfig = field(default_factory=DataConfig)
@@ -379,12 +413,28 @@ class ExperimentConfig:
                  f"must be an integer >= 0, got {self.seed!r}")
         _require(isinstance(self.token_budget, int) and self.token_budget > 0, "token_budget",
                  f"must be a positive integer, got {self.token_budget!r}")
+        _require(self.task in TASK_FAMILIES, "task",
+                 f"must be one of {', '.join(TASK_FAMILIES)}, got {self.task!r}")
+        family = TASK_FAMILIES[self.task]
+        _require(self.model.family == family, "model.family",
+                 f"task {self.task!r} needs a {family!r} model (e.g. preset "
+                 f"{'vit-digits' if family == 'vit' else 'small'!r}), got {self.model.family!r}")
         m = self.learners.num_learners
         _require(self.sync.min_quorum <= m, "sync.min_quorum",
                  f"must be <= learners.num_learners ({m}), got {self.sync.min_quorum}")
-        _require(self.data.seq_len <= self.model.max_seq_len, "data.seq_len",
-                 f"must be <= model.max_seq_len ({self.model.max_seq_len}), "
-                 f"got {self.data.seq_len}")
+        if self.task == "text":
+            _require(self.data.seq_len <= self.model.max_seq_len, "data.seq_len",
+                     f"must be <= model.max_seq_len ({self.model.max_seq_len}), "
+                     f"got {self.data.seq_len}")
+        else:
+            p = self.model.patch_size
+            _require(DIGITS_IMAGE_SIDE % p == 0, "model.patch_size",
+                     f"must divide the {DIGITS_IMAGE_SIDE}x{DIGITS_IMAGE_SIDE} digit images, "
+                     f"got {p}")
+            patches = (DIGITS_IMAGE_SIDE // p) ** 2
+            _require(patches <= self.model.max_seq_len, "model.max_seq_len",
+                     f"must be >= the {patches} patches of an image, got "
+                     f"{self.model.max_seq_len}")
         last_end: dict[int, float] = {}
         for i, outage in sorted(enumerate(self.simulation.outages), key=lambda x: x[1].start):
             _require(outage.learner < m, f"simulation.outages[{i}].learner",
@@ -399,9 +449,14 @@ class ExperimentConfig:
                  f"is smaller than one learner step ({smallest} tokens)")
 
     @property
+    def tokens_per_example(self) -> int:
+        """Tokens one batch row counts: seq_len bytes of text, or one image."""
+        return self.data.seq_len if self.task == "text" else 1
+
+    @property
     def tokens_per_learner_step(self) -> int:
         """Tokens of one inner step at the nominal batch size (data.batch_size)."""
-        return self.data.batch_size * self.data.seq_len
+        return self.data.batch_size * self.tokens_per_example
 
     @property
     def learner_batch_sizes(self) -> tuple[int, ...]:
@@ -410,7 +465,7 @@ class ExperimentConfig:
     @property
     def learner_step_tokens(self) -> tuple[int, ...]:
         """Tokens of one inner step of each learner."""
-        return tuple(b * self.data.seq_len for b in self.learner_batch_sizes)
+        return tuple(b * self.tokens_per_example for b in self.learner_batch_sizes)
 
     @property
     def total_learner_steps(self) -> int:

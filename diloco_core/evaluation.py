@@ -1,4 +1,5 @@
-"""Held-out loss / bits-per-byte, and byte-level text generation."""
+"""Held-out loss / bits-per-byte (text) or loss / accuracy (images), and byte-level text
+generation."""
 
 import functools
 import math
@@ -7,8 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from diloco_core.inner_step import next_token_loss
 from diloco_core.model import FlatParams, ModelDef, apply_model
+from diloco_core.objectives import classification_metrics, next_token_loss
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -19,9 +20,20 @@ def _mean_loss(model_def: ModelDef, params: FlatParams, batches: jax.Array) -> j
     return losses.mean()
 
 
-def evaluate(model_def: ModelDef, params: FlatParams, batches: np.ndarray) -> dict[str, float]:
-    """Mean next-token cross-entropy over batches int32 [N, B, L]: {"loss" (nats),
-    "bits_per_byte" (= loss / ln 2: one token is one byte)}."""
+@functools.partial(jax.jit, static_argnums=0)
+def _classification(model_def: ModelDef, params: FlatParams, images: jax.Array,
+                    labels: jax.Array) -> dict[str, jax.Array]:
+    return classification_metrics(apply_model(model_def, params, images), labels)
+
+
+def evaluate(model_def: ModelDef, params: FlatParams, batches) -> dict[str, float]:
+    """Held-out metrics. Text: mean next-token cross-entropy over batches int32 [N, B, L]:
+    {"loss" (nats), "bits_per_byte" (= loss / ln 2: one token is one byte)}. Images (vit):
+    {"images": [N, H, W], "labels": [N]} -> {"loss" (nats), "accuracy"}."""
+    if model_def.cfg.family == "vit":
+        metrics = _classification(model_def, params, jnp.asarray(batches["images"], jnp.float32),
+                                  jnp.asarray(batches["labels"], jnp.int32))
+        return {k: float(v) for k, v in metrics.items()}
     batches = np.asarray(batches, dtype=np.int32)
     if batches.ndim != 3 or batches.shape[-1] < 2:
         raise ValueError(f"batches must be [N, B, L] with L >= 2, got shape {batches.shape}")

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import jax
 
+from diloco_core.moe import moe_unit
+
 FlatParams = dict[str, jax.Array]
 
 
@@ -34,20 +36,28 @@ class FragmentPlan:
 
 
 def plan_fragments(shapes: Mapping[str, Sequence[int]], num_fragments: int) -> FragmentPlan:
-    """Greedy balanced bin-packing of tensors (by number of values) into `num_fragments` groups."""
+    """Greedy balanced bin-packing of tensors (by number of values) into `num_fragments` groups.
+
+    The packed units are single tensors, except that all tensors of one mixture-of-experts layer
+    (its router and its expert stacks, `moe.moe_unit`) form one unit: a router is only
+    meaningful for the experts it was trained with, so they are synced at the same version.
+    """
     if num_fragments < 1:
         raise ValueError(f"num_fragments must be >= 1, got {num_fragments}")
-    if num_fragments > len(shapes):
+    units: dict[str, list[str]] = {}
+    for name in shapes:
+        units.setdefault(moe_unit(name) or name, []).append(name)
+    if num_fragments > len(units):
         raise ValueError(f"num_fragments ({num_fragments}) exceeds the number of parameter tensors "
-                         f"({len(shapes)}): a fragment would be empty")
-    sized = sorted(((math.prod(shape), name) for name, shape in shapes.items()),
-                   key=lambda item: (-item[0], item[1]))
+                         f"(or MoE layers) to split ({len(units)}): a fragment would be empty")
+    sized = sorted(((sum(math.prod(shapes[n]) for n in names), unit)
+                    for unit, names in units.items()), key=lambda item: (-item[0], item[1]))
     members: list[list[str]] = [[] for _ in range(num_fragments)]
     totals = [0] * num_fragments
-    for size, name in sized:
+    for size, unit in sized:
         # Lightest fragment; ties go to the lowest index so the plan is fully deterministic.
         p = min(range(num_fragments), key=lambda i: (totals[i], i))
-        members[p].append(name)
+        members[p].extend(units[unit])
         totals[p] += size
     return FragmentPlan(tuple(tuple(sorted(m)) for m in members), tuple(totals))
 

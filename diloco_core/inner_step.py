@@ -1,16 +1,16 @@
-"""The learner's inner step: one jitted AdamW update on a batch of next-token prediction."""
+"""The learner's inner step: one jitted AdamW update on a batch of the task (`objectives.py`)."""
 
 import functools
 
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from diloco_core.config import InnerOptConfig
 from diloco_core.inner_optimizer import build_inner_optimizer, build_schedule
-from diloco_core.model import FlatParams, ModelDef, apply_model
+from diloco_core.model import FlatParams, ModelDef
+from diloco_core.objectives import Batch, batch_tokens, training_loss
 
 
 class TrainState(flax.struct.PyTreeNode):
@@ -28,12 +28,6 @@ class TrainState(flax.struct.PyTreeNode):
     tokens: jax.Array  # int32 scalar: tokens processed
 
 
-def next_token_loss(model_def: ModelDef, params: FlatParams, tokens: jax.Array) -> jax.Array:
-    """Mean float32 cross-entropy (nats) of predicting tokens[:, 1:] from tokens[:, :-1]."""
-    logits = apply_model(model_def, params, tokens[:, :-1]).astype(jnp.float32)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
-
-
 class InnerStep:
     """Builds the optimizer and the jitted `step` once; `step` donates params and opt_state."""
 
@@ -48,22 +42,22 @@ class InnerStep:
         return TrainState(params=params, opt_state=self.optimizer.init(params),
                           step=jnp.zeros((), jnp.int32), tokens=jnp.zeros((), jnp.int32))
 
-    def step(self, state: TrainState, batch: jax.Array | np.ndarray,
-             ) -> tuple[TrainState, dict[str, jax.Array]]:
-        """One update on batch int32 [B, L]. `state`'s params and opt_state are donated: use only
-        the returned state.
+    def step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
+        """One update on a batch (int32 [B, L] of text, or images and labels). `state`'s params
+        and opt_state are donated: use only the returned state.
 
-        Metrics ("loss", "grad_norm" before clipping, "lr" used for this step) stay on device so
-        the caller decides when to sync.
+        Metrics ("loss" = cross-entropy, "aux_loss" of MoE routing, "grad_norm" before clipping,
+        "lr" used for this step; "accuracy" for images) stay on device so the caller decides
+        when to sync.
         """
         params, opt_state, step, tokens, metrics = self._step(
             state.params, state.opt_state, state.step, state.tokens, batch)
         return TrainState(params=params, opt_state=opt_state, step=step, tokens=tokens), metrics
 
     @staticmethod
-    def tokens_per_batch(batch: jax.Array | np.ndarray) -> int:
-        """Tokens a step on `batch` processes (B * L), as counted in `TrainState.tokens`."""
-        return int(np.prod(batch.shape))
+    def tokens_per_batch(batch: Batch) -> int:
+        """Tokens a step on `batch` processes (B * L, or B images), as in `TrainState.tokens`."""
+        return batch_tokens(batch)
 
 
 @functools.lru_cache(maxsize=16)
@@ -79,13 +73,13 @@ def _compiled_update(model_def: ModelDef, inner_cfg: InnerOptConfig, total_steps
     schedule = build_schedule(inner_cfg, total_steps)
 
     def update(params: FlatParams, opt_state: optax.OptState, step: jax.Array,
-               tokens: jax.Array, batch: jax.Array):
-        batch = batch.astype(jnp.int32)
-        loss, grads = jax.value_and_grad(next_token_loss, argnums=1)(model_def, params, batch)
+               tokens: jax.Array, batch: Batch):
+        (_, metrics), grads = jax.value_and_grad(training_loss, argnums=1, has_aux=True)(
+            model_def, params, batch)
         updates, opt_state = optimizer.update(grads, opt_state, params)
-        metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
+        metrics = {**metrics, "grad_norm": optax.tree.norm(grads),
                    "lr": jnp.asarray(schedule(step), jnp.float32)}
-        return (optax.apply_updates(params, updates), opt_state, step + 1, tokens + batch.size,
-                metrics)
+        return (optax.apply_updates(params, updates), opt_state, step + 1,
+                tokens + batch_tokens(batch), metrics)
 
     return optimizer, schedule, jax.jit(update, donate_argnums=(0, 1))

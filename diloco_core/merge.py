@@ -9,6 +9,11 @@ with weights summing to 1. Learners' outer gradients are nearly orthogonal, so t
 shrinks like 1/sqrt(M); RDA keeps the weighted mean norm and only averages directions, so the
 outer learning rate does not need re-tuning when the number of merged learners changes. Embedding
 outer gradients are not near-orthogonal (rows of rare tokens), hence the plain mean there.
+
+Mixture-of-experts expert stacks [E, ...] take RDA expert by expert: each expert is its own MLP,
+and how far a learner moved it depends on how many of its tokens were routed there, so one
+expert's norm must not set the radius or swamp the direction of another's. (The router is an
+ordinary tensor.)
 """
 
 import functools
@@ -17,6 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from diloco_core.moe import is_expert_stack
 
 FlatParams = dict[str, jax.Array]
 
@@ -57,19 +64,25 @@ def merge_outer_grads(grads: Sequence[Mapping[str, jax.Array]], weights: np.ndar
         if sorted(g) != names:
             raise ValueError("outer gradients cover different tensors")
     mean_names = frozenset(n for n in names if rule == "mean" or is_embedding(n))
+    expert_names = frozenset(n for n in names if is_expert_stack(n))
     return _merge_fragment(tuple(dict(g) for g in grads), jnp.asarray(weights, jnp.float32),
-                           mean_names)
+                           mean_names, expert_names)
 
 
-@functools.partial(jax.jit, static_argnames=("mean_names",))
+@functools.partial(jax.jit, static_argnames=("mean_names", "expert_names"))
 def _merge_fragment(grads: tuple[FlatParams, ...], weights: jax.Array,
-                    mean_names: frozenset[str]) -> FlatParams:
+                    mean_names: frozenset[str], expert_names: frozenset[str]) -> FlatParams:
     # One compiled program per (fragment layout, number of learners), not one per tensor.
     merged = {}
     for name in grads[0]:
         stack = jnp.stack([g[name].astype(jnp.float32) for g in grads])
-        merged[name] = (weighted_mean(stack, weights) if name in mean_names
-                        else radial_directional_average(stack, weights))
+        if name in mean_names:
+            merged[name] = weighted_mean(stack, weights)
+        elif name in expert_names:   # [M, E, ...]: RDA over the learners, per expert
+            merged[name] = jax.vmap(radial_directional_average, in_axes=(1, None))(stack,
+                                                                                  weights)
+        else:
+            merged[name] = radial_directional_average(stack, weights)
     return merged
 
 

@@ -1,4 +1,4 @@
-"""A decoder-only transformer in Flax NNX, and its flat-parameter view.
+"""A decoder-only transformer in Flax NNX, and its flat-parameter view (of any model family).
 
 Architecture: token embedding, `n_layers` pre-norm blocks (RMSNorm -> causal multi-head attention
 with rotary position embeddings -> residual, RMSNorm -> SwiGLU MLP -> residual), a final RMSNorm
@@ -22,6 +22,7 @@ from flax import nnx
 from jax.tree_util import DictKey, GetAttrKey
 
 from diloco_core.config import ModelConfig
+from diloco_core.moe import MoEMLP
 
 FlatParams = dict[str, jax.Array]
 
@@ -63,12 +64,14 @@ def _rms_norm(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.RMSNorm:
 
 
 class Attention(nnx.Module):
-    """Causal multi-head self-attention with rotary position embeddings."""
+    """Multi-head self-attention: causal with rotary position embeddings (decoder), or
+    bidirectional without them (vit, whose patches carry learned position embeddings)."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.n_heads = cfg.n_heads
         self.head_dim = cfg.head_dim
         self.rope_base = cfg.rope_base
+        self.causal = cfg.family == "decoder"
         self.q = _linear(cfg.d_model, cfg.d_model, cfg, rngs)
         self.k = _linear(cfg.d_model, cfg.d_model, cfg, rngs)
         self.v = _linear(cfg.d_model, cfg.d_model, cfg, rngs)
@@ -78,9 +81,10 @@ class Attention(nnx.Module):
         b, length, d = x.shape
         heads = (b, length, self.n_heads, self.head_dim)
         q, k, v = (proj(x).reshape(heads) for proj in (self.q, self.k, self.v))
-        cos, sin = rope_tables(length, self.head_dim, self.rope_base)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+        if self.causal:
+            cos, sin = rope_tables(length, self.head_dim, self.rope_base)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = jax.nn.dot_product_attention(q, k, v, is_causal=self.causal)
         return self.o(out.reshape(b, length, d))
 
 
@@ -97,17 +101,33 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
-    """Pre-norm residual block: attention then MLP."""
+    """Pre-norm residual block: attention then MLP, dense or mixture of experts (`moe.py`)."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.attn_norm = _rms_norm(cfg, rngs)
         self.attn = Attention(cfg, rngs=rngs)
         self.mlp_norm = _rms_norm(cfg, rngs)
-        self.mlp = MLP(cfg, rngs=rngs)
+        if cfg.n_experts:
+            self.moe = MoEMLP(cfg, rngs=rngs)
+        else:
+            self.mlp = MLP(cfg, rngs=rngs)
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """x [B, L, d] -> (x', this block's load-balancing loss; 0 for a dense block)."""
         x = x + self.attn(self.attn_norm(x))
-        return x + self.mlp(self.mlp_norm(x))
+        if hasattr(self, "moe"):
+            y, aux = self.moe(self.mlp_norm(x))
+            return x + y, aux
+        return x + self.mlp(self.mlp_norm(x)), jnp.zeros((), jnp.float32)
+
+
+def run_blocks(blocks: nnx.List, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The residual stream through every block, and the blocks' mean load-balancing loss."""
+    aux = jnp.zeros((), jnp.float32)
+    for block in blocks:
+        x, block_aux = block(x)
+        aux = aux + block_aux
+    return x, aux / max(len(blocks), 1)
 
 
 class Transformer(nnx.Module):
@@ -128,14 +148,13 @@ class Transformer(nnx.Module):
                                kernel_init=nnx.initializers.variance_scaling(
                                    0.1, "fan_in", "normal"))
 
-    def __call__(self, tokens: jax.Array) -> jax.Array:
+    def __call__(self, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """(logits float32 [B, L, V], mean load-balancing loss of the MoE blocks or 0)."""
         if tokens.shape[-1] > self.max_seq_len:
             raise ValueError(f"sequence length {tokens.shape[-1]} exceeds max_seq_len "
                              f"{self.max_seq_len}")
-        x = self.embed(tokens)
-        for block in self.blocks:
-            x = block(x)
-        return self.lm_head(self.final_norm(x)).astype(jnp.float32)
+        x, aux = run_blocks(self.blocks, self.embed(tokens))
+        return self.lm_head(self.final_norm(x)).astype(jnp.float32), aux
 
 
 @dataclass(frozen=True)
@@ -177,14 +196,23 @@ def _flatten(state: nnx.State) -> tuple[FlatParams, jax.tree_util.PyTreeDef, tup
     return dict(zip(names, (leaf for _, leaf in leaves), strict=True)), treedef, names
 
 
-def _only_params(module: Transformer) -> tuple[nnx.GraphDef, nnx.State]:
+def _only_params(module: nnx.Module) -> tuple[nnx.GraphDef, nnx.State]:
     graphdef, state = nnx.split(module, nnx.Param)
     return graphdef, state
 
 
+def build_module(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
+    """The module of `cfg.family`: the decoder (`Transformer`) or the `VisionTransformer`."""
+    if cfg.family == "vit":
+        from diloco_core.vit import VisionTransformer  # vit builds on this module's blocks
+
+        return VisionTransformer(cfg, rngs=rngs)
+    return Transformer(cfg, rngs=rngs)
+
+
 def make_model_def(cfg: ModelConfig) -> ModelDef:
     """The ModelDef for `cfg`, built abstractly (no parameter memory is allocated)."""
-    abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    abstract = nnx.eval_shape(lambda: build_module(cfg, nnx.Rngs(0)))
     graphdef, state = _only_params(abstract)
     _, treedef, names = _flatten(state)
     return ModelDef(cfg=cfg, graphdef=graphdef, treedef=treedef, names=names)
@@ -192,15 +220,23 @@ def make_model_def(cfg: ModelConfig) -> ModelDef:
 
 def init_model(cfg: ModelConfig, seed: int) -> tuple[ModelDef, FlatParams]:
     """Build the model with freshly initialised float32 params; deterministic for a seed."""
-    graphdef, state = _only_params(Transformer(cfg, rngs=nnx.Rngs(seed)))
+    graphdef, state = _only_params(build_module(cfg, nnx.Rngs(seed)))
     params, treedef, names = _flatten(state)
     return ModelDef(cfg=cfg, graphdef=graphdef, treedef=treedef, names=names), params
 
 
-def apply_model(model_def: ModelDef, params: FlatParams, tokens: jax.Array) -> jax.Array:
-    """Logits float32 [B, L, V] for tokens int32 [B, L]. Jittable (merges the module inside)."""
+def apply_model_with_aux(model_def: ModelDef, params: FlatParams, inputs: jax.Array
+                         ) -> tuple[jax.Array, jax.Array]:
+    """(logits, the MoE blocks' mean load-balancing loss, 0 for dense models). Decoder: tokens
+    int32 [B, L] -> [B, L, V]; vit: images float32 [B, H, W] -> [B, classes]. Jittable (merges
+    the module inside)."""
     model = nnx.merge(model_def.graphdef, model_def.to_state(params))
-    return model(tokens)
+    return model(inputs)
+
+
+def apply_model(model_def: ModelDef, params: FlatParams, inputs: jax.Array) -> jax.Array:
+    """Logits only (see `apply_model_with_aux`)."""
+    return apply_model_with_aux(model_def, params, inputs)[0]
 
 
 def abstract_params(cfg: ModelConfig) -> dict[str, jax.ShapeDtypeStruct]:
@@ -216,7 +252,7 @@ def _abstract_params(cfg: ModelConfig) -> tuple[tuple[str, jax.ShapeDtypeStruct]
     one_block = dataclasses.replace(cfg, n_layers=1)
 
     def build() -> FlatParams:
-        return _flatten(_only_params(Transformer(one_block, rngs=nnx.Rngs(0)))[1])[0]
+        return _flatten(_only_params(build_module(one_block, nnx.Rngs(0)))[1])[0]
 
     shapes = jax.eval_shape(build)
     out: dict[str, jax.ShapeDtypeStruct] = {}

@@ -33,7 +33,8 @@ class SimulationResult:
     method: str
     wall_seconds: float                       # fake-clock duration of the run
     tokens_processed: int
-    evals: list[dict]                         # {"time", "tokens", "round", "loss", "bits_per_byte"}
+    # {"time", "tokens", "round", "loss"} and "bits_per_byte" (text) or "accuracy" (digits)
+    evals: list[dict]
     merges: list[MergeRecord]
     learners: list[LearnerStats]
     uptime: float                             # share of time the global model was advancing
@@ -60,7 +61,8 @@ class SimulationResult:
         return {
             "method": self.method,
             "final_heldout_loss": self.final_loss,
-            "final_bits_per_byte": self.evals[-1]["bits_per_byte"] if self.evals else None,
+            "final_bits_per_byte": self.evals[-1].get("bits_per_byte") if self.evals else None,
+            "final_accuracy": self.evals[-1].get("accuracy") if self.evals else None,
             "tokens_processed": self.tokens_processed,
             "wall_seconds": self.wall_seconds,
             "goodput": self.goodput,

@@ -39,9 +39,11 @@ from diloco_core.contribution import Contribution
 from diloco_core.data import BatchIterator, heldout_batches
 from diloco_core.evaluation import evaluate
 from diloco_core.fragments import fragment_of_round, join_fragments, plan_fragments, split_params
+from diloco_core.image_data import ExampleIterator, Examples
 from diloco_core.inner_step import InnerStep, TrainState
 from diloco_core.learner import LearnerSync
 from diloco_core.model import init_model, is_embedding
+from diloco_core.objectives import batch_tokens
 from diloco_core.outer import build_outer_optimizer
 from diloco_core.quorum import Estimates, decide
 from diloco_core.simulation_result import LearnerStats, Rejoin, SimulationResult
@@ -84,10 +86,23 @@ class _Round:
     deadline_event: float | None = None
 
 
-def learner_data(cfg: ExperimentConfig, index: int, stream: np.ndarray) -> BatchIterator:
-    """Learner `index`'s batches: its own shard, its own seeded order (shared with baselines)."""
-    return BatchIterator(stream, cfg.learner_batch_sizes[index], cfg.data.seq_len,
-                         seed=cfg.seed * 1000 + index)
+def learner_data(cfg: ExperimentConfig, index: int, stream: np.ndarray | Examples
+                 ) -> BatchIterator | ExampleIterator:
+    """Learner `index`'s batches: its own shard (a token stream, or labelled images for the
+    digits task), its own seeded order (shared with baselines)."""
+    seed = cfg.seed * 1000 + index
+    if cfg.task == "digits":
+        return ExampleIterator(stream, cfg.learner_batch_sizes[index], seed=seed)
+    return BatchIterator(stream, cfg.learner_batch_sizes[index], cfg.data.seq_len, seed=seed)
+
+
+def heldout_data(cfg: ExperimentConfig, heldout: np.ndarray | Examples):
+    """What `evaluation.evaluate` scores: eval_batches batches of text, or every held-out
+    image."""
+    if cfg.task == "digits":
+        return heldout.as_batch()
+    return heldout_batches(heldout, cfg.data.batch_size, cfg.data.seq_len,
+                           cfg.simulation.eval_batches)
 
 
 def _copy(tree):
@@ -112,8 +127,7 @@ class Simulation:
         self.inner = InnerStep(self.model_def, cfg.inner, cfg.total_learner_steps)
         self.tx = build_outer_optimizer(cfg.outer)
         self.syncer = SyncerState.start(split_params(params, self.plan), self.tx)
-        self.heldout = heldout_batches(heldout_stream, cfg.data.batch_size, cfg.data.seq_len,
-                                       cfg.simulation.eval_batches)
+        self.heldout = heldout_data(cfg, heldout_stream)
         self.estimates = Estimates(step_seconds=cfg.simulation.step_seconds,
                                    sync_seconds=cfg.simulation.sync_seconds)
         self.learners = [
@@ -192,7 +206,7 @@ class Simulation:
         started, learner.step_started_at = learner.step_started_at, None
         batch = learner.data.next()
         learner.train, metrics = self.inner.step(learner.train, batch)
-        tokens = int(batch.size)
+        tokens = batch_tokens(batch)
         learner.sync = learner.sync.after_step(tokens)
         learner.losses.append(metrics["loss"])
         learner.stats.steps += 1
@@ -405,9 +419,7 @@ class Simulation:
     def _eval(self, t: float, round_index: int) -> None:
         self.next_eval_tokens = self.tokens + self.eval_interval_tokens
         metrics = evaluate(self.model_def, join_fragments(self.syncer.fragments), self.heldout)
-        self.evals.append({"time": t, "tokens": self.tokens, "round": round_index,
-                           "loss": float(metrics["loss"]),
-                           "bits_per_byte": float(metrics["bits_per_byte"])})
+        self.evals.append({"time": t, "tokens": self.tokens, "round": round_index, **metrics})
 
     def _finish(self) -> None:
         """End of the budget: every live learner offers the open rounds, which merge; merges in

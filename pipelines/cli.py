@@ -142,9 +142,10 @@ def _cmd_simulate(args) -> int:
 
 def _cmd_demo(args) -> int:
     from pipelines.demo_command import run_demo
-    from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
+    from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS, require_orchestratable
 
     cfg = load_config(args.config, args.overrides, base=ORCHESTRATED_DEFAULTS)
+    require_orchestratable(cfg)
     # A SIGTERM unwinds like Ctrl-C, so that the demo's Dagster instance is stopped with it.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     return run_demo(cfg, chaos=args.chaos, json_path=args.json, workdir=args.workdir,

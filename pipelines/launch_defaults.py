@@ -5,6 +5,8 @@ in-process simulator: an orchestrated round costs a Dagster run, so rounds are s
 seconds apart (H/P = 16 steps) rather than every few steps.
 """
 
+from diloco_core.config import ConfigError, ExperimentConfig
+
 # 4 learners at different speeds on the stdlib corpus, rounds every H/P = 16 steps (tens of
 # seconds on 2 cores, the granularity at which Dagster runs make sense), quorum K=2 with a short
 # grace window. Layered under a config file and --set overrides.
@@ -23,3 +25,12 @@ ORCHESTRATED_DEFAULTS = [
     "orchestration.learner_timeout_seconds=30",
     "orchestration.restart_backoff_seconds=3",
 ]
+
+
+def require_orchestratable(cfg: ExperimentConfig) -> None:
+    """Refuse, before anything starts, what only the simulator runs: the learner processes read
+    the text corpus, so the digits task is simulator-only (`diloco simulate`)."""
+    if cfg.task != "text":
+        raise ConfigError("task", f"{cfg.task!r} runs on the in-process simulator only "
+                                  f"(diloco simulate --set task={cfg.task} ...); orchestrated "
+                                  "training (train job, diloco demo) is 'text'")

@@ -27,7 +27,8 @@ def results_table(results: Sequence[SimulationResult]) -> list[dict]:
             "method": r.method,
             "heldout_loss": round(s["final_heldout_loss"], 4),
             "vs_data_parallel": round(s["final_heldout_loss"] / base, 4) if base else None,
-            "bits_per_byte": round(s["final_bits_per_byte"], 4),
+            **({"accuracy": round(s["final_accuracy"], 4)} if s.get("final_accuracy") is not None
+               else {"bits_per_byte": round(s["final_bits_per_byte"], 4)}),
             "goodput": round(s["goodput"], 3),
             "uptime": round(s["uptime"], 3),
             "rounds": s["rounds_merged"],

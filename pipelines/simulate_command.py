@@ -1,4 +1,5 @@
-"""`diloco simulate`: Decoupled DiLoCo and its baselines on the real corpus, one fake clock."""
+"""`diloco simulate`: Decoupled DiLoCo and its baselines on the real corpus (or the digits
+images, with task=digits), one fake clock."""
 
 import json
 from pathlib import Path
@@ -17,15 +18,15 @@ BASELINES = ("data_parallel", "synchronous_diloco")
 def simulate(cfg: ExperimentConfig, baselines: str, out_dir: Path, as_json: bool) -> int:
     from diloco_core.baselines import run_data_parallel, run_synchronous_diloco
     from diloco_core.simulator import run_simulation
-    from resources.corpus import load_corpus
+    from resources.task_data import load_task_data
 
     chosen = [] if baselines in ("", "none") else [b.strip() for b in baselines.split(",")]
     unknown = [b for b in chosen if b not in BASELINES]
     if unknown:
         raise SystemExit(f"diloco: unknown baseline(s) {unknown}; choose from {BASELINES}")
     console = Console(stderr=True)
-    corpus = load_corpus(cfg.data.corpus, cfg.learners.num_learners, cfg.data.heldout_fraction)
-    console.print(f"corpus {cfg.data.corpus!r}: {corpus.summary()}")
+    data = load_task_data(cfg)
+    console.print(data.description)
     runners = {"decoupled_diloco": run_simulation, "data_parallel": run_data_parallel,
                "synchronous_diloco": run_synchronous_diloco}
     results = []
@@ -42,7 +43,7 @@ def simulate(cfg: ExperimentConfig, baselines: str, out_dir: Path, as_json: bool
                         bar.update(task, decile=decile)
                         console.print(f"{method}: {min(done, total):,}/{total:,} tokens")
 
-            result = runners[method](cfg, corpus.learner_streams, corpus.heldout_stream,
+            result = runners[method](cfg, data.learner_streams, data.heldout_stream,
                                      progress=progress)
             result.method = method
             results.append(result)

@@ -8,7 +8,7 @@ import pytest
 ROOT = Path(__file__).parent.parent
 FORBIDDEN = {
     "diloco_core": {"dagster", "dagster_pipes", "resources", "pipelines", "google", "orbax",
-                    "pickle", "os", "pathlib", "subprocess", "socket", "requests"},
+                    "pickle", "os", "pathlib", "subprocess", "socket", "requests", "sklearn"},
     "resources": {"pipelines", "pickle"},
 }
 

@@ -81,3 +81,25 @@ def test_goodput_json(capsys, tmp_path):
         assert 0.0 <= out[key] <= 1.0
     assert out["decoupled"] > out["data_parallel"]
     assert (tmp_path / "g.png").stat().st_size > 1000
+
+
+def test_demo_refuses_the_simulator_only_digits_task(capsys, tmp_path):
+    workdir = tmp_path / "demo"
+    code = main(["demo", "--set", "task=digits", "--set", "model.preset=vit-digits",
+                 "--workdir", str(workdir)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "task: 'digits' runs on the in-process simulator only" in err
+    assert not workdir.exists()
+
+
+def test_simulate_the_digits_task_reports_accuracy(capsys, tmp_path):
+    digits = ["--set", "task=digits", "--set", "model.preset=vit-digits",
+              "--set", "model.n_layers=1", "--set", "data.batch_size=8",
+              "--set", "learners.num_learners=2", "--set", "sync.num_fragments=2",
+              "--set", "sync.sync_period=4", "--set", "token_budget=320"]
+    assert main(["simulate", *digits, "--baselines", "data_parallel", "--out", str(tmp_path),
+                 "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["table"]
+    assert [r["method"] for r in rows] == ["decoupled_diloco", "data_parallel"]
+    assert all(0.0 <= r["accuracy"] <= 1.0 and "bits_per_byte" not in r for r in rows)

@@ -7,8 +7,8 @@ import numpy as np
 
 from diloco_core.config import ModelConfig
 from diloco_core.evaluation import evaluate, generate
-from diloco_core.inner_step import next_token_loss
 from diloco_core.model import init_model
+from diloco_core.objectives import next_token_loss
 
 TINY = ModelConfig.from_preset("tiny")
 

@@ -88,6 +88,30 @@ def test_a_learner_offers_receives_checkpoints_stops_and_resumes(harness):
     assert again.tokens_total == 8 * h.cfg.tokens_per_learner_step   # counted across attempts
 
 
+def test_a_round_opened_right_after_its_fragment_arrived_is_offered_after_the_next_step(
+        harness):
+    # The learner holds at step 8 (max_steps), takes a merged fragment 1, and only then sees a
+    # round for fragment 1 open: nothing new to offer yet. It must not give the round up (if
+    # every learner did, the round would get no offers and no later round would open).
+    h = harness
+    runtime, thread, result = _start(h, "learner-0", max_steps=8)
+    _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("step", 0) >= 8,
+          what="8 steps")
+    _bump(h, 1, 1)
+    _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("versions") == [0, 1],
+          what="the merged fragment")
+    h.store.open_round(1, {"fragment": 1, "opened_at": time.time(), "final": False})
+    time.sleep(1.0)   # several loop iterations with the round open and nothing to offer
+    assert h.store.list_contributions(1) == []
+    runtime.max_steps = 10
+    _wait(lambda: h.store.list_contributions(1) == ["learner-0"], what="the deferred offer")
+    offer = h.store.load_contribution(1, "learner-0")
+    assert offer.fragment == 1 and offer.base_version == 1 and 1 <= offer.steps <= 2
+    h.store.request_stop({"reason": "test"})
+    thread.join(30)
+    assert result["status"] == "done"
+
+
 def test_a_stale_learner_rejoins_from_a_peers_adamw_state_and_the_global_params(harness):
     h = harness
     # One after the other (two Orbax managers saving the same step at the same moment in one

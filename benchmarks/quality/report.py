@@ -58,7 +58,7 @@ def _common(arm: Arm) -> dict:
     r = _record(arm)
     s = r["summary"]
     return {"heldout_loss": round(s["final_heldout_loss"], 4),
-            "bits_per_byte": round(s["final_bits_per_byte"], 4),
+            "bits_per_byte": _round(s["final_bits_per_byte"], 4),
             "goodput": round(s["goodput"], 3), "uptime": round(s["uptime"], 3),
             "idle_fraction": round(r["idle_fraction"], 3),
             "rounds_merged": s["rounds_merged"],
@@ -218,8 +218,55 @@ def _exp9(exp):
     return rows, None
 
 
+def _seed_columns(group: list[Arm], metric: Callable[[Arm], float], name: str, digits: int
+                  ) -> dict:
+    return {f"{name}_seed{a.seed}": round(metric(a), digits) for a in group}
+
+
+def _exp10(exp):
+    groups = _by_label(exp)
+    rows = []
+    for family in ("MoE", "dense"):
+        dp = groups[f"{family} data-parallel"]
+        for method in ("data-parallel", "Decoupled DiLoCo"):
+            group = groups[f"{family} {method}"]
+            c = _common(group[0])
+            rows.append({"model": f"{family} ({'moe-small' if family == 'MoE' else 'small'})",
+                         "method": method, **_seed_columns(group, _loss, "loss", 4),
+                         "mean_loss": round(_mean_loss(group), 4),
+                         "vs_data_parallel": round(_paired_ratio(group, dp), 4),
+                         "bytes_up_per_token": c["bytes_up_per_token"],
+                         "rounds_merged": c["rounds_merged"],
+                         "compute_seconds": round(statistics.fmean(
+                             _record(a)["compute_seconds"] for a in group), 0)})
+    return rows, None
+
+
+def _accuracy(arm: Arm) -> float:
+    return _record(arm)["summary"]["final_accuracy"]
+
+
+def _exp11(exp):
+    groups = _by_label(exp)
+    rows = []
+    for model in ("ViT", "ViT-MoE"):
+        dp = groups[f"{model} data-parallel"]
+        dp_accuracy = {a.seed: _accuracy(a) for a in dp}
+        for method in ("data-parallel", "Decoupled DiLoCo"):
+            group = groups[f"{model} {method}"]
+            rows.append({"model": model, "method": method,
+                         **_seed_columns(group, _accuracy, "accuracy", 3),
+                         "mean_accuracy": round(statistics.fmean(map(_accuracy, group)), 4),
+                         "accuracy_vs_data_parallel": round(statistics.fmean(
+                             _accuracy(a) - dp_accuracy[a.seed] for a in group), 4),
+                         "mean_loss": round(_mean_loss(group), 4),
+                         "loss_vs_data_parallel": round(_paired_ratio(group, dp), 4),
+                         "rounds_merged": _common(group[0])["rounds_merged"]})
+    return rows, None
+
+
 TABLES: dict[int, Callable] = {1: _exp1, 2: _exp2, 3: _exp3, 4: _exp4, 5: _exp5, 6: _exp6,
-                               7: _exp7, 8: _exp8, 9: _exp9}
+                               7: _exp7, 8: _exp8, 9: _exp9, 10: _exp10, 11: _exp11}
 
 
 # ---- plots -----------------------------------------------------------------------------------
@@ -230,19 +277,22 @@ def _plot(exp: Experiment, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     over_time = exp.number == 9
+    images = exp.number == 11   # the digits task: accuracy over images seen
     fig, ax = plt.subplots(figsize=(7.5, 4.4))
     # Experiment 1's extra budgets would crowd the plot: it shows the headline budget only.
     shown = [a for a in exp.arms if load_arm(a) is not None
              and (exp.number != 1 or a.tokens == HEADLINE_TOKENS)]
     for i, arm in enumerate(shown):
         evals = _record(arm)["summary"]["evals"]
-        x = [e["time"] if over_time else e["tokens"] / 1e6 for e in evals]
+        x = [e["time"] if over_time else e["tokens"] / (1e3 if images else 1e6) for e in evals]
         style = "--" if arm.seed or "no failures" in arm.label else "-"
-        ax.plot(x, [e["loss"] for e in evals], style, marker="o", markersize=2.5,
+        ax.plot(x, [e["accuracy" if images else "loss"] for e in evals], style, marker="o",
+                markersize=2.5,
                 color=f"C{i % 10}" if not arm.seed else ax.lines[-1].get_color(),
                 label=arm.label + (f" (seed {arm.seed})" if _seeded(exp) else ""))
-    ax.set_xlabel("simulated seconds" if over_time else "tokens processed (millions)")
-    ax.set_ylabel("held-out loss (nats/byte)")
+    ax.set_xlabel("simulated seconds" if over_time else "images processed (thousands)"
+                  if images else "tokens processed (millions)")
+    ax.set_ylabel("held-out accuracy" if images else "held-out loss (nats/byte)")
     ax.set_title(f"Experiment {exp.number}: {exp.title}", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)

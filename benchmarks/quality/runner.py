@@ -23,9 +23,23 @@ def arm_config(arm: Arm) -> ExperimentConfig:
     return config_from_mapping({}, arm.all_overrides())
 
 
+def _leaves(mapping: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in mapping.items():
+        if isinstance(value, dict):
+            out.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def arm_key(arm: Arm) -> str:
-    body = json.dumps({"method": arm.method, "config": config_to_mapping(arm_config(arm))},
-                      sort_keys=True)
+    """A hash of the method and of the config's fields that differ from the defaults: adding a
+    config field (at a default that keeps old behaviour) leaves every stored result valid."""
+    defaults = _leaves(config_to_mapping(ExperimentConfig()))
+    changed = {k: v for k, v in _leaves(config_to_mapping(arm_config(arm))).items()
+               if k not in defaults or defaults[k] != v}
+    body = json.dumps({"method": arm.method, "config": changed}, sort_keys=True)
     return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
@@ -39,10 +53,13 @@ def load_arm(arm: Arm, runs_dir: Path = RUNS_DIR) -> dict | None:
 
 
 @cache
-def _corpus(name: str, learners: int, heldout_fraction: float):
-    from resources.corpus import load_corpus
+def _data(task: str, corpus: str, learners: int, heldout_fraction: float, seed: int):
+    from resources.task_data import load_task_data
 
-    return load_corpus(name, learners, heldout_fraction)
+    return load_task_data(config_from_mapping({}, [
+        f"task={task}", f"data.corpus={corpus}", f"learners.num_learners={learners}",
+        f"data.heldout_fraction={heldout_fraction}", f"seed={seed}",
+        *(["model.preset=vit-digits"] if task == "digits" else [])]))
 
 
 def _merge_figures(merges) -> dict:
@@ -91,11 +108,13 @@ def run_arm(arm: Arm, runs_dir: Path = RUNS_DIR, progress=None) -> dict:
     from pipelines.reporting import machine_info
 
     cfg = arm_config(arm)
-    corpus = _corpus(cfg.data.corpus, cfg.learners.num_learners, cfg.data.heldout_fraction)
+    # The text corpus split does not depend on the seed; the digits split does.
+    data = _data(cfg.task, cfg.data.corpus, cfg.learners.num_learners,
+                 cfg.data.heldout_fraction, cfg.seed if cfg.task == "digits" else 0)
     runner = {DECOUPLED: run_simulation, SYNCHRONOUS: run_synchronous_diloco,
               DATA_PARALLEL: run_data_parallel}[arm.method]
     started = time.perf_counter()
-    result = runner(cfg, corpus.learner_streams, corpus.heldout_stream, progress=progress)
+    result = runner(cfg, data.learner_streams, data.heldout_stream, progress=progress)
     elapsed = time.perf_counter() - started
     summary = result.summary()
     record = {

@@ -10,7 +10,7 @@ import dagster as dg
 from pydantic import Field
 
 from pipelines.defs.partitions import learners
-from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
+from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS, require_orchestratable
 from resources.store.resource import ArtifactStoreResource
 
 
@@ -51,6 +51,7 @@ def start_experiment(context: dg.AssetExecutionContext, config: TrainingConfig,
     try:
         base = ORCHESTRATED_DEFAULTS if config.orchestrated_defaults else ()
         cfg = load_config(config.config_path, list(config.overrides), base=base)
+        require_orchestratable(cfg)
     except ConfigError as err:
         raise dg.Failure(description=f"invalid experiment config: {err}") from None
     tape = _load_tape(config.fault_tape_path, cfg.learners.learner_names)

@@ -20,17 +20,19 @@ def reference_simulation(context: dg.AssetExecutionContext,
                          config: SimulationRunConfig) -> dg.MaterializeResult:
     from diloco_core.simulator import run_simulation
     from pipelines.cli import load_config
-    from resources.corpus import load_corpus
+    from resources.task_data import load_task_data
 
     cfg = load_config(config.config_path, list(config.overrides))
-    corpus = load_corpus(cfg.data.corpus, cfg.learners.num_learners, cfg.data.heldout_fraction)
-    result = run_simulation(cfg, corpus.learner_streams, corpus.heldout_stream)
+    data = load_task_data(cfg)
+    result = run_simulation(cfg, data.learner_streams, data.heldout_stream)
     summary = result.summary()
     context.log.info(f"final held-out loss {summary['final_heldout_loss']:.4f}")
     last = result.merges[-1] if result.merges else None
     return dg.MaterializeResult(metadata={
         "heldout_loss": dg.MetadataValue.float(summary["final_heldout_loss"]),
-        "bits_per_byte": dg.MetadataValue.float(summary["final_bits_per_byte"]),
+        **({"accuracy": dg.MetadataValue.float(summary["final_accuracy"])}
+           if summary["final_accuracy"] is not None else
+           {"bits_per_byte": dg.MetadataValue.float(summary["final_bits_per_byte"])}),
         "goodput": dg.MetadataValue.float(summary["goodput"]),
         "uptime": dg.MetadataValue.float(summary["uptime"]),
         "rounds_merged": dg.MetadataValue.int(summary["rounds_merged"]),

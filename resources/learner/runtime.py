@@ -254,10 +254,18 @@ class LearnerRuntime:
         rnd = self.link.open_round
         if rnd is None or rnd["round"] <= self.last_offered:
             return None
-        self.last_offered = rnd["round"]
         p = rnd["fragment"]
         if self.sync.fragments[p].steps < 1:
-            return rnd if rnd.get("final") else None  # nothing new to offer for this fragment
+            # Nothing new on this fragment yet (e.g. its merge arrived in this very iteration).
+            # A final round is answered as is; any other round is offered after the next step,
+            # as the simulator does: giving it up would leave it without offers if every
+            # learner received the fragment just as the round opened, and no later round opens
+            # while it waits.
+            if rnd.get("final"):
+                self.last_offered = rnd["round"]
+                return rnd
+            return None
+        self.last_offered = rnd["round"]
         s = self.cfg.sync
         contribution = self.sync.contribution(self.train.params, self.plan, p, rnd["round"],
                                               int(self.train.step), self._clock(), s.encoding,
@@ -277,7 +285,7 @@ class LearnerRuntime:
                 tamper_payload(store, r, self.name, mode)
         if bad is not None:
             extra["fault"] = bad
-        self.link.offer(contribution, extra, after_put)
+        self.link.offer(contribution, extra, after_put, record=self.attempt_record())
         self.offers += 1
         return rnd
 

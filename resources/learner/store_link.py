@@ -34,6 +34,7 @@ class StoreLink:
         self._pending: list[tuple[str, Any]] = []
         self._beat: dict | None = None
         self._record: dict | None = None
+        self._record_written_at = float("-inf")   # "time" of the newest attempt record stored
         self._closing = threading.Event()
         self.attempt = attempt
         self.superseded_by: int | None = None   # a newer attempt of this learner is running
@@ -45,9 +46,17 @@ class StoreLink:
 
     # ---- called from the training loop (never blocks on the store) ----------------------------
     def offer(self, contribution: Contribution, extra: Mapping[str, Any],
-              after_put: Callable[[ArtifactStore], None] | None = None) -> None:
-        """Queue an upload; `after_put` runs once it is committed (fault injection only)."""
-        self._outbox.put(("contribution", (contribution, dict(extra), after_put)))
+              after_put: Callable[[ArtifactStore], None] | None = None,
+              record: Mapping[str, Any] | None = None) -> None:
+        """Queue an upload; `after_put` runs once it is committed (fault injection only).
+
+        `record`, this process's attempt record with the offer's claim in its ledger, is written
+        *before* the contribution (write-ahead): a process killed between the two leaves a
+        claim without an offer, which the token ledger counts ("offer_not_stored"), never an
+        offer that no record accounts for.
+        """
+        self._outbox.put(("contribution", (contribution, dict(extra), after_put,
+                                           None if record is None else dict(record))))
 
     def heartbeat(self, beat: Mapping[str, Any], record: Mapping[str, Any] | None = None
                   ) -> None:
@@ -107,8 +116,11 @@ class StoreLink:
     def _flush(self) -> None:
         while self._pending:
             kind, item = self._pending[0]
-            contribution, extra, after_put = item
+            contribution, extra, after_put, record = item
             try:
+                if record is not None:
+                    self._put_record(record)
+                    self._pending[0] = (kind, (contribution, extra, after_put, None))
                 self.bytes_up += self.store.put_contribution(contribution, extra)
                 if after_put is not None:
                     after_put(self.store)
@@ -124,13 +136,22 @@ class StoreLink:
                 return
             self._pending.pop(0)
 
+    def _put_record(self, record: Mapping[str, Any]) -> None:
+        """Store an attempt record unless a newer one is stored already: a heartbeat's record
+        taken before an offer must not replace that offer's write-ahead record."""
+        at = float(record.get("time", 0.0))
+        if at < self._record_written_at:
+            return
+        self.store.put_attempt_record(self.learner, self.attempt, record)
+        self._record_written_at = at
+
     def _write_beat(self) -> None:
         with self._lock:
             beat, self._beat = self._beat, None
             record, self._record = self._record, None
         if record is not None:
             try:
-                self.store.put_attempt_record(self.learner, self.attempt, record)
+                self._put_record(record)
             except Exception as err:  # noqa: BLE001 - the next heartbeat carries a newer one
                 self.log(f"attempt record write failed, will retry: {err!r}")
                 with self._lock:
