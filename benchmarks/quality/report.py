@@ -218,9 +218,11 @@ def _exp9(exp):
     return rows, None
 
 
-def _seed_columns(group: list[Arm], metric: Callable[[Arm], float], name: str, digits: int
-                  ) -> dict:
-    return {f"{name}_seed{a.seed}": round(metric(a), digits) for a in group}
+def _seed_columns(exp: Experiment, group: list[Arm], metric: Callable[[Arm], float], name: str,
+                  digits: int) -> dict:
+    """One column per seed of the experiment ("-" where this group has no run at that seed)."""
+    mine = {a.seed: round(metric(a), digits) for a in group}
+    return {f"{name}_seed{s}": mine.get(s) for s in sorted({a.seed for a in exp.arms})}
 
 
 def _exp10(exp):
@@ -232,7 +234,7 @@ def _exp10(exp):
             group = groups[f"{family} {method}"]
             c = _common(group[0])
             rows.append({"model": f"{family} ({'moe-small' if family == 'MoE' else 'small'})",
-                         "method": method, **_seed_columns(group, _loss, "loss", 4),
+                         "method": method, **_seed_columns(exp, group, _loss, "loss", 4),
                          "mean_loss": round(_mean_loss(group), 4),
                          "vs_data_parallel": round(_paired_ratio(group, dp), 4),
                          "bytes_up_per_token": c["bytes_up_per_token"],
@@ -255,7 +257,7 @@ def _exp11(exp):
         for method in ("data-parallel", "Decoupled DiLoCo"):
             group = groups[f"{model} {method}"]
             rows.append({"model": model, "method": method,
-                         **_seed_columns(group, _accuracy, "accuracy", 3),
+                         **_seed_columns(exp, group, _accuracy, "accuracy", 3),
                          "mean_accuracy": round(statistics.fmean(map(_accuracy, group)), 4),
                          "accuracy_vs_data_parallel": round(statistics.fmean(
                              _accuracy(a) - dp_accuracy[a.seed] for a in group), 4),
