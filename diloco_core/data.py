@@ -8,7 +8,7 @@ shuffled order whose position is a few integers that checkpoint and restore exac
 """
 
 import hashlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
@@ -56,14 +56,73 @@ def _check_sizes(batch_size: int, seq_len: int) -> None:
         raise ValueError(f"batch_size and seq_len must be >= 1, got {batch_size} and {seq_len}")
 
 
-class BatchIterator:
+class ShuffledBatches:
+    """Endless batches of row indices 0..num_rows-1, reshuffled every epoch.
+
+    Each epoch permutes the rows with PCG64 seeded from (seed, epoch) and serves
+    `batches_per_epoch` full batches (the few rows left over by the batch size are skipped that
+    epoch, a different few each epoch). `state()` is three ints; restoring it resumes bit for
+    bit. Subclasses turn the rows into a batch (`next`).
+    """
+
+    def __init__(self, num_rows: int, batch_size: int, seed: int,
+                 state: Mapping[str, int] | None):
+        self.batch_size, self.seed = batch_size, int(seed)
+        self.num_rows = num_rows
+        self.batches_per_epoch = num_rows // batch_size
+        self.epoch, self.position = 0, 0
+        self._order: np.ndarray | None = None  # permutation of the current epoch, built lazily
+        if state is not None:
+            self.restore(state)
+
+    def _epoch_order(self) -> np.ndarray:
+        if self._order is None:
+            rng = np.random.Generator(np.random.PCG64([self.seed, self.epoch]))
+            self._order = rng.permutation(self.num_rows)
+        return self._order
+
+    def _next_rows(self) -> np.ndarray:
+        """The next batch's rows; advances the position."""
+        start = self.position * self.batch_size
+        rows = self._epoch_order()[start:start + self.batch_size]
+        self.position += 1
+        if self.position == self.batches_per_epoch:
+            self.epoch, self.position, self._order = self.epoch + 1, 0, None
+        return rows
+
+    def next(self):
+        raise NotImplementedError
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self.next()
+
+    def state(self) -> dict[str, int]:
+        """Where the iterator stands, as plain JSON-serialisable ints."""
+        return {"seed": self.seed, "epoch": self.epoch, "position": self.position}
+
+    def restore(self, state: Mapping[str, int]) -> None:
+        """Continue from `state` (from `state()` of an iterator over the same data and seed)."""
+        seed, epoch, position = (int(state[k]) for k in ("seed", "epoch", "position"))
+        if seed != self.seed:
+            raise ValueError(f"state is for seed {seed}, but this iterator has seed {self.seed}")
+        if epoch < 0 or not 0 <= position < self.batches_per_epoch:
+            raise ValueError(f"state epoch={epoch}, position={position} is out of range "
+                             f"(batches_per_epoch={self.batches_per_epoch}); was it saved "
+                             "for different data or batch sizes?")
+        if epoch != self.epoch:
+            self._order = None
+        self.epoch, self.position = epoch, position
+
+
+class BatchIterator(ShuffledBatches):
     """Endless int32 batches [batch_size, seq_len] of packed windows, shuffled per epoch.
 
-    The stream is cut into windows starting at multiples of `seq_len`; each epoch permutes them
-    with PCG64 seeded from (seed, epoch) and serves `batches_per_epoch` full batches (the few
-    windows left over by the batch size are skipped that epoch, a different few each epoch).
-    `state()` is three ints; an iterator built or restored from it yields bitwise-identical
-    next batches.
+    The stream is cut into windows starting at multiples of `seq_len`; the windows are the rows
+    shuffled per epoch (`ShuffledBatches`). An iterator built or restored from `state()` yields
+    bitwise-identical next batches.
     """
 
     def __init__(self, stream: np.ndarray, batch_size: int, seq_len: int, seed: int = 0,
@@ -71,14 +130,10 @@ class BatchIterator:
         _check_sizes(batch_size, seq_len)
         stream = np.asarray(stream)
         _require_tokens(stream, batch_size * seq_len, "one batch of batch_size * seq_len")
-        self.batch_size, self.seq_len, self.seed = batch_size, seq_len, int(seed)
+        self.seq_len = seq_len
         num_windows = stream.size // seq_len
         self._windows = stream[:num_windows * seq_len].reshape(num_windows, seq_len)
-        self.batches_per_epoch = num_windows // batch_size
-        self.epoch, self.position = 0, 0
-        self._order: np.ndarray | None = None  # permutation of the current epoch, built lazily
-        if state is not None:
-            self.restore(state)
+        super().__init__(num_windows, batch_size, seed, state)
 
     @property
     def num_windows(self) -> int:
@@ -88,44 +143,10 @@ class BatchIterator:
     def tokens_per_batch(self) -> int:
         return self.batch_size * self.seq_len
 
-    def _epoch_order(self) -> np.ndarray:
-        if self._order is None:
-            rng = np.random.Generator(np.random.PCG64([self.seed, self.epoch]))
-            self._order = rng.permutation(self.num_windows)
-        return self._order
-
     def next(self) -> np.ndarray:
         """The next batch, int32 [batch_size, seq_len]; advances the position."""
-        start = self.position * self.batch_size
-        rows = self._epoch_order()[start:start + self.batch_size]
-        batch = self._windows[rows].astype(np.int32)  # fancy indexing copies: caller owns it
-        self.position += 1
-        if self.position == self.batches_per_epoch:
-            self.epoch, self.position, self._order = self.epoch + 1, 0, None
-        return batch
-
-    def __iter__(self) -> Iterator[np.ndarray]:
-        return self
-
-    def __next__(self) -> np.ndarray:
-        return self.next()
-
-    def state(self) -> dict[str, int]:
-        """Where the iterator stands, as plain JSON-serialisable ints."""
-        return {"seed": self.seed, "epoch": self.epoch, "position": self.position}
-
-    def restore(self, state: Mapping[str, int]) -> None:
-        """Continue from `state` (from `state()` of an iterator over the same stream and seed)."""
-        seed, epoch, position = (int(state[k]) for k in ("seed", "epoch", "position"))
-        if seed != self.seed:
-            raise ValueError(f"state is for seed {seed}, but this iterator has seed {self.seed}")
-        if epoch < 0 or not 0 <= position < self.batches_per_epoch:
-            raise ValueError(f"state epoch={epoch}, position={position} is out of range "
-                             f"(batches_per_epoch={self.batches_per_epoch}); was it saved "
-                             "for a different stream, batch_size or seq_len?")
-        if epoch != self.epoch:
-            self._order = None
-        self.epoch, self.position = epoch, position
+        # Fancy indexing copies: the caller owns the batch.
+        return self._windows[self._next_rows()].astype(np.int32)
 
 
 def heldout_batches(stream: np.ndarray, batch_size: int, seq_len: int,

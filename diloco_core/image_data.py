@@ -3,10 +3,12 @@ held-out set, and a resumable, per-epoch shuffled batch iterator (the image coun
 `data.BatchIterator`). Pure NumPy: loading the data set is `resources/digits.py`'s job.
 """
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
+
+from diloco_core.data import ShuffledBatches
 
 
 @dataclass(frozen=True)
@@ -47,52 +49,17 @@ def split_examples(examples: Examples, num_learners: int, heldout_fraction: floa
     return [examples.take(np.sort(s)) for s in shards], examples.take(np.sort(order[:held]))
 
 
-class ExampleIterator:
-    """Endless batches {"images", "labels"} of one shard, reshuffled every epoch (PCG64 seeded
-    from (seed, epoch)); `state()` is three ints and restoring it resumes bit for bit, as with
-    `data.BatchIterator`. The few examples the batch size leaves over differ per epoch."""
+class ExampleIterator(ShuffledBatches):
+    """Endless batches {"images", "labels"} of one shard, reshuffled every epoch and resumable
+    from `state()` bit for bit, like the text iterator (`data.ShuffledBatches`)."""
 
     def __init__(self, examples: Examples, batch_size: int, seed: int = 0,
                  state: Mapping[str, int] | None = None):
         if batch_size < 1 or batch_size > len(examples):
             raise ValueError(f"batch_size must be in [1, {len(examples)}] (the shard's size), "
                              f"got {batch_size}")
-        self.examples, self.batch_size, self.seed = examples, batch_size, int(seed)
-        self.batches_per_epoch = len(examples) // batch_size
-        self.epoch, self.position = 0, 0
-        self._order: np.ndarray | None = None
-        if state is not None:
-            self.restore(state)
-
-    def _epoch_order(self) -> np.ndarray:
-        if self._order is None:
-            rng = np.random.Generator(np.random.PCG64([self.seed, self.epoch]))
-            self._order = rng.permutation(len(self.examples))
-        return self._order
+        self.examples = examples
+        super().__init__(len(examples), batch_size, seed, state)
 
     def next(self) -> dict[str, np.ndarray]:
-        start = self.position * self.batch_size
-        rows = self._epoch_order()[start:start + self.batch_size]
-        batch = self.examples.take(rows).as_batch()
-        self.position += 1
-        if self.position == self.batches_per_epoch:
-            self.epoch, self.position, self._order = self.epoch + 1, 0, None
-        return batch
-
-    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        return self
-
-    def __next__(self) -> dict[str, np.ndarray]:
-        return self.next()
-
-    def state(self) -> dict[str, int]:
-        return {"seed": self.seed, "epoch": self.epoch, "position": self.position}
-
-    def restore(self, state: Mapping[str, int]) -> None:
-        seed, epoch, position = (int(state[k]) for k in ("seed", "epoch", "position"))
-        if seed != self.seed or epoch < 0 or not 0 <= position < self.batches_per_epoch:
-            raise ValueError(f"state {dict(state)} does not fit this iterator (seed {self.seed}, "
-                             f"{self.batches_per_epoch} batches per epoch)")
-        if epoch != self.epoch:
-            self._order = None
-        self.epoch, self.position = epoch, position
+        return self.examples.take(self._next_rows()).as_batch()

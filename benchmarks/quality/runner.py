@@ -9,7 +9,6 @@ import hashlib
 import json
 import statistics
 import time
-from functools import cache
 from pathlib import Path
 
 from benchmarks.quality.experiments import DATA_PARALLEL, DECOUPLED, SYNCHRONOUS, Arm
@@ -52,14 +51,19 @@ def load_arm(arm: Arm, runs_dir: Path = RUNS_DIR) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-@cache
-def _data(task: str, corpus: str, learners: int, heldout_fraction: float, seed: int):
+_DATA: dict[tuple, object] = {}
+
+
+def _data(cfg: ExperimentConfig):
+    """The arm's data, loaded once per split: the text corpus split does not depend on the
+    seed, the digits split does."""
     from resources.task_data import load_task_data
 
-    return load_task_data(config_from_mapping({}, [
-        f"task={task}", f"data.corpus={corpus}", f"learners.num_learners={learners}",
-        f"data.heldout_fraction={heldout_fraction}", f"seed={seed}",
-        *(["model.preset=vit-digits"] if task == "digits" else [])]))
+    key = (cfg.task, cfg.data.corpus, cfg.learners.num_learners, cfg.data.heldout_fraction,
+           cfg.seed if cfg.task == "digits" else None)
+    if key not in _DATA:
+        _DATA[key] = load_task_data(cfg)
+    return _DATA[key]
 
 
 def _merge_figures(merges) -> dict:
@@ -108,9 +112,7 @@ def run_arm(arm: Arm, runs_dir: Path = RUNS_DIR, progress=None) -> dict:
     from pipelines.reporting import machine_info
 
     cfg = arm_config(arm)
-    # The text corpus split does not depend on the seed; the digits split does.
-    data = _data(cfg.task, cfg.data.corpus, cfg.learners.num_learners,
-                 cfg.data.heldout_fraction, cfg.seed if cfg.task == "digits" else 0)
+    data = _data(cfg)
     runner = {DECOUPLED: run_simulation, SYNCHRONOUS: run_synchronous_diloco,
               DATA_PARALLEL: run_data_parallel}[arm.method]
     started = time.perf_counter()

@@ -13,6 +13,7 @@ When the syncer asks to stop (token budget reached) the learner stops training, 
 progress to the final rounds (one per fragment), and exits.
 """
 
+import contextlib
 import math
 import os
 import time
@@ -209,15 +210,12 @@ class LearnerRuntime:
             self.faults.before_step(int(self.train.step), self._final_record)
         batch = self.data.next()
         started = time.monotonic()
-        if self._steps_this_process == 0:
-            # This process's first step compiles the step program: keep heartbeats going.
-            orch = self.cfg.orchestration
-            with CompileBeacon(self.link.heartbeat, self.heartbeat_record(),
-                               orch.heartbeat_seconds, orch.compile_timeout_seconds,
-                               self._clock):
-                self.train, metrics = self.inner.step(self.train, batch)
-                loss = float(metrics["loss"])
-        else:
+        orch = self.cfg.orchestration
+        # This process's first step compiles the step program: keep heartbeats going.
+        beacon = (CompileBeacon(self.link.heartbeat, self.heartbeat_record(),
+                                orch.heartbeat_seconds, orch.compile_timeout_seconds, self._clock)
+                  if self._steps_this_process == 0 else contextlib.nullcontext())
+        with beacon:
             self.train, metrics = self.inner.step(self.train, batch)
             loss = float(metrics["loss"])  # syncs: the step's compute is done when this returns
         elapsed = time.monotonic() - started
