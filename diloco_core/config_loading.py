@@ -42,7 +42,7 @@ def _coerce(value: Any, annotation: Any, path: str) -> Any:
             return value
         if not isinstance(value, Mapping):
             raise ConfigError(path, f"must be a mapping, got {value!r}")
-        return _build(annotation, value, path)
+        return build_dataclass(annotation, value, path)
     if origin is tuple:
         args = typing.get_args(annotation)
         if not isinstance(value, Sequence) or isinstance(value, str | bytes):
@@ -73,7 +73,9 @@ def _coerce(value: Any, annotation: Any, path: str) -> Any:
     return value
 
 
-def _build(cls: type, mapping: Mapping[str, Any], path: str) -> Any:
+def build_dataclass(cls: type, mapping: Mapping[str, Any], path: str) -> Any:
+    """A config dataclass from a plain mapping, strictly: unknown keys and wrong types raise
+    `ConfigError` under `path` (also used for the deployment file, outside the core)."""
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls) if f.init}
     prefix = f"{path}." if path else ""
@@ -145,7 +147,7 @@ def config_from_mapping(mapping: Mapping[str, Any] | None = None,
     for override in overrides:
         key, value = parse_override(override)
         _set_dotted(tree, key, value)
-    return _build(ExperimentConfig, tree, "")
+    return build_dataclass(ExperimentConfig, tree, "")
 
 
 def config_to_mapping(cfg: ExperimentConfig) -> dict:

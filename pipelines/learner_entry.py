@@ -8,6 +8,7 @@ final heartbeat record comes back as a custom message.
 """
 
 import argparse
+import os
 import signal
 import sys
 
@@ -30,10 +31,25 @@ def honour_termination() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def pipes_channel() -> dict:
+    """The Pipes context loader and message writer: local files by default; a GCS bucket when
+    the run dispatched this learner to another host (`DILOCO_PIPES_CHANNEL=gcs`), so that
+    logs, stdout and stderr and the final record travel through objects, not a shared disk."""
+    if os.environ.get("DILOCO_PIPES_CHANNEL", "local") != "gcs":
+        return {}
+    from dagster_pipes import PipesGCSContextLoader, PipesGCSMessageWriter
+    from google.cloud import storage
+
+    client = storage.Client()
+    interval = float(os.environ.get("DILOCO_PIPES_INTERVAL", "10"))
+    return {"context_loader": PipesGCSContextLoader(client=client),
+            "message_writer": PipesGCSMessageWriter(client=client, interval=interval)}
+
+
 def main(argv: list[str] | None = None) -> int:
     honour_termination()
     under_pipes = PipesEnvVarParamsLoader().is_dagster_pipes_process()
-    with open_dagster_pipes() as pipes:
+    with open_dagster_pipes(**pipes_channel()) as pipes:
         if under_pipes:
             params = {k: pipes.get_extra(k) for k in ("store", "experiment", "learner")}
             params["attempt"] = pipes.get_extra("attempt")

@@ -11,6 +11,7 @@ from pydantic import Field
 
 from pipelines.defs.partitions import learners
 from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS, require_orchestratable
+from resources.compute import LearnerCompute
 from resources.store.resource import ArtifactStoreResource
 
 
@@ -43,7 +44,7 @@ class TrainingConfig(dg.Config):
     can_subset=False,
 )
 def start_experiment(context: dg.AssetExecutionContext, config: TrainingConfig,
-                     store: ArtifactStoreResource):
+                     store: ArtifactStoreResource, learner_compute: LearnerCompute):
     from diloco_core.config import ConfigError
     from diloco_core.config_loading import config_to_mapping
     from pipelines.cli import load_config
@@ -54,6 +55,10 @@ def start_experiment(context: dg.AssetExecutionContext, config: TrainingConfig,
         require_orchestratable(cfg)
     except ConfigError as err:
         raise dg.Failure(description=f"invalid experiment config: {err}") from None
+    try:   # every learner's region must be placed before anything is written
+        learner_compute.deployment().check_learners(cfg.learners)
+    except ConfigError as err:
+        raise dg.Failure(description=f"invalid deployment: {err}") from None
     tape = _load_tape(config.fault_tape_path, cfg.learners.learner_names)
 
     import jax

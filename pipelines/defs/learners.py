@@ -10,7 +10,7 @@ process per learner even if two requests raced.
 import dagster as dg
 
 from pipelines.experiment_context import run_store
-from resources.compute import LocalLearnerCompute
+from resources.compute import LearnerCompute
 from resources.store.resource import ArtifactStoreResource
 
 
@@ -21,9 +21,16 @@ class LearnerRunConfig(dg.Config):
 
 @dg.op(description="Run one learner process to completion on its compute (Dagster Pipes).")
 def run_learner(context: dg.OpExecutionContext, config: LearnerRunConfig,
-                store: ArtifactStoreResource, learner_compute: LocalLearnerCompute):
+                store: ArtifactStoreResource, learner_compute: LearnerCompute):
+    from diloco_core.config_loading import config_from_mapping
+
     artifacts = run_store(context, store)
-    invocation = learner_compute.launch(context, extras={
+    learners_cfg = config_from_mapping(artifacts.get_config()).learners
+    if config.learner not in learners_cfg.learner_names:
+        raise dg.Failure(description=f"{config.learner!r} is not a learner of experiment "
+                                     f"{artifacts.experiment!r}")
+    region = learners_cfg.learner_regions[learners_cfg.learner_names.index(config.learner)]
+    invocation = learner_compute.launch(context, region=region, extras={
         "store": artifacts.blobs.uri, "experiment": artifacts.experiment,
         "learner": config.learner, "attempt": config.attempt})
     for message in invocation.get_custom_messages():

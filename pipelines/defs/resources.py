@@ -3,13 +3,15 @@
 DILOCO_ENV=local (default): the store in a local directory (DILOCO_STORE_URI, default
 `runs/store`) and learners as local subprocesses through Dagster Pipes.
 DILOCO_ENV=gcp: the store in a GCS bucket (DILOCO_STORE_URI=gs://bucket/prefix, required).
+DILOCO_DEPLOYMENT: the deployment file placing each region's learners (local subprocesses, GKE
+TPU slices); without one, every learner runs as a local subprocess.
 """
 
 import os
 
 import dagster as dg
 
-from resources.compute import LocalLearnerCompute
+from resources.compute import LearnerCompute
 from resources.store.resource import ArtifactStoreResource
 
 DEPLOYMENTS = ("local", "gcp")
@@ -25,4 +27,5 @@ def resources() -> dg.Definitions:
         store = ArtifactStoreResource(base_uri=dg.EnvVar("DILOCO_STORE_URI"))
     else:
         store = ArtifactStoreResource(base_uri=os.environ.get("DILOCO_STORE_URI", "runs/store"))
-    return dg.Definitions(resources={"store": store, "learner_compute": LocalLearnerCompute()})
+    compute = LearnerCompute(deployment_file=os.environ.get("DILOCO_DEPLOYMENT", ""))
+    return dg.Definitions(resources={"store": store, "learner_compute": compute})

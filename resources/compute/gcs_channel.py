@@ -1,0 +1,74 @@
+"""Dagster Pipes over GCS: how a learner anywhere talks to the Dagster run that dispatched it.
+
+The run writes the Pipes context (the run, the learner's extras) to an object in the region's
+bucket, and the learner writes its messages (log lines, its stdout and stderr, its final record)
+as numbered chunks under a prefix of the same bucket, which the run reads back. Neither side
+connects to the other, so it works from any cloud or region that can reach the bucket, through
+the same GCS credentials the learner already uses for the store.
+
+The learner side picks the channel from `DILOCO_PIPES_CHANNEL=gcs` (see
+`pipelines/learner_entry.py`). A `RemoteProcess` is whatever runs the learner (a local
+subprocess standing in for a remote host, or a JobSet on GKE); `run_over_gcs` waits for it and
+forwards termination: cancelling the Dagster run stops the learner.
+"""
+
+import time
+from typing import Protocol
+
+import dagster as dg
+
+from resources.compute.placement import RegionPlacement
+
+CHANNEL_ENV = "DILOCO_PIPES_CHANNEL"
+INTERVAL_ENV = "DILOCO_PIPES_INTERVAL"
+
+
+class RemoteProcess(Protocol):
+    def poll(self) -> int | None:
+        """None while running, else the exit status (0: success)."""
+
+    def terminate(self) -> None:
+        """Stop the learner (it unwinds, writes its final record) and release its compute."""
+
+    def describe(self) -> str:
+        """Where it runs, for the run's log."""
+
+
+class RemoteLauncher(Protocol):
+    def __call__(self, env: dict[str, str]) -> RemoteProcess:
+        """Start the learner with the Pipes bootstrap environment `env`."""
+
+
+def run_over_gcs(context: dg.OpExecutionContext, placement: RegionPlacement, extras: dict,
+                 launch: RemoteLauncher, poll_seconds: float = 2.0
+                 ) -> dg.PipesClientCompletedInvocation:
+    """Open a Pipes session whose context and messages travel through `placement.bucket`,
+    start the learner with `launch`, and wait for it to end."""
+    from dagster_gcp.pipes import PipesGCSContextInjector, PipesGCSMessageReader
+    from google.cloud import storage
+
+    client = storage.Client()
+    with dg.open_pipes_session(
+        context=context, extras=extras,
+        context_injector=PipesGCSContextInjector(bucket=placement.bucket, client=client,
+                                                 key_prefix="diloco-pipes/context"),
+        message_reader=PipesGCSMessageReader(bucket=placement.bucket, client=client,
+                                             interval=placement.pipes_interval_seconds,
+                                             include_stdio_in_messages=True),
+    ) as session:
+        env = {**session.get_bootstrap_env_vars(), CHANNEL_ENV: "gcs",
+               INTERVAL_ENV: str(placement.pipes_interval_seconds)}
+        process = launch(env)
+        context.log.info(f"learner started: {process.describe()} (Pipes over "
+                         f"gs://{placement.bucket})")
+        try:
+            while (code := process.poll()) is None:
+                time.sleep(poll_seconds)
+        except (dg.DagsterExecutionInterruptedError, KeyboardInterrupt):
+            context.log.info(f"[pipes] run interrupted; stopping {process.describe()}")
+            process.terminate()
+            raise
+        if code != 0:
+            raise dg.Failure(description=f"learner {process.describe()} failed with status "
+                                         f"{code}")
+    return dg.PipesClientCompletedInvocation(session)

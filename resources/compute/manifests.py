@@ -1,0 +1,108 @@
+"""The Kubernetes object that runs one learner on a GKE TPU slice: a JobSet.
+
+One learner is one slice; a slice of H hosts is H pods that must start together and fail
+together (a JAX program spans all of them). JobSet expresses exactly that: one replicated Job
+with H indexed completions, DNS hostnames so the hosts find each other, and the exclusive
+topology annotation so that the pods of one slice land on one node pool (one physical slice).
+
+`failurePolicy.maxRestarts` is 0 on purpose: a failed learner is relaunched by the learner
+supervisor sensor (with backoff and a restart budget, recorded in Dagster), not by a second,
+invisible restart loop inside the cluster.
+"""
+
+import hashlib
+import re
+from typing import Any
+
+from resources.compute.placement import RegionPlacement
+
+JOBSET_API = ("jobset.x-k8s.io", "v1alpha2", "jobsets")
+TPU_RESOURCE = "google.com/tpu"
+ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"
+TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
+SPOT_LABEL = "cloud.google.com/gke-spot"
+NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
+EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
+CONTAINER = "learner"
+REPLICATED_JOB = "slice"
+LEARNER_MODULE = "pipelines.learner_entry"
+
+
+def jobset_name(experiment: str, learner: str, attempt: int) -> str:
+    """A DNS-1035 label, unique per (experiment, learner, attempt), at most 40 characters so
+    that the names JobSet derives from it (job, pod, service) stay within 63."""
+    base = re.sub(r"[^a-z0-9-]", "-", f"{learner}-a{attempt}".lower()).strip("-")
+    digest = hashlib.sha256(f"{experiment}/{learner}/{attempt}".encode()).hexdigest()[:8]
+    return f"dl-{base[:27].strip('-')}-{digest}"
+
+
+def learner_jobset(placement: RegionPlacement, *, experiment: str, learner: str, region: str,
+                   attempt: int, env: dict[str, str]) -> dict[str, Any]:
+    """The JobSet (a plain dict, as `kubectl apply` or the custom-objects API takes it)."""
+    shape = placement.slice
+    if shape is None:
+        raise ValueError(f"region {region!r} is not a gke region")
+    labels = {"app.kubernetes.io/name": "decoupled-diloco",
+              "app.kubernetes.io/component": "learner",
+              "diloco/experiment": _label_value(experiment), "diloco/learner": learner,
+              "diloco/region": region, "diloco/attempt": str(attempt)}
+    chips = str(shape.chips_per_pod)
+    full_env = {**env, **placement.extra_env,
+                # Multi-host slices initialise jax.distributed from the TPU environment GKE
+                # provides; a single host needs nothing.
+                "DILOCO_JAX_DISTRIBUTED": "1" if shape.hosts > 1 else "0",
+                "PYTHONUNBUFFERED": "1"}
+    node_selector = {ACCELERATOR_LABEL: shape.tpu.accelerator, TOPOLOGY_LABEL: shape.topology}
+    tolerations = [{"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    if placement.spot:
+        node_selector[SPOT_LABEL] = "true"
+        tolerations.append({"key": SPOT_LABEL, "operator": "Equal", "value": "true",
+                            "effect": "NoSchedule"})
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "nodeSelector": node_selector,
+        "tolerations": tolerations,
+        "containers": [{
+            "name": CONTAINER,
+            "image": placement.image,
+            "imagePullPolicy": "IfNotPresent",
+            "command": ["python", "-m", LEARNER_MODULE],
+            "env": [{"name": k, "value": v} for k, v in sorted(full_env.items())],
+            "ports": [{"containerPort": 8471, "name": "tpu-ici"},
+                      {"containerPort": 8080, "name": "jax-coord"}],
+            "resources": {"requests": {TPU_RESOURCE: chips}, "limits": {TPU_RESOURCE: chips}},
+        }],
+    }
+    if placement.service_account:
+        pod_spec["serviceAccountName"] = placement.service_account
+    return {
+        "apiVersion": f"{JOBSET_API[0]}/{JOBSET_API[1]}",
+        "kind": "JobSet",
+        "metadata": {"name": jobset_name(experiment, learner, attempt),
+                     "namespace": placement.namespace, "labels": labels,
+                     "annotations": {EXCLUSIVE_TOPOLOGY: NODE_POOL_LABEL}},
+        "spec": {
+            "failurePolicy": {"maxRestarts": 0},
+            "network": {"enableDNSHostnames": True},
+            "replicatedJobs": [{
+                "name": REPLICATED_JOB,
+                "replicas": 1,
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "parallelism": shape.hosts,
+                        "completions": shape.hosts,
+                        "completionMode": "Indexed",
+                        "backoffLimit": 0,
+                        "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+                    },
+                },
+            }],
+        },
+    }
+
+
+def _label_value(value: str) -> str:
+    """Kubernetes label values: at most 63 characters of [A-Za-z0-9_.-], alphanumeric ends."""
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]", "-", value)[:63]
+    return cleaned.strip("-_.") or "x"

@@ -1,0 +1,176 @@
+"""The deployment file and the learners' GKE manifests, checked against the Kubernetes object
+model (the official client's models), with no cluster: every region of the four-region example
+(v5p and v6e in one run), the TPU facts behind them, and field-named errors for bad input."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from diloco_core.config import ConfigError
+from pipelines.cli import load_config
+from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
+from resources.compute.gke import jobset_outcome
+from resources.compute.k8s_schema import ManifestError, validate, validate_jobset
+from resources.compute.manifests import (
+    ACCELERATOR_LABEL,
+    TOPOLOGY_LABEL,
+    TPU_RESOURCE,
+    jobset_name,
+    learner_jobset,
+)
+from resources.compute.placement import deployment_from_mapping, load_deployment
+from resources.compute.tpu import slice_shape
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOYMENT = ROOT / "examples" / "deploy" / "four_regions.yaml"
+EXPERIMENT = ROOT / "examples" / "deploy" / "four_regions_experiment.yaml"
+GKE = {"backend": "gke", "channel": "gcs", "bucket": "pipes-bucket", "project": "my-project",
+       "location": "us-east5", "cluster": "c1", "accelerator": "tpu-v6e-slice",
+       "topology": "2x4", "image": "learner:1"}
+
+
+def _pod(manifest: dict) -> dict:
+    return manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+
+
+def _manifests() -> dict[str, dict]:
+    cfg = load_config(str(EXPERIMENT), [], base=ORCHESTRATED_DEFAULTS)
+    deployment = load_deployment(str(DEPLOYMENT))
+    deployment.check_learners(cfg.learners)
+    env = {"DAGSTER_PIPES_CONTEXT": "x", "DAGSTER_PIPES_MESSAGES": "y",
+           "DILOCO_PIPES_CHANNEL": "gcs"}
+    return {name: learner_jobset(deployment.placement(region), experiment=cfg.name,
+                                 learner=name, region=region, attempt=0, env=env)
+            for name, region in zip(cfg.learners.learner_names, cfg.learners.learner_regions,
+                                    strict=True)}
+
+
+def test_every_region_of_the_four_region_example_gives_a_valid_jobset():
+    manifests = _manifests()
+    assert len(manifests) == 4
+    for manifest in manifests.values():
+        validate_jobset(manifest)                  # raises with every problem's path
+        job = manifest["spec"]["replicatedJobs"][0]["template"]
+        validate(job, "V1JobTemplateSpec")
+        validate(_pod(manifest), "V1PodSpec")
+        assert manifest["spec"]["failurePolicy"]["maxRestarts"] == 0   # Dagster relaunches
+
+
+def test_one_run_mixes_v5p_and_v6e_slices_with_their_own_selectors_and_chip_limits():
+    seen = {}
+    for manifest in _manifests().values():
+        pod = _pod(manifest)
+        (container,) = pod["containers"]
+        accelerator = pod["nodeSelector"][ACCELERATOR_LABEL]
+        topology = pod["nodeSelector"][TOPOLOGY_LABEL]
+        chips = container["resources"]["limits"][TPU_RESOURCE]
+        assert container["resources"]["requests"][TPU_RESOURCE] == chips
+        seen[accelerator] = (topology, chips)
+        assert pod["serviceAccountName"] == "diloco-learner"
+        assert pod["tolerations"][0]["key"] == TPU_RESOURCE
+        env = {e["name"]: e["value"] for e in container["env"]}
+        assert env["DILOCO_PIPES_CHANNEL"] == "gcs" and "DAGSTER_PIPES_CONTEXT" in env
+        assert container["command"] == ["python", "-m", "pipelines.learner_entry"]
+    assert seen == {"tpu-v5p-slice": ("2x2x1", "4"), "tpu-v6e-slice": ("2x4", "8")}
+
+
+def test_spot_regions_select_and_tolerate_spot_nodes_and_extra_env_reaches_the_learner():
+    manifests = _manifests()
+    spot = _pod(manifests["east1"])
+    assert spot["nodeSelector"]["cloud.google.com/gke-spot"] == "true"
+    assert any(t["key"] == "cloud.google.com/gke-spot" for t in spot["tolerations"])
+    assert "cloud.google.com/gke-spot" not in _pod(manifests["east5"])["nodeSelector"]
+    env = {e["name"]: e["value"] for e in _pod(manifests["south"])["containers"][0]["env"]}
+    assert env["JAX_COMPILATION_CACHE_DIR"] == "/tmp/jax-cache"
+
+
+def test_jobset_names_are_short_dns_labels_unique_per_attempt():
+    names = {jobset_name("exp", "learner_with-a-rather-long-name-0", a) for a in range(3)}
+    assert len(names) == 3
+    for name in names:
+        assert len(name) <= 40 and name[0].isalpha() and "_" not in name
+    assert jobset_name("a", "l", 0) != jobset_name("b", "l", 0)   # experiment in the digest
+
+
+def test_the_schema_check_reports_typos_wrong_types_and_missing_required_fields():
+    manifest = _manifests()["east5"]
+    pod = _pod(manifest)
+    pod["nodeSelecter"] = pod.pop("nodeSelector")                 # a typo the API would drop
+    pod["containers"][0]["resources"]["limits"][TPU_RESOURCE] = 8   # quantities are strings
+    del pod["containers"][0]["name"]                               # required
+    manifest["spec"]["replicatedJobs"][0]["replicas"] = 0
+    with pytest.raises(ManifestError) as err:
+        validate_jobset(manifest)
+    problems = "\n".join(err.value.problems)
+    assert "template.spec.template.spec.nodeSelecter: unknown field of V1PodSpec" in problems
+    assert f"limits.{TPU_RESOURCE}: must be str" in problems
+    assert "`name`, must not be `None`" in problems
+    assert "replicas: must be an int >= 1" in problems
+    with pytest.raises(ManifestError, match="kind: must be JobSet"):
+        validate_jobset({**manifest, "kind": "Job"})
+
+
+def test_manifests_round_trip_through_yaml_as_kubectl_would_read_them():
+    for manifest in _manifests().values():
+        validate_jobset(yaml.safe_load(yaml.safe_dump(manifest)))
+
+
+@pytest.mark.parametrize(("accelerator", "topology", "chips", "hosts"), [
+    ("tpu-v6e-slice", "1x1", 1, 1), ("tpu-v6e-slice", "2x4", 8, 1),
+    ("tpu-v6e-slice", "4x4", 16, 4), ("tpu-v5p-slice", "2x2x1", 4, 1),
+    ("tpu-v5p-slice", "2x2x4", 16, 4), ("tpu-v5-lite-podslice", "2x2", 4, 1)])
+def test_tpu_slices_count_their_chips_and_hosts(accelerator, topology, chips, hosts):
+    shape = slice_shape(accelerator, topology)
+    assert (shape.chips, shape.hosts) == (chips, hosts)
+    assert shape.chips_per_pod * shape.hosts == chips
+
+
+@pytest.mark.parametrize(("accelerator", "topology", "message"), [
+    ("tpu-v6e-slice", "2x2x1", "2 positive dimensions"),
+    ("tpu-v6e-slice", "3x3", "not a v6e slice topology"),
+    ("tpu-v5p-slice", "2x4", "3 positive dimensions"),
+    ("tpu-v5p-slice", "1x1x2", "multiple of 4 chips"),
+    ("tpu-v9-slice", "2x2", "unknown TPU accelerator")])
+def test_bad_slices_are_refused_with_the_reason(accelerator, topology, message):
+    with pytest.raises(ValueError, match=message):
+        slice_shape(accelerator, topology)
+
+
+@pytest.mark.parametrize(("change", "field", "reason"), [
+    ({"topology": "2x2x1"}, "regions.r1.topology", "2 positive dimensions"),
+    ({"topology": "4x4"}, "regions.r1.topology", "single-host slices"),
+    ({"backend": "gcp"}, "regions.r1.backend", "must be one of local, gke"),
+    ({"channel": "local"}, "regions.r1.channel", "must be gcs for the gke backend"),
+    ({"image": ""}, "regions.r1.image", "is required"),
+    ({"bucket": "gs://b"}, "regions.r1.bucket", "bucket name"),
+    ({"project": "X"}, "regions.r1.project", "GCP project id"),
+    ({"env": ["NOEQUALS"]}, "regions.r1.env[0]", "NAME=value"),
+    ({"spot": "yes"}, "regions.r1.spot", "true or false"),
+    ({"nodeSelector": {}}, "regions.r1.nodeSelector", "unknown field")])
+def test_a_bad_region_is_refused_naming_its_field(change, field, reason):
+    with pytest.raises(ConfigError) as err:
+        deployment_from_mapping({"regions": {"r1": {**GKE, **change}}})
+    assert err.value.field == f"deployment.{field}" and reason in err.value.reason
+
+
+def test_learners_in_regions_the_deployment_lacks_are_refused_before_anything_starts():
+    cfg = load_config(str(EXPERIMENT), [], base=ORCHESTRATED_DEFAULTS)
+    deployment = deployment_from_mapping({"regions": {"us-east5": GKE}})
+    with pytest.raises(ConfigError) as err:
+        deployment.check_learners(cfg.learners)
+    assert err.value.field == "learners.regions[0]" and "us-central1" in err.value.reason
+    # No deployment at all: only the local region exists, and the defaults use it.
+    load_deployment("").check_learners(load_config(None, [], base=()).learners)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_deployment("/no/such/deployment.yaml")
+
+
+def test_jobset_status_maps_to_an_exit_status():
+    assert jobset_outcome(None) is None
+    assert jobset_outcome({"conditions": [{"type": "StartupPolicyCompleted",
+                                           "status": "True"}]}) is None
+    assert jobset_outcome({"terminalState": "Completed"}) == 0
+    assert jobset_outcome({"terminalState": "Failed"}) == 1
+    assert jobset_outcome({"conditions": [{"type": "Failed", "status": "True"}]}) == 1
+    assert jobset_outcome({"conditions": [{"type": "Completed", "status": "False"}]}) is None
