@@ -26,14 +26,15 @@ TINY = ["model.preset=tiny", "data.seq_len=32", "data.batch_size=4", "learners.n
 
 
 class Harness:
-    def __init__(self, instance: dg.DagsterInstance, store_uri: str, overrides=(), **store_kw):
+    def __init__(self, instance: dg.DagsterInstance, store_uri: str, overrides=(),
+                 resources: dict | None = None, **store_kw):
         self.instance = instance
         self.resource = ArtifactStoreResource(base_uri=store_uri, **store_kw)
         loaded = load_defs()
         self.defs = dg.Definitions(
             assets=loaded.assets, asset_checks=loaded.asset_checks, jobs=loaded.jobs,
             schedules=loaded.schedules, sensors=loaded.sensors,
-            resources={**(loaded.resources or {}), "store": self.resource})
+            resources={**(loaded.resources or {}), **(resources or {}), "store": self.resource})
         self.overrides = list(TINY) + list(overrides)
         self.cursor: str | None = None
         self.now = time.time()

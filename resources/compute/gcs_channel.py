@@ -51,7 +51,7 @@ def run_over_gcs(context: dg.OpExecutionContext, placement: RegionPlacement, ext
     with dg.open_pipes_session(
         context=context, extras=extras,
         context_injector=PipesGCSContextInjector(bucket=placement.bucket, client=client,
-                                                 key_prefix="diloco-pipes/context"),
+                                                 key_prefix="diloco-pipes/context-"),
         message_reader=PipesGCSMessageReader(bucket=placement.bucket, client=client,
                                              interval=placement.pipes_interval_seconds,
                                              include_stdio_in_messages=True),
