@@ -1,0 +1,76 @@
+"""The production deployment files are valid where they can be checked without a cluster: the
+Dagster instance against Dagster's own config schemas, the Kubernetes objects against the
+Kubernetes object model, and the run-queue rules identical to the local instance's."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+from dagster._config import process_config, resolve_to_config_type
+from dagster._core.instance.config import dagster_instance_config
+from dagster._core.run_coordinator import QueuedRunCoordinator
+from dagster_k8s import K8sRunLauncher
+
+from pipelines.dagster_dev import instance_yaml
+from resources.compute.k8s_schema import validate
+from resources.compute.manifests import JOBSET_API
+from resources.compute.placement import load_deployment
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+
+
+def _camel(key: str) -> str:
+    head, *rest = key.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def test_the_production_instance_passes_dagsters_own_schemas(tmp_path, monkeypatch):
+    (tmp_path / "dagster.yaml").write_text((DEPLOY / "dagster.yaml").read_text())
+    for name in ("HOST", "USER", "PASSWORD", "DB"):
+        monkeypatch.setenv(f"DAGSTER_PG_{name}", "x")
+    config, _ = dagster_instance_config(str(tmp_path))
+    assert "postgres" in config["storage"]
+    for cls, key in ((K8sRunLauncher, "run_launcher"), (QueuedRunCoordinator,
+                                                         "run_coordinator")):
+        assert config[key]["class"] == cls.__name__
+        result = process_config(resolve_to_config_type(cls.config_type()),
+                                config[key]["config"])
+        assert result.success, [e.message for e in result.errors]
+
+
+def test_production_and_helm_queue_rules_match_the_local_instance():
+    local = instance_yaml(10)["run_coordinator"]["config"]["tag_concurrency_limits"]
+    production = yaml.safe_load((DEPLOY / "dagster.yaml").read_text())
+    assert production["run_coordinator"]["config"]["tag_concurrency_limits"] == local
+    helm = yaml.safe_load((DEPLOY / "helm" / "values.yaml").read_text())
+    helm_limits = helm["dagsterDaemon"]["runCoordinator"]["config"]["queuedRunCoordinator"][
+        "tagConcurrencyLimits"]
+    assert helm_limits == [{_camel(k): v for k, v in rule.items()} for rule in local]
+    assert helm["runLauncher"]["type"] == "K8sRunLauncher"
+    assert helm["dagster-user-deployments"]["deployments"][0]["dagsterApiGrpcArgs"] == [
+        "-m", "pipelines.definitions"]
+
+
+def test_the_regional_cluster_objects_are_valid_and_grant_what_dispatch_uses():
+    docs = list(yaml.safe_load_all((DEPLOY / "k8s" / "learners.yaml").read_text()))
+    models = {"Namespace": "V1Namespace", "ServiceAccount": "V1ServiceAccount",
+              "Role": "V1Role", "RoleBinding": "V1RoleBinding"}
+    assert sorted(d["kind"] for d in docs) == sorted(models)
+    for doc in docs:
+        validate(doc, models[doc["kind"]])
+    by_kind = {d["kind"]: d for d in docs}
+    (jobsets,) = [r for r in by_kind["Role"]["rules"] if "jobsets" in r["resources"]]
+    assert jobsets["apiGroups"] == [JOBSET_API[0]]
+    used = {"create", "get", "delete"}          # what gke.JobSetProcess calls
+    assert used <= set(jobsets["verbs"])
+    # The example deployment's learners run as this service account, in this namespace.
+    deployment = load_deployment(str(ROOT / "examples" / "deploy" / "four_regions.yaml"))
+    for placement in deployment.regions.values():
+        assert placement.service_account == by_kind["ServiceAccount"]["metadata"]["name"]
+        assert placement.namespace == by_kind["Namespace"]["metadata"]["name"]
+
+
+@pytest.mark.parametrize("doc", ["dagster.yaml", "helm/values.yaml", "k8s/learners.yaml"])
+def test_deploy_files_parse_as_yaml(doc):
+    assert list(yaml.safe_load_all((DEPLOY / doc).read_text()))
