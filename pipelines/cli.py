@@ -11,6 +11,7 @@ Heavy imports (JAX) happen inside the commands so `diloco --help` and config err
 
 import argparse
 import json
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -141,15 +142,24 @@ def _cmd_simulate(args) -> int:
 
 
 def _cmd_demo(args) -> int:
+    from pipelines.dagster_dev import check_postgres_url
     from pipelines.demo_command import run_demo
     from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS, require_orchestratable
 
+    postgres_url = args.postgres_url or None  # an empty DILOCO_POSTGRES_URL means SQLite
+    if postgres_url is not None:
+        try:
+            check_postgres_url(postgres_url)
+        except ValueError as err:
+            print(f"diloco: invalid --postgres-url: {err}", file=sys.stderr)
+            return 2
     cfg = load_config(args.config, args.overrides, base=ORCHESTRATED_DEFAULTS)
     require_orchestratable(cfg)
     # A SIGTERM unwinds like Ctrl-C, so that the demo's Dagster instance is stopped with it.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     return run_demo(cfg, chaos=args.chaos, json_path=args.json, workdir=args.workdir,
-                    port=args.port, timeout=args.timeout, fault_tape_path=args.fault_tape)
+                    port=args.port, timeout=args.timeout, fault_tape_path=args.fault_tape,
+                    postgres_url=postgres_url)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -179,6 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
                       "(default runs/demo-<time>)")
     demo.add_argument("--port", type=int, help="Dagster UI port (default: a free one)")
     demo.add_argument("--timeout", type=float, default=1800, help="give up after this many s")
+    demo.add_argument("--postgres-url", default=os.environ.get("DILOCO_POSTGRES_URL"),
+                      metavar="URL",
+                      help="keep the Dagster instance's runs, event logs and sensor state in "
+                           "this PostgreSQL database (postgresql://USER[:PASSWORD]@HOST[:PORT]"
+                           "/DB) instead of SQLite files; default $DILOCO_POSTGRES_URL")
     demo.set_defaults(func=_cmd_demo)
 
     cfg = sub.add_parser("config", help="validate a config and print it with every default")

@@ -1,6 +1,10 @@
 """A local Dagster instance for the demo and the end-to-end tests: `dagster dev` (webserver,
 daemon with the sensors and run queue, code server) on a private DAGSTER_HOME.
 
+Its storage (runs, event logs, schedules and sensor state) is SQLite files in DAGSTER_HOME by
+default, or a PostgreSQL database (dagster-postgres) given by a `postgresql://` URL, as a
+production deployment uses.
+
 `dagster dev` ignores SIGTERM for a while, so it runs in its own process group and is stopped
 by signalling the whole group (SIGINT, then SIGKILL after a grace period).
 """
@@ -14,6 +18,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -22,11 +27,53 @@ import yaml
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def instance_yaml(max_concurrent_runs: int) -> dict:
+def check_postgres_url(url: str) -> str:
+    """Return `url` if it is a PostgreSQL connection URL (`postgresql://` or
+    `postgresql+<driver>://`), else raise ValueError saying what is wrong (without echoing a
+    password)."""
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme != "postgresql" and not scheme.startswith("postgresql+"):
+        shown = f"{parts.scheme}://..." if parts.scheme else repr(url[:20])
+        hint = (" (SQLAlchemy, which Dagster uses, no longer accepts the postgres:// alias)"
+                if scheme == "postgres" else "")
+        raise ValueError(f"not a PostgreSQL URL: {shown}; expected "
+                         f"postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE{hint}")
+    try:
+        _ = parts.port  # raises on a port that is not a number
+    except ValueError as err:
+        raise ValueError(f"bad port in the PostgreSQL URL {redact_url(url)}: {err}") from None
+    return url
+
+
+def with_psycopg2_driver(url: str) -> str:
+    """`postgresql://...` as `postgresql+psycopg2://...`: SQLAlchemy 2.1 (which Dagster
+    resolves to) made psycopg 3 the default driver of a bare `postgresql://` URL, but
+    dagster-postgres installs psycopg2, so the bare form fails with "No module named
+    'psycopg'". A URL that names its driver is kept as given."""
+    scheme, sep, rest = url.partition("://")
+    return f"postgresql+psycopg2://{rest}" if sep and scheme.lower() == "postgresql" else url
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password replaced by ***, for messages and logs."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def instance_yaml(max_concurrent_runs: int, postgres_url: str | None = None) -> dict:
     """Run queue: one process per learner, one merge at a time per fragment (so versions of a
     fragment commit in round order) and two in all, run retries for crashed merges, run
-    monitoring."""
+    monitoring. Storage: SQLite in DAGSTER_HOME, or the PostgreSQL database at `postgres_url`
+    (runs, event logs and schedule/sensor state all in that one database)."""
+    storage = ({"storage": {"postgres": {
+        "postgres_url": with_psycopg2_driver(check_postgres_url(postgres_url))}}}
+        if postgres_url is not None else {})
     return {
+        **storage,
         "run_coordinator": {
             "module": "dagster.core.run_coordinator",
             "class": "QueuedRunCoordinator",
@@ -108,8 +155,9 @@ def reap_orphaned_runs(home: Path) -> list[str]:
 
 
 def _init_storage(home: Path) -> None:
-    """Create the instance's SQLite schemas once, before three processes race to (what
-    `dagster dev` does in its own process before it starts the others)."""
+    """Create the instance's schemas once, before three processes race to (what `dagster dev`
+    does in its own process before it starts the others): SQLite files in `home`, or the
+    tables in the PostgreSQL database, which this also proves reachable."""
     from dagster import DagsterInstance
 
     with DagsterInstance.from_config(str(home)) as instance:
@@ -125,11 +173,17 @@ class DagsterDev:
     launches and therefore owns the runs), the webserver and the daemon, each restartable on
     its own: `restart_webserver()`, `restart_daemon()`, and `restart_instance()` (a crash of
     all three, runs included, then a cold start from the same DAGSTER_HOME and store).
+
+    With `postgres_url` the instance keeps its runs, event logs and sensor state in that
+    PostgreSQL database instead of SQLite files in `home`. The database must belong to this
+    instance alone: `restart_instance()` marks every run it finds in progress there as failed.
     """
 
     def __init__(self, home: Path, env: dict[str, str] | None = None, port: int | None = None,
                  max_concurrent_runs: int = 10, log_path: Path | None = None,
-                 split: bool = False):
+                 split: bool = False, postgres_url: str | None = None):
+        self.postgres_url = (check_postgres_url(postgres_url) if postgres_url is not None
+                             else None)
         self.home = Path(home).resolve()
         self.port = port or free_port()
         self.env = {**os.environ, "DAGSTER_HOME": str(self.home), **(env or {})}
@@ -167,9 +221,18 @@ class DagsterDev:
 
     def __enter__(self) -> "DagsterDev":
         self.home.mkdir(parents=True, exist_ok=True)
-        (self.home / "dagster.yaml").write_text(
-            yaml.safe_dump(instance_yaml(self.max_concurrent_runs), sort_keys=False))
-        if self.split:
+        config = self.home / "dagster.yaml"
+        config.write_text(yaml.safe_dump(
+            instance_yaml(self.max_concurrent_runs, self.postgres_url), sort_keys=False))
+        if self.postgres_url:
+            config.chmod(0o600)  # it holds the database URL, password included
+            try:  # fail here, with the reason, rather than in three processes' logs
+                _init_storage(self.home)
+            except Exception as err:
+                raise RuntimeError(f"cannot use the PostgreSQL database "
+                                   f"{redact_url(self.postgres_url)} as the instance "
+                                   f"storage: {err}") from err
+        elif self.split:
             _init_storage(self.home)
         self._build_services()
         try:

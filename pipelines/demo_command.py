@@ -12,6 +12,9 @@ tape), and this command plays the orchestrator's part: it restarts the Dagster d
 webserver or the whole instance at the tape's times. Then the instance runs as a production
 deployment does (code server, webserver and daemon as separate processes), so that a daemon
 or webserver restart leaves the learners running.
+
+With a `postgresql://` URL the instance keeps its runs, event logs and sensor state in that
+PostgreSQL database (dagster-postgres) instead of SQLite files in DAGSTER_HOME.
 """
 
 import json
@@ -26,7 +29,7 @@ import yaml
 
 from diloco_core.config import ExperimentConfig
 from diloco_core.config_loading import config_to_mapping
-from pipelines.dagster_dev import DagsterDev
+from pipelines.dagster_dev import DagsterDev, check_postgres_url, redact_url
 from resources.store.artifact_store import ArtifactStore
 from resources.store.backends import open_blob_store
 
@@ -99,7 +102,9 @@ def _restart_due(dev: DagsterDev, store: ArtifactStore, watch: Watch, launched: 
 
 def run_demo(cfg: ExperimentConfig, *, chaos: bool, json_path: str | None, workdir: str | None,
              port: int | None, timeout: float, store_uri: str | None = None,
-             fault_tape_path: str | None = None) -> int:
+             fault_tape_path: str | None = None, postgres_url: str | None = None) -> int:
+    if postgres_url is not None:
+        check_postgres_url(postgres_url)  # a ValueError before anything is created or started
     # Validate the tape here too: its Dagster faults are this command's to execute.
     from resources.faults import read_tape_file
 
@@ -123,9 +128,12 @@ def run_demo(cfg: ExperimentConfig, *, chaos: bool, json_path: str | None, workd
     print(f"demo: {m} learners, budget {cfg.token_budget:,} tokens, K={cfg.sync.min_quorum}, "
           f"H={cfg.sync.sync_period}, P={cfg.sync.num_fragments}; working in {root}",
           flush=True)
+    if postgres_url is not None:
+        print(f"demo: Dagster instance storage in PostgreSQL at {redact_url(postgres_url)}",
+              flush=True)
     with DagsterDev(root / "dagster_home", env=env, port=port,
                     max_concurrent_runs=m + 2 * cfg.sync.num_fragments + 2,
-                    split=bool(watch.pending)) as dev:
+                    split=bool(watch.pending), postgres_url=postgres_url) as dev:
         print(f"demo: Dagster UI at {dev.url} (sensors: quorum_sensor, learner_supervisor)",
               flush=True)
         # The file holds the fully resolved config: no defaults layered under it.

@@ -5,18 +5,25 @@ Asserts what the product promises: merges continued while the learner was down, 
 relaunched and rejoined (its contributions were merged again), and the held-out loss fell.
 Learners run the tiny model with emulated 0.1 s steps (`orchestration.step_seconds_floor`) so
 rounds are seconds apart and the test stays light on a 2-core machine.
+
+The first run keeps the Dagster instance's storage in a real PostgreSQL server (dagster-postgres,
+as production does; the server is started by the `postgres_url` fixture), the GCS one in SQLite.
+Two fast tests check the PostgreSQL instance configuration on its own.
 """
 
 import json
 import uuid
+from pathlib import Path
 
 import pytest
+import yaml
 from gcs_emulator import BUCKET
 
 from pipelines.cli import load_config
+from pipelines.dagster_dev import instance_yaml
 from pipelines.demo_command import run_demo
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+# The two daemon runs are slow-marked one by one; the PostgreSQL configuration tests are fast.
 
 E2E = ["name=e2e", "model.preset=tiny", "data.seq_len=32", "data.batch_size=4",
        "learners.num_learners=3", "learners.speeds=[1.0, 1.0, 0.8]",
@@ -28,12 +35,12 @@ E2E = ["name=e2e", "model.preset=tiny", "data.seq_len=32", "data.batch_size=4",
        "orchestration.round_timeout_seconds=60"]
 
 
-def _run(tmp_path, monkeypatch, overrides=(), store_uri=None):
+def _run(tmp_path, monkeypatch, overrides=(), store_uri=None, postgres_url=None):
     monkeypatch.setenv("DILOCO_TICK_SECONDS", "2")
     cfg = load_config(None, E2E + list(overrides))
     out = tmp_path / "summary.json"
     code = run_demo(cfg, chaos=True, json_path=str(out), workdir=str(tmp_path / "demo"),
-                    port=None, timeout=600, store_uri=store_uri)
+                    port=None, timeout=600, store_uri=store_uri, postgres_url=postgres_url)
     assert code == 0, (tmp_path / "demo" / "dagster_home" / "dagster-dev.log").read_text()[-5000:]
     return json.loads(out.read_text())
 
@@ -58,10 +65,38 @@ def _check(summary):
         assert set(r["admitted"]).isdisjoint(r["late"])
 
 
-def test_daemon_run_with_a_killed_learner_keeps_merging_and_rejoins(tmp_path, monkeypatch):
-    _check(_run(tmp_path, monkeypatch))
+def _pg_query(url: str, sql: str) -> list[tuple]:
+    import psycopg2
+
+    connection = psycopg2.connect(url)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(sql)
+            return cursor.fetchall()
+    finally:
+        connection.close()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_daemon_run_on_postgres_with_a_killed_learner_keeps_merging_and_rejoins(
+        tmp_path, monkeypatch, postgres_url):
+    _check(_run(tmp_path, monkeypatch, postgres_url=postgres_url))
+    # The instance really ran on PostgreSQL: every run (the train job, the learners, their
+    # relaunch, the merges, the summary) and the daemon's sensor ticks are rows there, and
+    # no SQLite run storage was created in DAGSTER_HOME.
+    runs = dict(_pg_query(postgres_url, "SELECT pipeline_name, count(*) FROM runs "
+                                        "GROUP BY pipeline_name"))
+    assert {"train", "learner", "merge_round", "summarize"} <= set(runs), runs
+    assert runs["learner"] >= 4, runs  # three learners and the killed one's relaunch
+    assert _pg_query(postgres_url, "SELECT count(*) FROM job_ticks")[0][0] > 0
+    home = tmp_path / "demo" / "dagster_home"
+    assert "postgres" in yaml.safe_load((home / "dagster.yaml").read_text())["storage"]
+    assert not list(home.rglob("*.db")), list(home.rglob("*.db"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_daemon_run_on_the_loopback_gcs_server(tmp_path, monkeypatch, gcs_server):
     # The loopback server is a pure-Python process shared with this test: fewer, larger
     # requests (Orbax checkpoints make hundreds each) keep the run short.
@@ -69,3 +104,42 @@ def test_daemon_run_on_the_loopback_gcs_server(tmp_path, monkeypatch, gcs_server
                    ["orchestration.checkpoint_every_steps=60", "orchestration.poll_seconds=1"],
                    store_uri=f"gs://{BUCKET}/e2e-{uuid.uuid4().hex[:8]}")
     _check(summary)
+
+
+def test_an_instance_with_a_postgres_url_stores_runs_in_postgres(tmp_path, postgres_url):
+    import dagster as dg
+    from dagster_postgres import PostgresEventLogStorage, PostgresRunStorage
+
+    config = instance_yaml(4, postgres_url)
+    # The driver dagster-postgres installs, not SQLAlchemy 2.1's default (psycopg 3).
+    assert config["storage"]["postgres"]["postgres_url"].startswith("postgresql+psycopg2://")
+    (tmp_path / "dagster.yaml").write_text(yaml.safe_dump(config))
+
+    @dg.asset
+    def one() -> int:
+        return 1
+
+    with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
+        assert isinstance(instance.run_storage, PostgresRunStorage)
+        assert isinstance(instance.event_log_storage, PostgresEventLogStorage)
+        result = dg.materialize([one], instance=instance)
+        assert result.success
+        (run,) = instance.get_runs()
+        assert run.run_id == result.run_id and run.is_success
+    assert _pg_query(postgres_url, "SELECT run_id FROM runs") == [(result.run_id,)]
+    assert not list(Path(tmp_path).rglob("*.db"))
+
+
+@pytest.mark.parametrize("url", ["sqlite:///x.db", "postgres://u@h/db", "postgresql://u@h:x/db"])
+def test_a_bad_postgres_url_is_refused_before_anything_starts(tmp_path, url, capsys):
+    from pipelines.cli import main
+
+    assert main(["demo", "--workdir", str(tmp_path / "demo"), "--postgres-url", url]) == 2
+    assert "invalid --postgres-url" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="PostgreSQL URL"):
+        instance_yaml(4, url)
+    cfg = load_config(None, E2E)
+    with pytest.raises(ValueError, match="PostgreSQL URL"):
+        run_demo(cfg, chaos=False, json_path=None, workdir=str(tmp_path / "demo"), port=None,
+                 timeout=1, postgres_url=url)
+    assert not (tmp_path / "demo").exists()
