@@ -252,10 +252,16 @@ class LearnersConfig:
     # batches model learners on hardware of different sizes; the merge weights tokens^2/steps
     # then favour the learners that processed more tokens per step.
     batch_sizes: tuple[int, ...] = ()
+    # How a learner holds its state across the devices of its slice (`diloco_core/spmd.py`):
+    # "replicated" (a full copy per device) or "fsdp" (each array split across the devices:
+    # ~1/N of the params and AdamW state per device, for models that do not fit replicated).
+    sharding: str = "replicated"
 
     def __post_init__(self):
         _require(isinstance(self.num_learners, int) and self.num_learners >= 1, "num_learners",
                  f"must be an integer >= 1, got {self.num_learners!r}")
+        _require(self.sharding in ("replicated", "fsdp"), "sharding",
+                 f"must be one of replicated, fsdp, got {self.sharding!r}")
         for name in ("names", "regions", "speeds", "batch_sizes"):
             value = getattr(self, name)
             _require(len(value) in (0, self.num_learners), name,

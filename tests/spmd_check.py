@@ -1,6 +1,7 @@
 """Run in a fresh interpreter by test_spmd.py: JAX must see 4 host devices, which is fixed when
-it initialises. Trains the tiny model 4 steps on one device and on a 4-device learner mesh, from
-the same init and batches, and prints the figures to compare as JSON."""
+it initialises. Trains the tiny model 4 steps on one device and on a 4-device learner mesh
+(state replicated, then FSDP-sharded), from the same init and batches, and prints the figures
+to compare as JSON."""
 
 import json
 import os
@@ -15,15 +16,21 @@ import numpy as np  # noqa: E402
 from diloco_core.config import InnerOptConfig, ModelConfig  # noqa: E402
 from diloco_core.inner_step import InnerStep  # noqa: E402
 from diloco_core.model import init_model  # noqa: E402
-from diloco_core.spmd import learner_mesh, replicate, shard_batch  # noqa: E402
+from diloco_core.spmd import learner_mesh, place_state, shard_batch  # noqa: E402
 
 
-def train(preset: str, mesh=None) -> dict:
+def _specs(state) -> list[str]:
+    return [str(getattr(x.sharding, "spec", "single device")) for x in jax.tree.leaves(state)]
+
+
+def train(preset: str, mesh=None, mode: str = "replicated") -> dict:
     model_def, params = init_model(ModelConfig.from_preset(preset), seed=0)
     inner = InnerStep(model_def, InnerOptConfig(warmup_steps=0), total_steps=10)
     state = inner.init(params)
+    placed = None
     if mesh is not None:
-        state = replicate(state, mesh)
+        state = place_state(state, mesh, mode)
+        placed = _specs(state)
     rng = np.random.default_rng(1)
     losses, shards = [], None
     for _ in range(4):
@@ -33,11 +40,20 @@ def train(preset: str, mesh=None) -> dict:
             shards = len({s.device for s in batch.addressable_shards})
         state, metrics = inner.step(state, batch)
         losses.append(float(metrics["loss"]))
+    # The largest matrix (the embedding): how much of it one device holds after the steps.
+    name = max(state.params, key=lambda k: state.params[k].size)
+    big = state.params[name]
+    out = {"losses": losses, "batch_devices": shards,
+           "param_devices": len(big.sharding.device_set),
+           "largest": {"name": name, "shape": list(big.shape),
+                       "shard_shapes": sorted({tuple(s.data.shape)
+                                               for s in big.addressable_shards})},
+           # The step keeps the placement it was given (no silent all-gather of the state).
+           "sharding_kept": placed is None or placed == _specs(state),
+           "sharded_leaves": sum("data" in s for s in _specs(state))}
     params = jax.device_get(state.params)
-    first = next(iter(state.params.values()))
-    return {"losses": losses, "batch_devices": shards,
-            "param_devices": len(first.sharding.device_set),
-            "params": {k: np.asarray(v).ravel()[:64].tolist() for k, v in sorted(params.items())}}
+    out["params"] = {k: np.asarray(v).ravel()[:64].tolist() for k, v in sorted(params.items())}
+    return out
 
 
 def uneven_batch_error() -> str | None:
@@ -52,4 +68,5 @@ if __name__ == "__main__":
     preset = sys.argv[1]
     print(json.dumps({"devices": jax.device_count(), "single": train(preset),
                       "mesh": train(preset, learner_mesh()),
+                      "fsdp": train(preset, learner_mesh(), "fsdp"),
                       "uneven_batch_error": uneven_batch_error()}))

@@ -37,6 +37,7 @@ def test_defaults_are_valid_and_match_the_paper_where_it_speaks():
     (["learners.names=[a, b, c, ../x]"], "learners.names[3]", "must match"),
     (["learners.batch_sizes=[8, 8]"], "learners.batch_sizes", "has 2 entries"),
     (["learners.batch_sizes=[8, 8, 0, 8]"], "learners.batch_sizes[2]", "positive integer"),
+    (["learners.sharding=zero3"], "learners.sharding", "one of replicated, fsdp"),
     (["name=../escape"], "name", "must match"),
     (["token_budget=10"], "token_budget", "smaller than one learner step"),
     (["sync.nonsense=1"], "sync.nonsense", "unknown field"),

@@ -9,11 +9,15 @@ A learner slower than nominal (`learners.speeds` < 1) emulates slower hardware b
 (1/speed - 1) times each step's compute time, and `orchestration.step_seconds_floor` pads every
 step to at least floor / speed seconds; the padding counts as compute, not idle. The first step
 of a process (XLA compilation) is never padded.
+Within its slice the learner is data-parallel over every device JAX sees (`diloco_core/spmd.py`):
+each batch is split across them and the state is replicated or FSDP-sharded
+(`learners.sharding`); with one device this is the plain single-device step.
 When the syncer asks to stop (token budget reached) the learner stops training, offers its
 progress to the final rounds (one per fragment), and exits.
 """
 
 import contextlib
+import dataclasses
 import math
 import os
 import time
@@ -22,7 +26,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from diloco_core.config import ExperimentConfig
+from diloco_core.config import ConfigError, ExperimentConfig
 from diloco_core.config_loading import config_from_mapping
 from diloco_core.fragments import plan_fragments, split_params
 from diloco_core.inner_step import InnerStep
@@ -30,6 +34,7 @@ from diloco_core.learner import FragmentSync, LearnerSync
 from diloco_core.ledger import AttemptLedger
 from diloco_core.model import init_model
 from diloco_core.simulator import learner_data
+from diloco_core.spmd import learner_mesh, place_state, shard_batch
 from resources.corpus import load_corpus
 from resources.faults import LearnerFaults, corrupt_delta, tamper_payload
 from resources.learner.beacon import CompileBeacon
@@ -65,6 +70,17 @@ class LearnerRuntime:
         self.max_steps = max_steps
         self.use_ocdbt = use_ocdbt
         cfg = self.cfg
+        # Every device of this process's slice (a single-process learner: jax.devices() are
+        # its own). Checked here, not at the first step: an indivisible batch must fail the
+        # launch, not a learner that has already joined the run.
+        self.mesh = learner_mesh(jax.devices())
+        self.sharding = cfg.learners.sharding
+        batch_size, devices = cfg.learner_batch_sizes[self.index], self.mesh.size
+        if batch_size % devices:
+            field = (f"learners.batch_sizes[{self.index}]" if cfg.learners.batch_sizes
+                     else "data.batch_size")
+            raise ConfigError(field, f"{learner}'s batch of {batch_size} sequences is not "
+                                     f"divisible by the {devices} devices of its slice")
         self.model_def, template_params = init_model(cfg.model, cfg.seed)
         self.plan = plan_fragments({k: v.shape for k, v in template_params.items()},
                                    cfg.sync.num_fragments)
@@ -132,13 +148,29 @@ class LearnerRuntime:
             self.last_offered = max(self.last_offered, latest["round"])
         previous = self.store.get_heartbeat(self.name) or {}
         self.tokens_total = int(previous.get("tokens_total", 0))
+        self._place_state()
         return f"{plan.source}: {plan.reason}"
+
+    def _place_state(self) -> None:
+        """Put the train state and the anchors on the mesh (arrays already there stay put).
+        Anchors are placed like the params so that, under FSDP, no device holds a full extra
+        copy of the model and the offer's delta (anchor - theta) is computed shard by shard."""
+        self.train = place_state(self.train, self.mesh, self.sharding)
+        self.sync = dataclasses.replace(self.sync, fragments=tuple(
+            dataclasses.replace(f, anchor=place_state(f.anchor, self.mesh, self.sharding))
+            for f in self.sync.fragments))
+
+    def _describe_mesh(self) -> str:
+        devices = self.mesh.devices.ravel()
+        return (f"{self.name}: inner step on {len(devices)} {devices[0].platform} device(s) "
+                f"({devices[0].device_kind}), batch split across them, state {self.sharding}")
 
     # ---- the loop -----------------------------------------------------------------------------
     def run(self) -> dict:
         cfg, orch = self.cfg, self.cfg.orchestration
         self.rejoined_from = self._start_state()
         self.log(f"{self.name} (attempt {self.attempt}) starting from {self.rejoined_from}")
+        self.log(self._describe_mesh())
         self.link = StoreLink(self.store, self.name, cfg.sync.num_fragments,
                               [f.version for f in self.sync.fragments], orch.poll_seconds,
                               self.log, self.attempt)
@@ -210,13 +242,16 @@ class LearnerRuntime:
             self.faults.before_step(int(self.train.step), self._final_record)
         batch = self.data.next()
         started = time.monotonic()
+        # Host-to-device copy of the batch, split across the mesh: counted as compute, as it
+        # was when the jitted step copied a host batch itself.
+        device_batch = shard_batch(batch, self.mesh)
         orch = self.cfg.orchestration
         # This process's first step compiles the step program: keep heartbeats going.
         beacon = (CompileBeacon(self.link.heartbeat, self.heartbeat_record(),
                                 orch.heartbeat_seconds, orch.compile_timeout_seconds, self._clock)
                   if self._steps_this_process == 0 else contextlib.nullcontext())
         with beacon:
-            self.train, metrics = self.inner.step(self.train, batch)
+            self.train, metrics = self.inner.step(self.train, device_batch)
             loss = float(metrics["loss"])  # syncs: the step's compute is done when this returns
         elapsed = time.monotonic() - started
         if self._steps_this_process > 0:
@@ -245,6 +280,8 @@ class LearnerRuntime:
             if self.sync.fragments[p].version == before:
                 continue  # not newer than what it holds
             self.train = self.train.replace(params=params)
+            # The fragment's new params and anchor arrive on one device: put them on the mesh.
+            self._place_state()
             self.ledger = self.ledger.received(p, keeps_local=s.receive_rule == "rebase")
             self.received += 1
 
