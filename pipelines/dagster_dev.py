@@ -46,15 +46,6 @@ def check_postgres_url(url: str) -> str:
     return url
 
 
-def with_psycopg2_driver(url: str) -> str:
-    """`postgresql://...` as `postgresql+psycopg2://...`: SQLAlchemy 2.1 (which Dagster
-    resolves to) made psycopg 3 the default driver of a bare `postgresql://` URL, but
-    dagster-postgres installs psycopg2, so the bare form fails with "No module named
-    'psycopg'". A URL that names its driver is kept as given."""
-    scheme, sep, rest = url.partition("://")
-    return f"postgresql+psycopg2://{rest}" if sep and scheme.lower() == "postgresql" else url
-
-
 def redact_url(url: str) -> str:
     """The URL with its password replaced by ***, for messages and logs."""
     parts = urllib.parse.urlsplit(url)
@@ -70,7 +61,7 @@ def instance_yaml(max_concurrent_runs: int, postgres_url: str | None = None) -> 
     monitoring. Storage: SQLite in DAGSTER_HOME, or the PostgreSQL database at `postgres_url`
     (runs, event logs and schedule/sensor state all in that one database)."""
     storage = ({"storage": {"postgres": {
-        "postgres_url": with_psycopg2_driver(check_postgres_url(postgres_url))}}}
+        "postgres_url": check_postgres_url(postgres_url)}}}
         if postgres_url is not None else {})
     return {
         **storage,

@@ -27,8 +27,8 @@ def _camel(key: str) -> str:
 
 def test_the_production_instance_passes_dagsters_own_schemas(tmp_path, monkeypatch):
     (tmp_path / "dagster.yaml").write_text((DEPLOY / "dagster.yaml").read_text())
-    for name in ("HOST", "USER", "PASSWORD", "DB"):
-        monkeypatch.setenv(f"DAGSTER_PG_{name}", "x")
+    for name in ("HOST", "PORT", "USER", "PASSWORD", "DB"):
+        monkeypatch.setenv(f"DAGSTER_PG_{name}", "5432" if name == "PORT" else "x")
     config, _ = dagster_instance_config(str(tmp_path))
     assert "postgres" in config["storage"]
     for cls, key in ((K8sRunLauncher, "run_launcher"), (QueuedRunCoordinator,
@@ -74,3 +74,31 @@ def test_the_regional_cluster_objects_are_valid_and_grant_what_dispatch_uses():
 @pytest.mark.parametrize("doc", ["dagster.yaml", "helm/values.yaml", "k8s/learners.yaml"])
 def test_deploy_files_parse_as_yaml(doc):
     assert list(yaml.safe_load_all((DEPLOY / doc).read_text()))
+
+
+def test_the_production_instance_keeps_its_runs_in_a_real_postgres(tmp_path, monkeypatch,
+                                                                   postgres_url):
+    """The storage section as shipped (postgres_db from DAGSTER_PG_* variables) against a real
+    server; the K8s run launcher is swapped for the default one (no cluster here)."""
+    import urllib.parse
+
+    import dagster as dg
+    from dagster_postgres import PostgresRunStorage
+
+    url = urllib.parse.urlsplit(postgres_url)
+    for name, value in (("HOST", url.hostname), ("PORT", str(url.port)),
+                        ("USER", url.username), ("PASSWORD", url.password or ""),
+                        ("DB", url.path.lstrip("/"))):
+        monkeypatch.setenv(f"DAGSTER_PG_{name}", value)
+    config = yaml.safe_load((DEPLOY / "dagster.yaml").read_text())
+    del config["run_launcher"]
+    (tmp_path / "dagster.yaml").write_text(yaml.safe_dump(config))
+
+    @dg.asset
+    def one() -> int:
+        return 1
+
+    with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
+        assert isinstance(instance.run_storage, PostgresRunStorage)
+        result = dg.materialize([one], instance=instance)
+        assert result.success and instance.get_run_by_id(result.run_id).is_success
