@@ -162,6 +162,19 @@ def _cmd_demo(args) -> int:
                     postgres_url=postgres_url)
 
 
+def _cmd_manifests(args) -> int:
+    from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
+    from pipelines.manifests_command import print_manifests
+    from resources.compute.placement import load_deployment
+
+    if not args.deployment:
+        print("diloco: --deployment (or $DILOCO_DEPLOYMENT) is required", file=sys.stderr)
+        return 2
+    deployment = load_deployment(args.deployment)
+    cfg = load_config(args.config, args.overrides, base=ORCHESTRATED_DEFAULTS)
+    return print_manifests(cfg, deployment, args.attempt)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="diloco", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -195,6 +208,14 @@ def build_parser() -> argparse.ArgumentParser:
                            "this PostgreSQL database (postgresql://USER[:PASSWORD]@HOST[:PORT]"
                            "/DB) instead of SQLite files; default $DILOCO_POSTGRES_URL")
     demo.set_defaults(func=_cmd_demo)
+
+    man = sub.add_parser("manifests", help="the JobSet of every learner placed on GKE by the "
+                         "deployment file, validated, as YAML (for review or kubectl dry-run)")
+    _add_config_args(man)
+    man.add_argument("--deployment", default=os.environ.get("DILOCO_DEPLOYMENT", ""),
+                     metavar="PATH", help="deployment file (default $DILOCO_DEPLOYMENT)")
+    man.add_argument("--attempt", type=int, default=0, help="the launch attempt to render")
+    man.set_defaults(func=_cmd_manifests)
 
     cfg = sub.add_parser("config", help="validate a config and print it with every default")
     _add_config_args(cfg)

@@ -174,3 +174,25 @@ def test_jobset_status_maps_to_an_exit_status():
     assert jobset_outcome({"terminalState": "Failed"}) == 1
     assert jobset_outcome({"conditions": [{"type": "Failed", "status": "True"}]}) == 1
     assert jobset_outcome({"conditions": [{"type": "Completed", "status": "False"}]}) is None
+
+
+def test_the_manifests_command_prints_every_gke_learners_jobset(capsys, monkeypatch):
+    from pipelines.cli import main
+
+    monkeypatch.delenv("DILOCO_DEPLOYMENT", raising=False)
+    assert main(["manifests", "--deployment", str(DEPLOYMENT), "--config", str(EXPERIMENT)]) == 0
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert [d["metadata"]["labels"]["diloco/learner"] for d in docs] == [
+        "central", "east5", "east1", "south"]
+    for doc in docs:
+        validate_jobset(doc)
+    # A learner left in the local region is named, not rendered; a bad region is refused.
+    assert main(["manifests", "--deployment", str(DEPLOYMENT), "--config", str(EXPERIMENT),
+                 "--set", "learners.regions=[us-east5, local, us-east1, us-south1]"]) == 0
+    out = capsys.readouterr()
+    rendered = [d["metadata"]["labels"]["diloco/learner"] for d in yaml.safe_load_all(out.out)]
+    assert rendered == ["central", "east1", "south"] and out.err.rstrip().endswith(": east5")
+    assert main(["manifests", "--deployment", str(DEPLOYMENT), "--config", str(EXPERIMENT),
+                 "--set", "learners.regions=[mars, local, us-east1, us-south1]"]) == 2
+    assert "learners.regions[0]" in capsys.readouterr().err
+    assert main(["manifests"]) == 2                         # no deployment file at all

@@ -39,6 +39,12 @@ class RemoteLauncher(Protocol):
         """Start the learner with the Pipes bootstrap environment `env`."""
 
 
+def channel_env(placement: RegionPlacement, bootstrap: dict[str, str]) -> dict[str, str]:
+    """The learner's environment for this channel: Pipes' bootstrap variables (where its
+    context is, where to write messages) and the channel's own two settings."""
+    return {**bootstrap, CHANNEL_ENV: "gcs", INTERVAL_ENV: str(placement.pipes_interval_seconds)}
+
+
 def run_over_gcs(context: dg.OpExecutionContext, placement: RegionPlacement, extras: dict,
                  launch: RemoteLauncher, poll_seconds: float = 2.0
                  ) -> dg.PipesClientCompletedInvocation:
@@ -56,9 +62,7 @@ def run_over_gcs(context: dg.OpExecutionContext, placement: RegionPlacement, ext
                                              interval=placement.pipes_interval_seconds,
                                              include_stdio_in_messages=True),
     ) as session:
-        env = {**session.get_bootstrap_env_vars(), CHANNEL_ENV: "gcs",
-               INTERVAL_ENV: str(placement.pipes_interval_seconds)}
-        process = launch(env)
+        process = launch(channel_env(placement, session.get_bootstrap_env_vars()))
         context.log.info(f"learner started: {process.describe()} (Pipes over "
                          f"gs://{placement.bucket})")
         try:
