@@ -196,3 +196,40 @@ def test_the_manifests_command_prints_every_gke_learners_jobset(capsys, monkeypa
                  "--set", "learners.regions=[mars, local, us-east1, us-south1]"]) == 2
     assert "learners.regions[0]" in capsys.readouterr().err
     assert main(["manifests"]) == 2                         # no deployment file at all
+
+
+class _RecordingJobSetApi:
+    """Stands in for the Kubernetes custom-objects API (no cluster in CI): records what the
+    learner run asks of it and answers with the status it is given."""
+
+    def __init__(self):
+        self.calls, self.status = [], {}
+
+    def create_namespaced_custom_object(self, group, version, namespace, plural, body):
+        self.calls.append(("create", group, version, namespace, plural, body["metadata"]["name"]))
+        self.body = body
+
+    def get_namespaced_custom_object(self, group, version, namespace, plural, name):
+        self.calls.append(("get", namespace, name))
+        return {"metadata": {"name": name}, "status": self.status}
+
+    def delete_namespaced_custom_object(self, group, version, namespace, plural, name, body):
+        self.calls.append(("delete", namespace, name, body["propagationPolicy"]))
+
+
+def test_a_gke_learner_is_submitted_watched_and_deleted_as_its_jobset():
+    from resources.compute.gke import JobSetProcess
+
+    placement = deployment_from_mapping({"regions": {"us-east5": GKE}}).placement("us-east5")
+    api = _RecordingJobSetApi()
+    process = JobSetProcess(placement, experiment="exp", learner="east5", region="us-east5",
+                            attempt=2, env={"DILOCO_PIPES_CHANNEL": "gcs"}, api=api)
+    name = jobset_name("exp", "east5", 2)
+    assert api.calls == [("create", "jobset.x-k8s.io", "v1alpha2", "diloco", "jobsets", name)]
+    validate_jobset(api.body)
+    assert process.poll() is None                       # running
+    api.status = {"terminalState": "Failed"}
+    assert process.poll() == 1
+    process.terminate()                                 # deletes its Jobs and pods with it
+    assert api.calls[-1] == ("delete", "diloco", name, "Foreground")
+    assert name in process.describe() and "gke_my-project_us-east5_c1" in process.describe()

@@ -39,6 +39,7 @@ def test_every_learner_gets_one_run_and_running_ones_are_left_alone(harness):
     assert keys == [f"learner:exp-test:learner-{i}:0" for i in range(3)]
     config = result.run_requests[0].run_config["ops"]["run_learner"]["config"]
     assert config["attempt"] == 0 and config["learner"].startswith("learner-")
+    assert {r.tags["diloco/region"] for r in result.run_requests} == {"local"}
     _learner_run(h, "learner-0", dg.DagsterRunStatus.STARTED)
     _learner_run(h, "learner-1", dg.DagsterRunStatus.STARTING)
     result = _tick(h, h.now)

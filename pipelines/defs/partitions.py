@@ -12,6 +12,7 @@ learners = dg.DynamicPartitionsDefinition(name="learners")
 round_x_learner = dg.MultiPartitionsDefinition({"round": rounds, "learner": learners})
 
 LEARNER_TAG = "diloco/learner"
+REGION_TAG = "diloco/region"     # where a learner run's learner runs (learners.regions)
 ROUND_TAG = "diloco/round"
 FRAGMENT_TAG = "diloco/fragment"   # merges of one fragment run one at a time (dagster.yaml)
 MERGE_TAG = "diloco/merge"         # every merge run: a global limit on concurrent merges

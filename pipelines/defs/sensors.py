@@ -13,7 +13,14 @@ import time
 import dagster as dg
 
 from pipelines.defs.learners import learner
-from pipelines.defs.partitions import FRAGMENT_TAG, LEARNER_TAG, MERGE_TAG, ROUND_TAG, rounds
+from pipelines.defs.partitions import (
+    FRAGMENT_TAG,
+    LEARNER_TAG,
+    MERGE_TAG,
+    REGION_TAG,
+    ROUND_TAG,
+    rounds,
+)
 from pipelines.defs.rounds import merge_job
 from pipelines.defs.summary import summary_job
 from pipelines.experiment_context import EXPERIMENT_TAG
@@ -102,6 +109,7 @@ def supervise_tick(context: dg.SensorEvaluationContext, store: ArtifactStoreReso
     requests, events, notes = [], [], []
     beats = {name: artifacts.get_heartbeat(name) for name in cfg.learners.learner_names}
     state["seen"] = observe(state.get("seen"), beats, now)
+    regions = dict(zip(cfg.learners.learner_names, cfg.learners.learner_regions, strict=True))
     for name in cfg.learners.learner_names:
         beat = beats[name] or {}
         step = beat.get("checkpoint_step")
@@ -152,7 +160,9 @@ def supervise_tick(context: dg.SensorEvaluationContext, store: ArtifactStoreReso
             job_name="learner", run_key=f"learner:{exp}:{name}:{attempt}",
             run_config={"ops": {"run_learner": {"config": {"learner": name,
                                                            "attempt": attempt}}}},
-            tags={EXPERIMENT_TAG: exp, LEARNER_TAG: name, "dagster/priority": "5"}))
+            # The region tag filters the UI's run list by where learners run.
+            tags={EXPERIMENT_TAG: exp, LEARNER_TAG: name, REGION_TAG: regions[name],
+                  "dagster/priority": "5"}))
     reason = "; ".join(notes) or "every learner has a live run"
     return dg.SensorResult(run_requests=requests, asset_events=events,
                            cursor=json.dumps(state),
