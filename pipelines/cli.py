@@ -209,8 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "/DB) instead of SQLite files; default $DILOCO_POSTGRES_URL")
     demo.set_defaults(func=_cmd_demo)
 
-    man = sub.add_parser("manifests", help="the JobSet of every learner placed on GKE by the "
-                         "deployment file, validated, as YAML (for review or kubectl dry-run)")
+    man = sub.add_parser("manifests", help="the Pod or JobSet of every learner placed on GKE by "
+                         "the deployment file, validated, as YAML (for review or kubectl "
+                         "dry-run)")
     _add_config_args(man)
     man.add_argument("--deployment", default=os.environ.get("DILOCO_DEPLOYMENT", ""),
                      metavar="PATH", help="deployment file (default $DILOCO_DEPLOYMENT)")

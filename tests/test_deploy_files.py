@@ -62,8 +62,9 @@ def test_the_regional_cluster_objects_are_valid_and_grant_what_dispatch_uses():
     by_kind = {d["kind"]: d for d in docs}
     (jobsets,) = [r for r in by_kind["Role"]["rules"] if "jobsets" in r["resources"]]
     assert jobsets["apiGroups"] == [JOBSET_API[0]]
-    used = {"create", "get", "delete"}          # what gke.JobSetProcess calls
-    assert used <= set(jobsets["verbs"])
+    (pods,) = [r for r in by_kind["Role"]["rules"] if r["resources"] == ["pods"]]
+    used = {"create", "get", "delete"}   # what gke.JobSetProcess and PipesK8sClient call
+    assert used <= set(jobsets["verbs"]) and used <= set(pods["verbs"])
     # The example deployment's learners run as this service account, in this namespace.
     deployment = load_deployment(str(ROOT / "examples" / "deploy" / "four_regions.yaml"))
     for placement in deployment.regions.values():

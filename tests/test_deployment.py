@@ -1,6 +1,7 @@
-"""The deployment file and the learners' GKE manifests, checked against the Kubernetes object
-model (the official client's models), with no cluster: every region of the four-region example
-(v5p and v6e in one run), the TPU facts behind them, and field-named errors for bad input."""
+"""The deployment file and the learners' GKE manifests (Pods and JobSets), checked against the
+Kubernetes object model (the official client's models), with no cluster: every region of the
+four-region example (v5p and v6e in one run), the pod dagster-k8s's Pipes client really builds,
+the TPU facts behind them, and field-named errors for bad input."""
 
 from pathlib import Path
 
@@ -11,13 +12,20 @@ from diloco_core.config import ConfigError
 from pipelines.cli import load_config
 from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
 from resources.compute.gke import jobset_outcome
-from resources.compute.k8s_schema import ManifestError, validate, validate_jobset
+from resources.compute.k8s_schema import (
+    ManifestError,
+    validate,
+    validate_jobset,
+    validate_workload,
+)
 from resources.compute.manifests import (
     ACCELERATOR_LABEL,
     TOPOLOGY_LABEL,
     TPU_RESOURCE,
-    jobset_name,
-    learner_jobset,
+    learner_labels,
+    learner_pod_spec,
+    learner_workload,
+    workload_name,
 )
 from resources.compute.placement import deployment_from_mapping, load_deployment
 from resources.compute.tpu import slice_shape
@@ -31,6 +39,8 @@ GKE = {"backend": "gke", "channel": "gcs", "bucket": "pipes-bucket", "project": 
 
 
 def _pod(manifest: dict) -> dict:
+    if manifest["kind"] == "Pod":
+        return manifest["spec"]
     return manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
 
 
@@ -40,21 +50,47 @@ def _manifests() -> dict[str, dict]:
     deployment.check_learners(cfg.learners)
     env = {"DAGSTER_PIPES_CONTEXT": "x", "DAGSTER_PIPES_MESSAGES": "y",
            "DILOCO_PIPES_CHANNEL": "gcs"}
-    return {name: learner_jobset(deployment.placement(region), experiment=cfg.name,
-                                 learner=name, region=region, attempt=0, env=env)
+    return {name: learner_workload(deployment.placement(region), experiment=cfg.name,
+                                   learner=name, region=region, attempt=0, env=env)
             for name, region in zip(cfg.learners.learner_names, cfg.learners.learner_regions,
                                     strict=True)}
 
 
-def test_every_region_of_the_four_region_example_gives_a_valid_jobset():
+def test_every_region_of_the_four_region_example_gives_a_valid_pod_or_jobset():
     manifests = _manifests()
-    assert len(manifests) == 4
+    assert {n: m["kind"] for n, m in manifests.items()} == {
+        "central": "Pod", "east5": "Pod", "east1": "JobSet", "south": "Pod"}
     for manifest in manifests.values():
-        validate_jobset(manifest)                  # raises with every problem's path
-        job = manifest["spec"]["replicatedJobs"][0]["template"]
-        validate(job, "V1JobTemplateSpec")
+        validate_workload(manifest)                # raises with every problem's path
         validate(_pod(manifest), "V1PodSpec")
-        assert manifest["spec"]["failurePolicy"]["maxRestarts"] == 0   # Dagster relaunches
+    jobset = manifests["east1"]
+    validate_jobset(jobset)
+    validate(jobset["spec"]["replicatedJobs"][0]["template"], "V1JobTemplateSpec")
+    assert jobset["spec"]["failurePolicy"]["maxRestarts"] == 0     # Dagster relaunches
+
+
+def test_the_pod_dagster_k8s_builds_from_our_spec_is_a_valid_tpu_pod():
+    """What `PipesK8sClient.run` submits: its own pod body from our metadata and spec, plus the
+    Pipes bootstrap variables, converted to the client's V1Pod model and back."""
+    from dagster_k8s.pipes import build_pod_body
+    from kubernetes.client import ApiClient
+
+    placement = load_deployment(str(DEPLOYMENT)).placement("us-central1")
+    spec = learner_pod_spec(placement, {"DILOCO_PIPES_CHANNEL": "gcs"})
+    pod = build_pod_body(pod_name="dagster-run-0123", image=None, command=None,
+                         env_vars={"DAGSTER_PIPES_CONTEXT": "c", "DAGSTER_PIPES_MESSAGES": "m"},
+                         base_pod_meta={"labels": learner_labels("e", "central", "us-central1",
+                                                                 0)},
+                         base_pod_spec=spec)
+    body = ApiClient().sanitize_for_serialization(pod)
+    validate(body, "V1Pod")
+    (container,) = body["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert {"DAGSTER_PIPES_CONTEXT", "DAGSTER_PIPES_MESSAGES", "DILOCO_PIPES_CHANNEL"} <= set(env)
+    assert container["resources"]["limits"][TPU_RESOURCE] == "4"
+    assert body["spec"]["nodeSelector"][TOPOLOGY_LABEL] == "2x2x1"
+    assert body["spec"]["restartPolicy"] == "Never"
+    assert body["metadata"]["labels"]["diloco/learner"] == "central"
 
 
 def test_one_run_mixes_v5p_and_v6e_slices_with_their_own_selectors_and_chip_limits():
@@ -85,16 +121,16 @@ def test_spot_regions_select_and_tolerate_spot_nodes_and_extra_env_reaches_the_l
     assert env["JAX_COMPILATION_CACHE_DIR"] == "/tmp/jax-cache"
 
 
-def test_jobset_names_are_short_dns_labels_unique_per_attempt():
-    names = {jobset_name("exp", "learner_with-a-rather-long-name-0", a) for a in range(3)}
+def test_workload_names_are_short_dns_labels_unique_per_attempt():
+    names = {workload_name("exp", "learner_with-a-rather-long-name-0", a) for a in range(3)}
     assert len(names) == 3
     for name in names:
         assert len(name) <= 40 and name[0].isalpha() and "_" not in name
-    assert jobset_name("a", "l", 0) != jobset_name("b", "l", 0)   # experiment in the digest
+    assert workload_name("a", "l", 0) != workload_name("b", "l", 0)   # experiment in the digest
 
 
 def test_the_schema_check_reports_typos_wrong_types_and_missing_required_fields():
-    manifest = _manifests()["east5"]
+    manifest = _manifests()["east1"]
     pod = _pod(manifest)
     pod["nodeSelecter"] = pod.pop("nodeSelector")                 # a typo the API would drop
     pod["containers"][0]["resources"]["limits"][TPU_RESOURCE] = 8   # quantities are strings
@@ -113,7 +149,7 @@ def test_the_schema_check_reports_typos_wrong_types_and_missing_required_fields(
 
 def test_manifests_round_trip_through_yaml_as_kubectl_would_read_them():
     for manifest in _manifests().values():
-        validate_jobset(yaml.safe_load(yaml.safe_dump(manifest)))
+        validate_workload(yaml.safe_load(yaml.safe_dump(manifest)))
 
 
 @pytest.mark.parametrize(("accelerator", "topology", "chips", "hosts"), [
@@ -176,7 +212,7 @@ def test_jobset_status_maps_to_an_exit_status():
     assert jobset_outcome({"conditions": [{"type": "Completed", "status": "False"}]}) is None
 
 
-def test_the_manifests_command_prints_every_gke_learners_jobset(capsys, monkeypatch):
+def test_the_manifests_command_prints_every_gke_learners_workload(capsys, monkeypatch):
     from pipelines.cli import main
 
     monkeypatch.delenv("DILOCO_DEPLOYMENT", raising=False)
@@ -185,7 +221,7 @@ def test_the_manifests_command_prints_every_gke_learners_jobset(capsys, monkeypa
     assert [d["metadata"]["labels"]["diloco/learner"] for d in docs] == [
         "central", "east5", "east1", "south"]
     for doc in docs:
-        validate_jobset(doc)
+        validate_workload(doc)
     # A learner left in the local region is named, not rendered; a bad region is refused.
     assert main(["manifests", "--deployment", str(DEPLOYMENT), "--config", str(EXPERIMENT),
                  "--set", "learners.regions=[us-east5, local, us-east1, us-south1]"]) == 0
@@ -224,7 +260,7 @@ def test_a_gke_learner_is_submitted_watched_and_deleted_as_its_jobset():
     api = _RecordingJobSetApi()
     process = JobSetProcess(placement, experiment="exp", learner="east5", region="us-east5",
                             attempt=2, env={"DILOCO_PIPES_CHANNEL": "gcs"}, api=api)
-    name = jobset_name("exp", "east5", 2)
+    name = workload_name("exp", "east5", 2)
     assert api.calls == [("create", "jobset.x-k8s.io", "v1alpha2", "diloco", "jobsets", name)]
     validate_jobset(api.body)
     assert process.poll() is None                       # running

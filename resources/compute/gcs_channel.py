@@ -39,6 +39,20 @@ class RemoteLauncher(Protocol):
         """Start the learner with the Pipes bootstrap environment `env`."""
 
 
+def gcs_injector_and_reader(placement: RegionPlacement):
+    """Dagster's GCS context injector and message reader on the region's bucket. The reader
+    also brings back the learner's stdout and stderr."""
+    from dagster_gcp.pipes import PipesGCSContextInjector, PipesGCSMessageReader
+    from google.cloud import storage
+
+    client = storage.Client()
+    return (PipesGCSContextInjector(bucket=placement.bucket, client=client,
+                                    key_prefix="diloco-pipes/context-"),
+            PipesGCSMessageReader(bucket=placement.bucket, client=client,
+                                  interval=placement.pipes_interval_seconds,
+                                  include_stdio_in_messages=True))
+
+
 def channel_env(placement: RegionPlacement, bootstrap: dict[str, str]) -> dict[str, str]:
     """The learner's environment for this channel: Pipes' bootstrap variables (where its
     context is, where to write messages) and the channel's own two settings."""
@@ -50,18 +64,9 @@ def run_over_gcs(context: dg.OpExecutionContext, placement: RegionPlacement, ext
                  ) -> dg.PipesClientCompletedInvocation:
     """Open a Pipes session whose context and messages travel through `placement.bucket`,
     start the learner with `launch`, and wait for it to end."""
-    from dagster_gcp.pipes import PipesGCSContextInjector, PipesGCSMessageReader
-    from google.cloud import storage
-
-    client = storage.Client()
-    with dg.open_pipes_session(
-        context=context, extras=extras,
-        context_injector=PipesGCSContextInjector(bucket=placement.bucket, client=client,
-                                                 key_prefix="diloco-pipes/context-"),
-        message_reader=PipesGCSMessageReader(bucket=placement.bucket, client=client,
-                                             interval=placement.pipes_interval_seconds,
-                                             include_stdio_in_messages=True),
-    ) as session:
+    injector, reader = gcs_injector_and_reader(placement)
+    with dg.open_pipes_session(context=context, extras=extras, context_injector=injector,
+                               message_reader=reader) as session:
         process = launch(channel_env(placement, session.get_bootstrap_env_vars()))
         context.log.info(f"learner started: {process.describe()} (Pipes over "
                          f"gs://{placement.bucket})")

@@ -1,17 +1,51 @@
-"""A learner on a GKE TPU slice: its JobSet, created, watched and deleted through the
-Kubernetes API of the region's cluster (`gcs_channel.RemoteProcess`).
+"""A learner on a GKE TPU slice, through the Kubernetes API of the region's cluster.
 
-The manifest is validated against the Kubernetes object model before it is submitted, so a bad
-field fails the Dagster run with the field's path instead of being dropped by the API server.
-Deleting the JobSet (on cancel, or when the run's process is interrupted) deletes its Jobs and
-pods with it: the slice is released, and the learner supervisor decides about a relaunch.
+`workload: pod`: dagster-k8s's `PipesK8sClient` submits the learner's Pod, waits for it, and
+deletes it when it ends or when the Dagster run is interrupted (termination forwarded). The
+Pipes context and messages go through the region's bucket, not the pod's logs, so they survive
+the pod and cross regions.
+
+`workload: jobset`: a `JobSetProcess` (`gcs_channel.RemoteProcess`) creates, watches and deletes
+the learner's JobSet; deleting it deletes its Jobs and pods with it.
+
+Either manifest is validated against the Kubernetes object model before it is submitted, so a
+bad field fails the Dagster run with the field's path instead of being dropped by the API
+server. A failed learner is relaunched by the learner supervisor sensor, not by the cluster.
 """
 
 from typing import Any
 
-from resources.compute.k8s_schema import validate_jobset
-from resources.compute.manifests import JOBSET_API, learner_jobset
+import dagster as dg
+
+from resources.compute.gcs_channel import channel_env, gcs_injector_and_reader
+from resources.compute.k8s_schema import validate, validate_jobset
+from resources.compute.manifests import (
+    JOBSET_API,
+    learner_jobset,
+    learner_labels,
+    learner_pod_spec,
+)
 from resources.compute.placement import RegionPlacement
+
+
+def run_gke_pod(context: dg.OpExecutionContext, placement: RegionPlacement, extras: dict,
+                region: str) -> dg.PipesClientCompletedInvocation:
+    """The learner as one Pod on the region's TPU node pool, through dagster-k8s Pipes."""
+    from dagster_k8s import PipesK8sClient
+
+    env = channel_env(placement, {})      # the client adds Pipes' bootstrap variables itself
+    spec = learner_pod_spec(placement, env)
+    validate(spec, "V1PodSpec")
+    meta = {"labels": learner_labels(extras["experiment"], extras["learner"], region,
+                                     int(extras["attempt"]))}
+    injector, reader = gcs_injector_and_reader(placement)
+    client = PipesK8sClient(load_incluster_config=False, kube_context=placement.context_name,
+                            context_injector=injector, message_reader=reader,
+                            poll_interval=placement.pipes_interval_seconds)
+    context.log.info(f"learner pod on {placement.context_name} ({placement.accelerator} "
+                     f"{placement.topology}, Pipes over gs://{placement.bucket})")
+    return client.run(context=context, extras=extras, namespace=placement.namespace,
+                      base_pod_meta=meta, base_pod_spec=spec)
 
 
 def jobset_outcome(status: dict[str, Any] | None) -> int | None:

@@ -81,6 +81,17 @@ def _check(value: Any, type_name: str, path: str, problems: list[str]) -> None:
         problems.append(f"{path}: {err}")
 
 
+def validate_workload(manifest: dict) -> None:
+    """A learner's Pod (checked as V1Pod) or JobSet (`validate_jobset`)."""
+    if manifest.get("kind") == "JobSet":
+        validate_jobset(manifest)
+    elif manifest.get("kind") == "Pod" and manifest.get("apiVersion") == "v1":
+        validate(manifest, "V1Pod")
+    else:
+        raise ManifestError([f"kind: expected a v1 Pod or a JobSet, got "
+                             f"{manifest.get('apiVersion')}/{manifest.get('kind')}"])
+
+
 def validate_jobset(manifest: dict) -> None:
     """A JobSet (jobset.x-k8s.io/v1alpha2): its own fields, then each Job template's spec."""
     problems: list[str] = []

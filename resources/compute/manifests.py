@@ -1,9 +1,10 @@
-"""The Kubernetes object that runs one learner on a GKE TPU slice: a JobSet.
+"""The Kubernetes objects that run one learner on a GKE TPU slice: a Pod or a JobSet.
 
-One learner is one slice; a slice of H hosts is H pods that must start together and fail
-together (a JAX program spans all of them). JobSet expresses exactly that: one replicated Job
-with H indexed completions, DNS hostnames so the hosts find each other, and the exclusive
-topology annotation so that the pods of one slice land on one node pool (one physical slice).
+One learner is one slice. On a single-host slice that is one Pod (`workload: pod`, the default),
+submitted and watched by dagster-k8s's Pipes client. A JobSet (`workload: jobset`) is the form
+a slice of H hosts needs, H pods that start and fail together: one replicated Job with H indexed
+completions, DNS hostnames so the hosts find each other, and the exclusive topology annotation
+so that the pods of one slice land on one node pool (one physical slice).
 
 `failurePolicy.maxRestarts` is 0 on purpose: a failed learner is relaunched by the learner
 supervisor sensor (with backoff and a restart budget, recorded in Dagster), not by a second,
@@ -28,7 +29,7 @@ REPLICATED_JOB = "slice"
 LEARNER_MODULE = "pipelines.learner_entry"
 
 
-def jobset_name(experiment: str, learner: str, attempt: int) -> str:
+def workload_name(experiment: str, learner: str, attempt: int) -> str:
     """A DNS-1035 label, unique per (experiment, learner, attempt), at most 40 characters so
     that the names JobSet derives from it (job, pod, service) stay within 63."""
     base = re.sub(r"[^a-z0-9-]", "-", f"{learner}-a{attempt}".lower()).strip("-")
@@ -36,29 +37,28 @@ def jobset_name(experiment: str, learner: str, attempt: int) -> str:
     return f"dl-{base[:27].strip('-')}-{digest}"
 
 
-def learner_jobset(placement: RegionPlacement, *, experiment: str, learner: str, region: str,
-                   attempt: int, env: dict[str, str]) -> dict[str, Any]:
-    """The JobSet (a plain dict, as `kubectl apply` or the custom-objects API takes it)."""
+def learner_labels(experiment: str, learner: str, region: str, attempt: int) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "decoupled-diloco",
+            "app.kubernetes.io/component": "learner",
+            "diloco/experiment": _label_value(experiment), "diloco/learner": learner,
+            "diloco/region": region, "diloco/attempt": str(attempt)}
+
+
+def learner_pod_spec(placement: RegionPlacement, env: dict[str, str]) -> dict[str, Any]:
+    """The pod of one host of the learner's slice: the slice's node labels, all its chips,
+    the TPU (and Spot) taints tolerated, the learner image and its environment."""
     shape = placement.slice
     if shape is None:
-        raise ValueError(f"region {region!r} is not a gke region")
-    labels = {"app.kubernetes.io/name": "decoupled-diloco",
-              "app.kubernetes.io/component": "learner",
-              "diloco/experiment": _label_value(experiment), "diloco/learner": learner,
-              "diloco/region": region, "diloco/attempt": str(attempt)}
+        raise ValueError("a learner pod needs a gke placement (accelerator and topology)")
     chips = str(shape.chips_per_pod)
-    full_env = {**env, **placement.extra_env,
-                # Multi-host slices initialise jax.distributed from the TPU environment GKE
-                # provides; a single host needs nothing.
-                "DILOCO_JAX_DISTRIBUTED": "1" if shape.hosts > 1 else "0",
-                "PYTHONUNBUFFERED": "1"}
+    full_env = {**env, **placement.extra_env, "PYTHONUNBUFFERED": "1"}
     node_selector = {ACCELERATOR_LABEL: shape.tpu.accelerator, TOPOLOGY_LABEL: shape.topology}
     tolerations = [{"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
     if placement.spot:
         node_selector[SPOT_LABEL] = "true"
         tolerations.append({"key": SPOT_LABEL, "operator": "Equal", "value": "true",
                             "effect": "NoSchedule"})
-    pod_spec: dict[str, Any] = {
+    spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "nodeSelector": node_selector,
         "tolerations": tolerations,
@@ -68,17 +68,35 @@ def learner_jobset(placement: RegionPlacement, *, experiment: str, learner: str,
             "imagePullPolicy": "IfNotPresent",
             "command": ["python", "-m", LEARNER_MODULE],
             "env": [{"name": k, "value": v} for k, v in sorted(full_env.items())],
-            "ports": [{"containerPort": 8471, "name": "tpu-ici"},
-                      {"containerPort": 8080, "name": "jax-coord"}],
             "resources": {"requests": {TPU_RESOURCE: chips}, "limits": {TPU_RESOURCE: chips}},
         }],
     }
     if placement.service_account:
-        pod_spec["serviceAccountName"] = placement.service_account
+        spec["serviceAccountName"] = placement.service_account
+    return spec
+
+
+def learner_pod(placement: RegionPlacement, *, experiment: str, learner: str, region: str,
+                attempt: int, env: dict[str, str]) -> dict[str, Any]:
+    """The learner as one Pod (`workload: pod`, what dagster-k8s's Pipes client submits; it
+    names the pod after the Dagster run, so the name here is only for previews)."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": workload_name(experiment, learner, attempt),
+                         "namespace": placement.namespace,
+                         "labels": learner_labels(experiment, learner, region, attempt)},
+            "spec": learner_pod_spec(placement, env)}
+
+
+def learner_jobset(placement: RegionPlacement, *, experiment: str, learner: str, region: str,
+                   attempt: int, env: dict[str, str]) -> dict[str, Any]:
+    """The learner as a JobSet (`workload: jobset`; a plain dict, as `kubectl apply` or the
+    custom-objects API takes it)."""
+    hosts = placement.slice.hosts if placement.slice is not None else 1
+    labels = learner_labels(experiment, learner, region, attempt)
     return {
         "apiVersion": f"{JOBSET_API[0]}/{JOBSET_API[1]}",
         "kind": "JobSet",
-        "metadata": {"name": jobset_name(experiment, learner, attempt),
+        "metadata": {"name": workload_name(experiment, learner, attempt),
                      "namespace": placement.namespace, "labels": labels,
                      "annotations": {EXCLUSIVE_TOPOLOGY: NODE_POOL_LABEL}},
         "spec": {
@@ -90,17 +108,22 @@ def learner_jobset(placement: RegionPlacement, *, experiment: str, learner: str,
                 "template": {
                     "metadata": {"labels": dict(labels)},
                     "spec": {
-                        "parallelism": shape.hosts,
-                        "completions": shape.hosts,
+                        "parallelism": hosts,
+                        "completions": hosts,
                         "completionMode": "Indexed",
                         "backoffLimit": 0,
                         "template": {"metadata": {"labels": dict(labels)},
-                                     "spec": pod_spec},
+                                     "spec": learner_pod_spec(placement, env)},
                     },
                 },
             }],
         },
     }
+
+
+def learner_workload(placement: RegionPlacement, **kw) -> dict[str, Any]:
+    """The learner's Pod or JobSet, as its region's `workload` says."""
+    return (learner_jobset if placement.workload == "jobset" else learner_pod)(placement, **kw)
 
 
 def _label_value(value: str) -> str:

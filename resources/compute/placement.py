@@ -35,6 +35,7 @@ from diloco_core.config_loading import build_dataclass, parse_config_text
 from resources.compute.tpu import SliceShape, slice_shape
 
 BACKENDS = ("local", "gke")
+WORKLOADS = ("pod", "jobset")
 CHANNELS = ("local", "gcs")
 LOCAL_REGION = "local"   # a region every deployment has: a subprocess on the Dagster host
 
@@ -56,6 +57,9 @@ class RegionPlacement:
     slice."""
 
     backend: str = "local"
+    # gke: the learner as one Pod through dagster-k8s's Pipes client, or as a JobSet (the form a
+    # multi-host slice needs; exclusive node-pool placement).
+    workload: str = "pod"
     # How the learner talks to its Dagster run. "local": files on the shared machine (only for
     # the local backend). "gcs": objects in `bucket`, which needs no inbound connection to
     # either side, so it works across regions and clouds; GKE learners always use it.
@@ -77,6 +81,8 @@ class RegionPlacement:
     def __post_init__(self):
         _require(self.backend in BACKENDS, "backend",
                  f"must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        _require(self.workload in WORKLOADS, "workload",
+                 f"must be one of {', '.join(WORKLOADS)}, got {self.workload!r}")
         _require(self.channel in CHANNELS, "channel",
                  f"must be one of {', '.join(CHANNELS)}, got {self.channel!r}")
         _require(self.pipes_interval_seconds > 0, "pipes_interval_seconds",

@@ -7,7 +7,8 @@ placement in the deployment file (`DILOCO_DEPLOYMENT`; without one every learner
 |---|---|---|
 | local | local | a subprocess, Pipes through local files (the laptop and CI default) |
 | local | gcs | a subprocess that talks to the run only through a bucket (a remote host's path) |
-| gke | gcs | a JobSet on the region's GKE TPU node pool |
+| gke (workload pod) | gcs | a Pod on the region's GKE TPU node pool, through dagster-k8s Pipes |
+| gke (workload jobset) | gcs | a JobSet on the region's GKE TPU node pool |
 """
 
 from typing import Any
@@ -16,6 +17,7 @@ import dagster as dg
 from pydantic import Field
 
 from resources.compute.gcs_channel import run_over_gcs
+from resources.compute.gke import run_gke_pod
 from resources.compute.local import DEFAULT_XLA_FLAGS, LocalProcess, local_env, run_local
 from resources.compute.placement import Deployment, load_deployment
 
@@ -45,6 +47,8 @@ class LearnerCompute(dg.ConfigurableResource):
             return run_over_gcs(context, placement, extras,
                                 lambda boot: LocalProcess({**env, **placement.extra_env,
                                                            **boot}))
+        if placement.workload == "pod":
+            return run_gke_pod(context, placement, extras, region)
         from resources.compute.gke import JobSetProcess
 
         return run_over_gcs(
