@@ -160,3 +160,17 @@ def _stop(pg_ctl: list[str], data: Path, root: Path) -> None:
 
 def fresh_database_name() -> str:
     return f"diloco_{uuid.uuid4().hex[:12]}"
+
+
+def materialize_one_run(instance) -> str:
+    """Materialize a one-line asset on `instance` and return its (successful) run's id: the
+    smallest real run to find again in an instance's storage."""
+    import dagster as dg
+
+    @dg.asset
+    def one() -> int:
+        return 1
+
+    result = dg.materialize([one], instance=instance)
+    assert result.success
+    return result.run_id

@@ -10,6 +10,7 @@ from dagster._config import process_config, resolve_to_config_type
 from dagster._core.instance.config import dagster_instance_config
 from dagster._core.run_coordinator import QueuedRunCoordinator
 from dagster_k8s import K8sRunLauncher
+from postgres_server import materialize_one_run
 
 from pipelines.dagster_dev import instance_yaml
 from resources.compute.k8s_schema import validate
@@ -95,11 +96,6 @@ def test_the_production_instance_keeps_its_runs_in_a_real_postgres(tmp_path, mon
     del config["run_launcher"]
     (tmp_path / "dagster.yaml").write_text(yaml.safe_dump(config))
 
-    @dg.asset
-    def one() -> int:
-        return 1
-
     with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
         assert isinstance(instance.run_storage, PostgresRunStorage)
-        result = dg.materialize([one], instance=instance)
-        assert result.success and instance.get_run_by_id(result.run_id).is_success
+        assert instance.get_run_by_id(materialize_one_run(instance)).is_success

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 from gcs_emulator import BUCKET
+from postgres_server import materialize_one_run
 
 from pipelines.cli import load_config
 from pipelines.dagster_dev import instance_yaml
@@ -113,18 +114,13 @@ def test_an_instance_with_a_postgres_url_stores_runs_in_postgres(tmp_path, postg
     config = instance_yaml(4, postgres_url)
     (tmp_path / "dagster.yaml").write_text(yaml.safe_dump(config))
 
-    @dg.asset
-    def one() -> int:
-        return 1
-
     with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
         assert isinstance(instance.run_storage, PostgresRunStorage)
         assert isinstance(instance.event_log_storage, PostgresEventLogStorage)
-        result = dg.materialize([one], instance=instance)
-        assert result.success
+        run_id = materialize_one_run(instance)
         (run,) = instance.get_runs()
-        assert run.run_id == result.run_id and run.is_success
-    assert _pg_query(postgres_url, "SELECT run_id FROM runs") == [(result.run_id,)]
+        assert run.run_id == run_id and run.is_success
+    assert _pg_query(postgres_url, "SELECT run_id FROM runs") == [(run_id,)]
     assert not list(Path(tmp_path).rglob("*.db"))
 
 
