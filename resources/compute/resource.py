@@ -17,7 +17,7 @@ import dagster as dg
 from pydantic import Field
 
 from resources.compute.gcs_channel import run_over_gcs
-from resources.compute.gke import run_gke_pod
+from resources.compute.gke import JobSetProcess, run_gke_pod
 from resources.compute.local import DEFAULT_XLA_FLAGS, LocalProcess, local_env, run_local
 from resources.compute.placement import Deployment, load_deployment
 
@@ -49,8 +49,6 @@ class LearnerCompute(dg.ConfigurableResource):
                                                            **boot}))
         if placement.workload == "pod":
             return run_gke_pod(context, placement, extras, region)
-        from resources.compute.gke import JobSetProcess
-
         return run_over_gcs(
             context, placement, extras, poll_seconds=10.0,
             launch=lambda boot: JobSetProcess(
