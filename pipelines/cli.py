@@ -175,6 +175,25 @@ def _cmd_manifests(args) -> int:
     return print_manifests(cfg, deployment, args.attempt)
 
 
+def _cmd_status(args) -> int:
+    from pipelines.status_command import print_status, run_status, status_json
+    from resources.store.resource import ArtifactStoreResource
+
+    resource = ArtifactStoreResource(base_uri=args.store)
+    store = resource.store(args.experiment) if args.experiment else resource.active()
+    if store is None or store.get_config() is None:
+        what = f"experiment {args.experiment!r}" if args.experiment else "active experiment"
+        print(f"diloco: no {what} in the store {args.store} (launch the `train` job, or give "
+              "--store / --experiment)", file=sys.stderr)
+        return 2
+    status = run_status(store, last_rounds=args.rounds)
+    if args.json:
+        print(status_json(status))
+    else:
+        print_status(status)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="diloco", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -208,6 +227,16 @@ def build_parser() -> argparse.ArgumentParser:
                            "this PostgreSQL database (postgresql://USER[:PASSWORD]@HOST[:PORT]"
                            "/DB) instead of SQLite files; default $DILOCO_POSTGRES_URL")
     demo.set_defaults(func=_cmd_demo)
+
+    st = sub.add_parser("status", help="rounds, learners (live, late, down, rejoining) and "
+                        "the last merge decisions of a run, read from its store")
+    st.add_argument("--store", default=os.environ.get("DILOCO_STORE_URI", "runs/store"),
+                    help="the store: a directory or gs://bucket/prefix "
+                         "(default $DILOCO_STORE_URI, else runs/store)")
+    st.add_argument("--experiment", help="default: the active experiment")
+    st.add_argument("--rounds", type=int, default=5, help="how many recent decisions to show")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=_cmd_status)
 
     man = sub.add_parser("manifests", help="the Pod or JobSet of every learner placed on GKE by "
                          "the deployment file, validated, as YAML (for review or kubectl "

@@ -1,0 +1,81 @@
+"""`diloco status`: the rounds, each learner's state (live, late, rejoining, down, done) and the
+last decisions, read from the store of a run driven through the real quorum sensor and merges."""
+
+import contextlib
+import io
+import json
+
+import dagster as dg
+import pytest
+from orchestration_harness import Harness
+from rich.console import Console
+
+from pipelines.cli import main
+from pipelines.status_command import learner_state, print_status, run_status
+
+
+@pytest.fixture
+def harness(tmp_path):
+    with dg.instance_for_test() as instance:
+        h = Harness(instance, str(tmp_path / "store"))   # 3 learners, K=2, no grace
+        h.start()
+        yield h
+
+
+def _merge_round(h: Harness, r: int, offering, beating) -> None:
+    for name in beating:
+        h.beat(name, 2)
+    h.tick()
+    for name in offering:
+        h.offer(name, r)
+    h.tick()
+
+
+def test_status_shows_rounds_learner_states_and_decisions(harness):
+    h = harness
+    everyone = ["learner-0", "learner-1", "learner-2"]
+    _merge_round(h, 0, ["learner-0", "learner-1"], everyone)   # learner-2 live, not offering
+    status = run_status(h.store, now=h.now)
+    assert status["rounds_merged"] == 1 and status["global_versions"] == [1, 0]
+    states = {row["learner"]: row["state"] for row in status["learners"]}
+    assert states == {"learner-0": "live", "learner-1": "live", "learner-2": "late"}
+    (decision,) = status["decisions"]
+    assert decision["members"] == ["learner-0", "learner-1"]
+    assert decision["missing"] == ["learner-2"] and decision["reason"]
+
+    # learner-1 is relaunched (attempt 1, started now): rejoining until a merge admits it.
+    beat = dict(h.store.get_heartbeat("learner-1"), attempt=1, started_at=h.now + 0.5)
+    h.store.put_heartbeat("learner-1", beat)
+    assert {r["learner"]: r["state"] for r in run_status(h.store, now=h.now)["learners"]}[
+        "learner-1"] == "rejoining"
+    h.now += 1.0
+    _merge_round(h, 1, ["learner-1", "learner-2"], ["learner-0", "learner-2"])
+    h.store.put_heartbeat("learner-1", dict(beat, time=h.now))
+    states = {r["learner"]: r["state"] for r in run_status(h.store, now=h.now)["learners"]}
+    assert states["learner-1"] == "live" and states["learner-2"] == "live"
+
+    # The same as a table, and from the CLI as JSON. (Not capsys: the Dagster runs above keep
+    # a handle on the stream it replaces.)
+    table = io.StringIO()
+    print_status(run_status(h.store, now=h.now), Console(file=table, width=200))
+    assert "exp-test: 2 rounds merged" in table.getvalue() and "rejoining" not in table.getvalue()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["status", "--store", h.resource.base_uri, "--json", "--rounds", "1"]) == 0
+    shown = json.loads(out.getvalue())
+    assert [d["round"] for d in shown["decisions"]] == [1]
+
+
+def test_down_done_and_not_started_learners(harness):
+    timeout = harness.cfg.orchestration.learner_timeout_seconds
+    beat = {"status": "training", "time": 100.0, "attempt": 0, "started_at": 0.0}
+    assert learner_state(None, [], "a", timeout, 100.0) == "not started"
+    assert learner_state(beat, [], "a", timeout, 100.0 + timeout + 1) == "down"
+    assert learner_state({**beat, "status": "failed"}, [], "a", timeout, 100.0) == "down"
+    assert learner_state({**beat, "status": "done"}, [], "a", timeout, 1e9) == "done"
+    assert learner_state(beat, [], "a", timeout, 101.0) == "live"
+
+
+def test_status_without_an_experiment_says_what_to_do(tmp_path, capsys):
+    assert main(["status", "--store", str(tmp_path / "empty")]) == 2
+    assert "no active experiment" in capsys.readouterr().err
