@@ -53,6 +53,10 @@ def test_three_rounds_with_k_of_m_and_one_learner_absent(harness):
         assert meta["members"].value == "learner-0, learner-1"
         assert meta["merged"].value is True
         assert meta["fragment"].value == r % 2
+        # One plottable series per learner: weights (0 when absent), reported loss, staleness.
+        assert meta["weight/learner-0"].value > 0 and meta["weight/learner-2"].value == 0.0
+        assert meta["train_loss/learner-1"].value == 3.0 and "train_loss/learner-2" not in meta
+        assert meta["staleness/learner-0"].value == 0
     # Fragment 0 merged in rounds 0 and 2, fragment 1 in round 1.
     assert h.store.current_version(0) == 2 and h.store.current_version(1) == 1
     events = _update_events(h)

@@ -65,6 +65,28 @@ def _merge_faults(artifacts, round_index: int, log):
     return None if tape is None else MergeFaults(artifacts, tape, round_index, log)
 
 
+def _per_learner_series(artifacts, record: dict, round_index: int, parent_version: int
+                        ) -> dict[str, float]:
+    """Numeric metadata with one stable key per learner, so that the asset page plots each
+    learner over rounds: its merge weight (0 when it was not admitted), and for members the
+    train loss it reported with its offer and its staleness (merged fragment versions it
+    missed since its base)."""
+    from diloco_core.config_loading import config_from_mapping
+
+    names = config_from_mapping(artifacts.get_config()).learners.learner_names
+    members = list(record.get("members", []))
+    weights = dict(zip(members, record.get("weights", []), strict=False))
+    series = {f"weight/{n}": round(float(weights.get(n, 0.0)), 4) for n in names}
+    for name in members:
+        manifest = artifacts.contribution_manifest(round_index, name) or {}
+        loss = (manifest.get("extra") or {}).get("train_loss")
+        if isinstance(loss, int | float):
+            series[f"train_loss/{name}"] = float(loss)
+        if manifest.get("base_version") is not None:
+            series[f"staleness/{name}"] = max(0, parent_version - int(manifest["base_version"]))
+    return series
+
+
 @dg.asset(
     partitions_def=rounds, group_name="diloco", kinds={"jax", "optax"},
     deps=[dg.AssetDep(learner_update, partition_mapping=dg.MultiToSingleDimensionPartitionMapping(
@@ -104,11 +126,13 @@ def global_params(context: dg.AssetExecutionContext, store: ArtifactStoreResourc
     # defined with two or more members.
     cosine = ({"mean_pairwise_cosine": float(record["mean_cosine"])}
               if record.get("mean_cosine") is not None else {})
+    parent_version = outcome.version - 1 if record.get("merged") else outcome.version
     yield dg.MaterializeResult(metadata={
         **cosine,
+        **_per_learner_series(artifacts, record, round_index, parent_version),
         "experiment": artifacts.experiment,
         "fragment": outcome.fragment, "version": outcome.version,
-        "parent_version": outcome.version - 1 if record.get("merged") else outcome.version,
+        "parent_version": parent_version,
         "merged": bool(record.get("merged")) and outcome.finite,
         "admitted": len(record.get("members", [])),
         "members": ", ".join(record.get("members", [])) or "none",
