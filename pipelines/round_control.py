@@ -134,7 +134,7 @@ class RoundController:
         self._collect_offers(state, result, now)
         self._maybe_stop(state, beats, now)
         if not state["decided"]:
-            self._decide(state, result, live, estimates, now)
+            self._decide(state, result, live, estimates, now, beats)
         if state["decided"]:
             self._maybe_open(state, result, beats, live, now)
         if not result.reason:
@@ -217,12 +217,12 @@ class RoundController:
         state["watch"] = {str(k): sorted(watch[k]) for k in keep}
 
     def _decide(self, state: dict, result: TickResult, live: list[str], estimates: Estimates,
-                now: float) -> None:
+                now: float, beats: Mapping[str, dict | None]) -> None:
         r, arrivals = state["round"], state["arrivals"]
         if state.get("final") or state["stop"]:
             # After STOP the learners stop training: an open round waits for every live
             # learner (up to the round timeout) instead of a quorum that may never come.
-            decision = self._final_decision(state, live, now)
+            decision = self._final_decision(state, live, now, beats)
         else:
             decision = decide(now, arrivals, live, estimates, self.cfg.sync)
         if not decision.merge:
@@ -249,16 +249,24 @@ class RoundController:
             state["final_left"] = max(0, (state["final_left"] or 1) - 1)
         result.reason = f"round {r} decided: {decision.reason}"
 
-    def _final_decision(self, state: dict, live: list[str], now: float) -> Decision:
+    def _final_decision(self, state: dict, live: list[str], now: float,
+                        beats: Mapping[str, dict | None]) -> Decision:
         arrivals = state["arrivals"]
         members = tuple(sorted(arrivals, key=lambda n: (arrivals[n], n)))
-        missing = tuple(sorted(set(live) - set(arrivals)))
+        # A learner that trained nothing on this fragment since it last received it says so in
+        # its heartbeat (it stopped training, so it never will): no reason to wait for it.
+        declined = sorted(n for n in set(live) - set(arrivals)
+                          if state["round"] in ((beats.get(n) or {}).get("declined_rounds")
+                                                or []))
+        missing = tuple(sorted(set(live) - set(arrivals) - set(declined)))
         waited = now - state["opened_at"]
         if missing and waited < self.cfg.orchestration.round_timeout_seconds:
             return Decision(False, (), (), missing,
                             f"final round waiting for {', '.join(missing)}")
         why = ("every live learner offered" if not missing else
                f"final round timed out after {waited:.0f}s without {', '.join(missing)}")
+        if declined:
+            why += f" ({', '.join(declined)}: nothing new on this fragment)"
         return Decision(True, members, (), missing, f"final round: {why}")
 
     def _tokens(self, beats: Mapping[str, dict | None]) -> dict[str, int]:

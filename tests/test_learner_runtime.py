@@ -112,6 +112,25 @@ def test_a_round_opened_right_after_its_fragment_arrived_is_offered_after_the_ne
     assert result["status"] == "done"
 
 
+def test_a_final_round_with_nothing_new_is_declined_in_the_heartbeat(harness):
+    # After STOP a learner trains no more: a final round for a fragment it just received can
+    # never get an offer from it, so it says so (the syncer then stops waiting for it).
+    h = harness
+    runtime, thread, result = _start(h, "learner-0", max_steps=8)
+    _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("step", 0) >= 8,
+          what="8 steps")
+    _bump(h, 1, 1)
+    _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("versions") == [0, 1],
+          what="the merged fragment")
+    h.store.open_round(1, {"fragment": 1, "opened_at": time.time(), "final": True})
+    _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("declined_rounds") == [1],
+          what="the declined final round")
+    assert h.store.list_contributions(1) == []
+    h.store.request_stop({"reason": "test"})
+    thread.join(30)
+    assert result["status"] == "done" and result["declined_rounds"] == [1]
+
+
 def test_a_stale_learner_rejoins_from_a_peers_adamw_state_and_the_global_params(harness):
     h = harness
     # One after the other (two Orbax managers saving the same step at the same moment in one

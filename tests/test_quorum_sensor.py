@@ -163,6 +163,32 @@ def test_budget_reached_runs_final_rounds_then_the_summary(harness):
     assert h.resource.active() is None            # the sensors go quiet
 
 
+def test_a_final_round_does_not_wait_for_a_learner_with_nothing_to_offer(harness):
+    # learner-1 stopped training right after receiving fragment 1: it answers that final round
+    # with nothing to offer (named in its heartbeat), so the round is decided at once instead
+    # of after orchestration.round_timeout_seconds.
+    h = harness
+    _progress(h, ["learner-0", "learner-1"])
+    h.tick()
+    h.offer("learner-0", 0)
+    h.offer("learner-1", 0)
+    h.tick()
+    h.beat("learner-0", 400)
+    h.beat("learner-1", 400)
+    h.tick()
+    assert h.state()["round"] == 1 and h.state()["final"]
+    h.offer("learner-0", 1)
+    h.tick()
+    assert not h.state()["decided"]                   # waiting for learner-1
+    beat = h.store.get_heartbeat("learner-1")
+    h.store.put_heartbeat("learner-1", {**beat, "time": h.now, "declined_rounds": [1]})
+    h.tick()
+    decision = h.store.get_decision(1)
+    assert decision is not None and decision["members"] == ["learner-0"]
+    assert decision["missing"] == [] and "learner-1: nothing new" in decision["reason"]
+    assert h.now - decision["opened_at"] < h.cfg.orchestration.round_timeout_seconds
+
+
 def test_a_cursor_behind_the_store_recovers_and_requests_the_missing_merge(harness):
     h = harness
     _progress(h, ["learner-0", "learner-1"])

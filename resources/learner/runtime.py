@@ -99,6 +99,9 @@ class LearnerRuntime:
         self.last_loss: float | None = None
         self.offers = 0
         self.received = 0
+        # Final rounds this learner answered with nothing to offer: named in its heartbeat so
+        # that the syncer stops waiting for it (it would, up to round_timeout_seconds).
+        self.declined: list[int] = []
         self.checkpoint_step: int | None = None
         self.ledger = AttemptLedger.start(self.cfg.sync.num_fragments)
         # block_on_overlap: offers whose merged fragment has not come back, round -> (fragment,
@@ -298,6 +301,8 @@ class LearnerRuntime:
             # while it waits.
             if rnd.get("final"):
                 self.last_offered = rnd["round"]
+                self.declined = [*self.declined[-7:], rnd["round"]]
+                self._beat()
                 return rnd
             return None
         self.last_offered = rnd["round"]
@@ -366,6 +371,7 @@ class LearnerRuntime:
                 "compute_seconds": self.compute_seconds, "wall_seconds": wall,
                 "training_seconds": training,
                 "offers": self.offers, "received": self.received,
+                "declined_rounds": list(self.declined),
                 "rejoined_from": self.rejoined_from,
                 "bytes_up": self.link.bytes_up, "bytes_down": self.link.bytes_down}
 
