@@ -27,8 +27,8 @@ from pipelines.liveness import LIVE_STATUSES
 from resources.store.artifact_store import ArtifactStore
 
 
-def _decisions(store: ArtifactStore) -> list[dict]:
-    last = (store.latest_open_round() or {}).get("round", -1)
+def _decisions(store: ArtifactStore, open_round: int | None) -> list[dict]:
+    last = -1 if open_round is None else open_round
     return [d for r in range(last + 1) if (d := store.get_decision(r)) is not None]
 
 
@@ -54,7 +54,8 @@ def run_status(store: ArtifactStore, now: float | None = None, last_rounds: int 
     """Everything `diloco status` shows, as plain data."""
     now = time.time() if now is None else now
     cfg: ExperimentConfig = config_from_mapping(store.get_config())
-    decisions = _decisions(store)
+    open_round = (store.latest_open_round() or {}).get("round")
+    decisions = _decisions(store, open_round)
     learners = []
     for name, region in zip(cfg.learners.learner_names, cfg.learners.learner_regions,
                             strict=True):
@@ -71,7 +72,7 @@ def run_status(store: ArtifactStore, now: float | None = None, last_rounds: int 
     merged = [d for d in decisions if d["members"]]
     return {
         "experiment": store.experiment,
-        "open_round": (store.latest_open_round() or {}).get("round"),
+        "open_round": open_round,
         "rounds_merged": len(merged),
         "global_versions": [store.current_version(p) for p in range(cfg.sync.num_fragments)],
         "stop_requested": store.stop_requested() is not None,

@@ -88,18 +88,25 @@ def test_a_learner_offers_receives_checkpoints_stops_and_resumes(harness):
     assert again.tokens_total == 8 * h.cfg.tokens_per_learner_step   # counted across attempts
 
 
+def _hold_at_8_steps_with_fragment_1_merged(h: Harness):
+    """learner-0 trains 8 steps and holds there (max_steps), then takes a merged fragment 1:
+    it has nothing new on fragment 1 until it steps again."""
+    started = _start(h, "learner-0", max_steps=8)
+    _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("step", 0) >= 8,
+          what="8 steps")
+    _bump(h, 1, 1)
+    _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("versions") == [0, 1],
+          what="the merged fragment")
+    return started
+
+
 def test_a_round_opened_right_after_its_fragment_arrived_is_offered_after_the_next_step(
         harness):
     # The learner holds at step 8 (max_steps), takes a merged fragment 1, and only then sees a
     # round for fragment 1 open: nothing new to offer yet. It must not give the round up (if
     # every learner did, the round would get no offers and no later round would open).
     h = harness
-    runtime, thread, result = _start(h, "learner-0", max_steps=8)
-    _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("step", 0) >= 8,
-          what="8 steps")
-    _bump(h, 1, 1)
-    _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("versions") == [0, 1],
-          what="the merged fragment")
+    runtime, thread, result = _hold_at_8_steps_with_fragment_1_merged(h)
     h.store.open_round(1, {"fragment": 1, "opened_at": time.time(), "final": False})
     time.sleep(1.0)   # several loop iterations with the round open and nothing to offer
     assert h.store.list_contributions(1) == []
@@ -116,12 +123,7 @@ def test_a_final_round_with_nothing_new_is_declined_in_the_heartbeat(harness):
     # After STOP a learner trains no more: a final round for a fragment it just received can
     # never get an offer from it, so it says so (the syncer then stops waiting for it).
     h = harness
-    runtime, thread, result = _start(h, "learner-0", max_steps=8)
-    _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("step", 0) >= 8,
-          what="8 steps")
-    _bump(h, 1, 1)
-    _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("versions") == [0, 1],
-          what="the merged fragment")
+    runtime, thread, result = _hold_at_8_steps_with_fragment_1_merged(h)
     h.store.open_round(1, {"fragment": 1, "opened_at": time.time(), "final": True})
     _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("declined_rounds") == [1],
           what="the declined final round")

@@ -134,17 +134,22 @@ def test_quorum_unreachable_while_learners_are_down_then_resumes(harness):
     assert h.merged_rounds() == {round_key(0)}
 
 
-def test_budget_reached_runs_final_rounds_then_the_summary(harness):
-    h = harness
+def _merge_round_0_then_pass_the_budget(h: Harness) -> None:
+    """Round 0 merged from learner-0 and learner-1, then both jump past the token budget:
+    STOP, and the first final round (one per fragment, P=2) opens."""
     _progress(h, ["learner-0", "learner-1"])
     h.tick()
     h.offer("learner-0", 0)
     h.offer("learner-1", 0)
     h.tick()
-    # Jump past the token budget: STOP, then one final round per fragment (P=2).
     h.beat("learner-0", 400)
     h.beat("learner-1", 400)
     h.tick()
+
+
+def test_budget_reached_runs_final_rounds_then_the_summary(harness):
+    h = harness
+    _merge_round_0_then_pass_the_budget(h)
     assert h.store.stop_requested() is not None
     for r in (1, 2):
         assert h.state()["round"] == r and h.state()["final"]
@@ -168,14 +173,7 @@ def test_a_final_round_does_not_wait_for_a_learner_with_nothing_to_offer(harness
     # with nothing to offer (named in its heartbeat), so the round is decided at once instead
     # of after orchestration.round_timeout_seconds.
     h = harness
-    _progress(h, ["learner-0", "learner-1"])
-    h.tick()
-    h.offer("learner-0", 0)
-    h.offer("learner-1", 0)
-    h.tick()
-    h.beat("learner-0", 400)
-    h.beat("learner-1", 400)
-    h.tick()
+    _merge_round_0_then_pass_the_budget(h)
     assert h.state()["round"] == 1 and h.state()["final"]
     h.offer("learner-0", 1)
     h.tick()
