@@ -182,6 +182,7 @@ RECEIVE_RULES = ("overwrite", "blend", "rebase")
 WEIGHTINGS = ("tokens", "uniform")
 ENCODINGS = ("fp32", "bf16", "int8", "int4", "int2")
 ANCHORS = ("global", "base")
+SYNCER_MODES = ("service", "sensor")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -365,22 +366,43 @@ class OrchestrationConfig:
     # (seconds) and whose learners therefore never wait; on for the synchronous-DiLoCo
     # baseline (tau = 0: a barrier at every sync).
     block_on_overlap: bool = False
+    # Who decides and merges rounds. "service": one long-lived syncer process per experiment
+    # (dispatched and supervised by Dagster like a learner, fenced by a lease in the store)
+    # polls the store every syncer_poll_seconds and merges within a second; the quorum sensor
+    # only mirrors its records into Dagster, and takes over (one merge run per round) while
+    # the syncer's lease has not changed for syncer_timeout_seconds. "sensor": the quorum
+    # sensor decides every round and each merge is a Dagster run (seconds per round).
+    syncer: str = "service"
+    syncer_poll_seconds: float = 0.1
+    syncer_timeout_seconds: float = 20.0
+    # The syncer evaluates the global model after every this many merged rounds (0: once per
+    # outer step, i.e. every P rounds); the sensor-run merges evaluate every round.
+    eval_every_rounds: int = 0
 
     def __post_init__(self):
         _require(isinstance(self.block_on_overlap, bool), "block_on_overlap",
                  f"must be true or false, got {self.block_on_overlap!r}")
+        _require(self.syncer in SYNCER_MODES, "syncer",
+                 f"must be one of {', '.join(SYNCER_MODES)}, got {self.syncer!r}")
         for name in ("heartbeat_seconds", "poll_seconds", "learner_timeout_seconds",
                      "compile_timeout_seconds", "restart_backoff_seconds",
-                     "restart_backoff_max_seconds", "round_timeout_seconds"):
+                     "restart_backoff_max_seconds", "round_timeout_seconds",
+                     "syncer_poll_seconds", "syncer_timeout_seconds"):
             _finite_positive(getattr(self, name), name)
         _require(self.step_seconds_floor >= 0 and math.isfinite(self.step_seconds_floor),
                  "step_seconds_floor",
                  f"must be a finite number >= 0, got {self.step_seconds_floor!r}")
         for name, low in (("checkpoint_every_steps", 1), ("max_restarts", 0),
-                          ("rejoin_max_versions_behind", 0), ("eval_batches", 1)):
+                          ("rejoin_max_versions_behind", 0), ("eval_batches", 1),
+                          ("eval_every_rounds", 0)):
             value = getattr(self, name)
             _require(isinstance(value, int) and not isinstance(value, bool) and value >= low,
                      name, f"must be an integer >= {low}, got {value!r}")
+        # The syncer renews its lease every second: a shorter timeout would mistake a slow
+        # store write for a dead syncer.
+        _require(self.syncer_timeout_seconds >= 3.0, "syncer_timeout_seconds",
+                 f"must be >= 3 (the lease is renewed every second), got "
+                 f"{self.syncer_timeout_seconds}")
         _require(self.learner_timeout_seconds > self.heartbeat_seconds, "learner_timeout_seconds",
                  f"must exceed heartbeat_seconds ({self.heartbeat_seconds}), "
                  f"got {self.learner_timeout_seconds}")

@@ -4,7 +4,8 @@ A tape is plain data (JSON round trip, validated field by field) so the same fau
 replayed against another system (e.g. synchronous DiLoCo) or after a fix. Triggers are in the
 units each fault lives in, never in wall-clock time where that would make replays diverge:
 - learner faults fire at a learner's inner step (`at_step`), the same step in every replay;
-- contribution and merge faults fire at a round (`at_round`);
+- contribution, merge and syncer faults fire at a round (`at_round`; a syncer fault as the
+  syncer service is about to merge that round);
 - Dagster restarts fire `at_seconds` after launch (they are about the orchestrator, not the
   algorithm; the driver executes them).
 Every fault has an id; the injector records a fault as fired before it acts, so a learner
@@ -19,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LEARNER_KINDS = ("learner_kill", "learner_hang", "learner_slow", "clock_skew", "store_errors")
-ROUND_KINDS = ("bad_contribution", "merge_crash", "merge_store_errors")
+ROUND_KINDS = ("bad_contribution", "merge_crash", "merge_store_errors", "syncer_kill",
+               "syncer_hang")
 DAGSTER_KINDS = ("daemon_restart", "webserver_restart", "instance_restart")
 FAULT_KINDS = LEARNER_KINDS + ROUND_KINDS + DAGSTER_KINDS
 
@@ -39,6 +41,8 @@ _PARAMS: dict[str, dict[str, Any]] = {
     "merge_crash": {"phase": "before_commit"},
     "merge_store_errors": {"rate": 0.3, "kinds": ["transient", "timeout"],
                            "slow_seconds": 0.5},
+    "syncer_kill": {},                              # SIGKILL the syncer service
+    "syncer_hang": {"seconds": math.inf},           # inf: until the supervisor ends it
     "daemon_restart": {},
     "webserver_restart": {},
     "instance_restart": {},
@@ -46,7 +50,8 @@ _PARAMS: dict[str, dict[str, Any]] = {
 
 
 # Parameters that may be "inf": a hang until the supervisor ends it, a window to the run's end.
-_UNBOUNDED = (("learner_hang", "seconds"), ("learner_slow", "steps"), ("store_errors", "steps"))
+_UNBOUNDED = (("learner_hang", "seconds"), ("learner_slow", "steps"), ("store_errors", "steps"),
+              ("syncer_hang", "seconds"))
 
 _ID = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")   # ids become store keys
 

@@ -74,6 +74,7 @@ def instance_yaml(max_concurrent_runs: int, postgres_url: str | None = None) -> 
                 "tag_concurrency_limits": [
                     {"key": "diloco/learner", "value": {"applyLimitPerUniqueValue": True},
                      "limit": 1},
+                    {"key": "diloco/syncer", "limit": 1},   # one syncer service process
                     {"key": "diloco/fragment", "value": {"applyLimitPerUniqueValue": True},
                      "limit": 1},
                     # At most two merge runs at once (memory and CPU on a small machine).

@@ -19,7 +19,7 @@ Rules (the same as the reference simulator's, on wall-clock time):
 """
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +27,7 @@ from diloco_core.config import ExperimentConfig
 from diloco_core.config_loading import config_from_mapping
 from diloco_core.quorum import Decision, Estimates, decide
 from pipelines.liveness import live_learners, observe
-from resources.store.artifact_store import ArtifactStore, RejectedArtifact
+from resources.store.artifact_store import ArtifactStore, Conflict, RejectedArtifact
 
 LATE_WINDOW = 2          # decided rounds still watched for late offers
 
@@ -88,6 +88,8 @@ def _recover(store: ArtifactStore, state: dict, now: float, num_fragments: int
             remerge.append(decision)
             pending.append({"round": k, "fragment": decision["fragment"], "decided_at": now})
     state["pending"] = pending
+    if store.finished() is not None:
+        state["finished"] = True
     stop = store.stop_requested()
     if stop is not None:
         # Final rounds are the last ones opened: those already decided are done.
@@ -104,9 +106,20 @@ def _recover(store: ArtifactStore, state: dict, now: float, num_fragments: int
 
 
 class RoundController:
-    def __init__(self, store: ArtifactStore, cfg: ExperimentConfig | None = None):
+    """`decided_by` names who runs it in the records it writes ("syncer" or "sensor");
+    `guard` runs before every commit-point write (the syncer's lease check: a fenced syncer
+    raises there and writes nothing)."""
+
+    def __init__(self, store: ArtifactStore, cfg: ExperimentConfig | None = None,
+                 decided_by: str = "sensor", guard: Callable[[], None] | None = None,
+                 describe_offers: bool = True):
         self.store = store
         self.cfg = cfg or config_from_mapping(store.get_config())
+        self.decided_by = decided_by
+        self.guard = guard or (lambda: None)
+        # The sensor reports each offer to Dagster; the syncer service only needs arrivals
+        # (and skips the two reads per offer that describing it costs).
+        self.describe_offers = describe_offers
 
     def tick(self, state: dict | None, now: float | None = None) -> TickResult:
         now = time.time() if now is None else now
@@ -132,11 +145,21 @@ class RoundController:
 
         self._watch_published(state, now)
         self._collect_offers(state, result, now)
-        self._maybe_stop(state, beats, now)
-        if not state["decided"]:
-            self._decide(state, result, live, estimates, now, beats)
-        if state["decided"]:
-            self._maybe_open(state, result, beats, live, now)
+        try:
+            self._maybe_stop(state, beats, now)
+            if not state["decided"]:
+                self._decide(state, result, live, estimates, now, beats)
+            if state["decided"]:
+                self._maybe_open(state, result, beats, live, now)
+        except Conflict as err:
+            # Another decider (the syncer and the sensor fallback during a hand-over) wrote
+            # this record first: its record stands; take the state from the store.
+            carried = {"estimates": state.get("estimates"), "seen": state.get("seen")}
+            state, remerge = _recover(self.store, {**fresh_state(self.store.experiment),
+                                                   **carried}, now, P)
+            return TickResult(state, merges=remerge, offers=result.offers,
+                              reason=f"another decider wrote first ({err}); state rebuilt "
+                                     "from the store")
         if not result.reason:
             result.reason = self._status(state, live)
         return result
@@ -190,28 +213,13 @@ class RoundController:
                 if learner in seen:
                     continue
                 seen.add(learner)
-                if learner not in self.cfg.learners.learner_names:
-                    # Not one of this experiment's learners (a stray or hostile writer, or a
-                    # name that is not even a valid key): never an arrival, never merged.
-                    result.offers.append({**_offer_summary({}), "round": index,
-                                          "learner": learner, "late": True, "foreign": True,
-                                          "problem": "not a learner of this experiment"})
-                    continue
-                try:
-                    manifest = self.store.contribution_manifest(index, learner) or {}
-                except RejectedArtifact as err:
-                    manifest = {"rejected": err.reason}
                 late = index != r or state["decided"]
-                if index == r and not state["decided"]:
+                if (index == r and not state["decided"]
+                        and learner in self.cfg.learners.learner_names):
                     state["arrivals"][learner] = now
-                offer = _offer_summary(manifest)
-                current = (self.store.current_version(offer["fragment"])
-                           if isinstance(offer["fragment"], int) else None)
-                if current is not None and isinstance(offer["base_version"], int):
-                    # Global versions of this fragment the learner had not seen when it offered.
-                    offer["staleness"] = max(0, current - offer["base_version"])
-                result.offers.append({**offer, "round": index, "learner": learner,
-                                      "late": late})
+                if self.describe_offers:
+                    result.offers.append(describe_offer(self.store, self.cfg, index, learner,
+                                                        late))
             watch[index] = seen
         keep = sorted(watch)[-(LATE_WINDOW + 1):]
         state["watch"] = {str(k): sorted(watch[k]) for k in keep}
@@ -232,11 +240,13 @@ class RoundController:
         order = sorted(arrivals.values())
         quorum_at = order[min(k, len(order)) - 1] if order else now
         record = {"round": r, "fragment": state["fragment"], "final": bool(state.get("final")),
+                  "decided_by": self.decided_by,
                   "members": list(decision.members), "late": list(decision.late),
                   "missing": list(decision.missing), "reason": decision.reason,
                   "grace_seconds": decision.grace_seconds, "deadline": decision.deadline,
                   "opened_at": state["opened_at"], "quorum_at": quorum_at, "decided_at": now,
                   "arrivals": dict(arrivals), "live": list(live)}
+        self.guard()
         self.store.put_decision(r, record)
         if not state.get("final"):
             self._observe(state, quorum=quorum_at - state["opened_at"])
@@ -278,6 +288,7 @@ class RoundController:
         total = sum(self._tokens(beats).values())
         if total >= self.cfg.token_budget:
             P = self.cfg.sync.num_fragments
+            self.guard()
             self.store.request_stop({"reason": f"token budget reached ({total} >= "
                                                f"{self.cfg.token_budget})",
                                      "at": now, "tokens": total, "final_left": P})
@@ -294,6 +305,9 @@ class RoundController:
                 if any(now - p["decided_at"] < timeout for p in state["pending"]):
                     result.reason = "waiting for the final merges to be published"
                     return
+                self.guard()
+                self.store.mark_finished({"at": now, "by": self.decided_by,
+                                          "last_round": state["round"]})
                 state["finished"] = True
                 result.finished = True
                 return
@@ -309,6 +323,7 @@ class RoundController:
             final = False
         r = state["round"] + 1
         fragment = r % cfg.sync.num_fragments
+        self.guard()
         self.store.open_round(r, {"fragment": fragment, "opened_at": now, "final": final,
                                   "learner_tokens": tokens})
         state.update({"round": r, "fragment": fragment, "decided": False, "final": final,
@@ -321,6 +336,28 @@ class RoundController:
             return f"waiting for learners to progress before round 0 ({len(live)} live)"
         return (f"round {r} {'decided' if state['decided'] else 'open'}; waiting for "
                 f"{self.cfg.sync.min_quorum} of {len(live)} live learners to progress")
+
+
+def describe_offer(store: ArtifactStore, cfg: ExperimentConfig, round_index: int,
+                   learner: str, late: bool) -> dict:
+    """What an observer records of one committed offer (a `learner_update` event): its
+    manifest's summary, or why it is not one of this experiment's learners' offers."""
+    if learner not in cfg.learners.learner_names:
+        # Not one of this experiment's learners (a stray or hostile writer, or a name that
+        # is not even a valid key): never an arrival, never merged.
+        return {**_offer_summary({}), "round": round_index, "learner": learner, "late": True,
+                "foreign": True, "problem": "not a learner of this experiment"}
+    try:
+        manifest = store.contribution_manifest(round_index, learner) or {}
+    except RejectedArtifact as err:
+        manifest = {"rejected": err.reason}
+    offer = _offer_summary(manifest)
+    current = (store.current_version(offer["fragment"])
+               if isinstance(offer["fragment"], int) else None)
+    if current is not None and isinstance(offer["base_version"], int):
+        # Global versions of this fragment the learner had not seen when it offered.
+        offer["staleness"] = max(0, current - offer["base_version"])
+    return {**offer, "round": round_index, "learner": learner, "late": late}
 
 
 def _offer_summary(manifest: Mapping[str, Any]) -> dict:

@@ -10,14 +10,17 @@ commit's record instead of merging twice. Non-finite merged parameters are never
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import jax.numpy as jnp
 import numpy as np
+import optax
 
+from diloco_core.config import ExperimentConfig
 from diloco_core.config_loading import config_from_mapping
-from diloco_core.fragments import plan_fragments
+from diloco_core.fragments import FragmentPlan, plan_fragments
 from diloco_core.model import abstract_params, is_embedding
 from diloco_core.outer import build_outer_optimizer
 from diloco_core.syncer import FragmentState, all_finite, merge_fragment
@@ -44,30 +47,73 @@ class MergeOutcome:
     seconds: float = 0.0
 
 
+@dataclass(frozen=True)
+class MergePlan:
+    """What every merge of an experiment needs and never changes: built once by a long-lived
+    syncer (a merge run builds it per round)."""
+
+    cfg: ExperimentConfig
+    plan: FragmentPlan
+    tx: optax.GradientTransformation
+    templates: tuple      # the outer-state structure of each fragment (for loading it)
+
+    @classmethod
+    def of(cls, cfg: ExperimentConfig) -> "MergePlan":
+        shapes = {k: v.shape for k, v in abstract_params(cfg.model).items()}
+        plan = plan_fragments(shapes, cfg.sync.num_fragments)
+        tx = build_outer_optimizer(cfg.outer)
+        templates = tuple(tx.init({n: jnp.zeros(shapes[n], jnp.float32) for n in names})
+                          for names in plan.fragments)
+        return cls(cfg, plan, tx, templates)
+
+
 def merge_from_store(store: ArtifactStore, round_index: int,
-                     faults: "MergeFaults | None" = None) -> MergeOutcome:
+                     faults: "MergeFaults | None" = None,
+                     merge_plan: MergePlan | None = None,
+                     guard: Callable[[], None] | None = None,
+                     merged_by: str = "run") -> MergeOutcome:
+    """`guard` runs before every write that commits (the syncer's lease check);
+    `merged_by` ("syncer" or "run") goes into the version's metadata."""
     started = time.monotonic()
+    guard = guard or (lambda: None)
     if faults is not None:
         store = faults.wrap_store(store)
-    cfg = config_from_mapping(store.get_config())
+    if merge_plan is None:
+        merge_plan = MergePlan.of(config_from_mapping(store.get_config()))
+    cfg, plan, tx = merge_plan.cfg, merge_plan.plan, merge_plan.tx
     decision = store.get_decision(round_index)
     if decision is None:
         raise MergeInputError(f"round {round_index} has no quorum decision in the store")
     fragment = int(decision["fragment"])
-    shapes = {k: v.shape for k, v in abstract_params(cfg.model).items()}
-    plan = plan_fragments(shapes, cfg.sync.num_fragments)
-    tx = build_outer_optimizer(cfg.outer)
     names = plan.fragments[fragment]
-    template = tx.init({n: jnp.zeros(shapes[n], jnp.float32) for n in names})
+    template = merge_plan.templates[fragment]
     try:
         current = store.load_global(fragment, outer_template=template)
     except KeyError as err:
         raise MergeInputError(f"fragment {fragment} has no committed version: {err}") from None
-    done = _find_commit(store, fragment, current.version, current.meta, round_index)
+    done = find_commit(store, fragment, current.version, current.meta, round_index)
     if done is not None:
         version, meta = done
         return MergeOutcome(round_index, fragment, True, version, meta, decision, True,
                             already_committed=True)
+    pending = store.version_meta(fragment, current.version + 1)
+    if pending is not None:
+        pending_round = pending.get("round")
+        guard()
+        if pending_round == round_index:
+            # An earlier attempt wrote this round's version but its pointer move was lost.
+            store.adopt_version(fragment, current.version + 1)
+            return MergeOutcome(round_index, fragment, True, current.version + 1, pending,
+                                decision, True, already_committed=True)
+        if isinstance(pending_round, int) and pending_round < round_index:
+            # An earlier round's merge (another merger: the syncer and a fallback merge run
+            # during a hand-over) wrote its version and has not moved the pointer yet. It is
+            # the next version in round order: adopt it (never delete another merger's
+            # commit), then merge this round on top.
+            store.adopt_version(fragment, current.version + 1)
+            current = store.load_global(fragment, outer_template=template)
+        else:
+            store.discard_unreferenced(fragment, current.version + 1)
     committed_round = current.meta.get("round")
     if isinstance(committed_round, int) and committed_round > round_index:
         # A later round of this fragment already merged (this round's first attempt failed):
@@ -76,14 +122,6 @@ def merge_from_store(store: ArtifactStore, round_index: int,
                 "reason": f"{decision['reason']}; NOT merged: round {committed_round} of this "
                           "fragment was merged first"}
         return MergeOutcome(round_index, fragment, False, current.version, meta, decision, True)
-    pending = store.version_meta(fragment, current.version + 1)
-    if pending is not None:
-        if pending.get("round") == round_index:
-            # An earlier attempt wrote this round's version but its pointer move was lost.
-            store.adopt_version(fragment, current.version + 1)
-            return MergeOutcome(round_index, fragment, True, current.version + 1, pending,
-                                decision, True, already_committed=True)
-        store.discard_unreferenced(fragment, current.version + 1)
 
     contributions, refused = [], {}
     for learner in decision["members"]:
@@ -109,19 +147,24 @@ def merge_from_store(store: ArtifactStore, round_index: int,
         reference_norm=previous_norm_per_step(current.meta))
     record = dataclasses.replace(record, rejected={**refused, **record.rejected})
     meta = {**_jsonable(dataclasses.asdict(record)), "round": round_index,
-            "quorum_at": decision.get("quorum_at"), "decided_at": decision.get("decided_at")}
+            "quorum_at": decision.get("quorum_at"), "decided_at": decision.get("decided_at"),
+            "decided_by": decision.get("decided_by", "sensor"), "merged_by": merged_by}
     finite = new_params is None or all_finite(new_params)
     committed = False
     version = current.version
+    meta["finite"] = bool(finite)
     if new_params is not None and finite:
+        meta["merge_seconds"] = time.monotonic() - started
         meta["published_at"] = time.time()
         if faults is not None:
             faults.at("before_commit")   # merged in memory, nothing written
+        guard()
         store.commit_global(fragment, current.version + 1,
                             {k: np.asarray(v) for k, v in new_params.items()}, new_outer, meta,
                             move_pointer=False)
         if faults is not None:
             faults.at("during_commit")   # version written, pointer not yet moved
+        guard()
         store.adopt_version(fragment, current.version + 1)
         committed, version = True, current.version + 1
         if faults is not None:
@@ -129,6 +172,7 @@ def merge_from_store(store: ArtifactStore, round_index: int,
     elif new_params is not None:
         meta["reason"] = f"{meta['reason']}; NOT committed: merged parameters are not finite"
     if not committed:
+        guard()
         store.put_round_not_merged(round_index, meta)
     return MergeOutcome(round_index, fragment, committed, version, meta, decision, finite,
                         seconds=time.monotonic() - started)
@@ -142,7 +186,7 @@ def previous_norm_per_step(meta: dict) -> float | None:
     return per_step[len(per_step) // 2] if per_step else None
 
 
-def _find_commit(store: ArtifactStore, fragment: int, version: int, meta: dict,
+def find_commit(store: ArtifactStore, fragment: int, version: int, meta: dict,
                  round_index: int) -> tuple[int, dict] | None:
     """The committed version of this round, searching back from the current version while the
     versions belong to this round or later ones (merges of a fragment commit in round order)."""

@@ -271,6 +271,34 @@ class MergeFaults:
             "pid": os.getpid(), **extra})
 
 
+class SyncerFaults:
+    """The tape's faults for the syncer service: as it is about to merge a round, SIGKILL
+    itself (`syncer_kill`) or stop deciding, merging and renewing its lease for a while
+    (`syncer_hang`: the sensor fallback takes over, the supervisor ends the hung run). A crash
+    mid-commit is the merge's own `merge_crash`, which the syncer's merges honour too."""
+
+    def __init__(self, store: ArtifactStore, tape: FaultTape, log: Log = print):
+        self.store, self.tape, self.log = store, tape, log
+
+    def before_merge(self, round_index: int) -> None:
+        for f in self.tape.at_round("syncer_kill", round_index):
+            if self._fire(f, round_index):
+                self.log(f"fault {f.id}: the syncer kills itself before merging round "
+                         f"{round_index}")
+                os.kill(os.getpid(), signal.SIGKILL)
+        for f in self.tape.at_round("syncer_hang", round_index):
+            if self._fire(f, round_index):
+                seconds = float(f.param("seconds"))
+                self.log(f"fault {f.id}: the syncer hangs for {seconds}s before merging round "
+                         f"{round_index}")
+                _sleep(seconds)
+
+    def _fire(self, f, round_index: int) -> bool:
+        return self.store.mark_fault_fired(f.id, {"id": f.id, "kind": f.kind,
+                                                  "round": round_index, "time": time.time(),
+                                                  "pid": os.getpid()})
+
+
 def _sleep(seconds: float) -> None:
     # In slices, so a forwarded SIGINT (Dagster terminating the run) ends an infinite hang.
     deadline = time.monotonic() + seconds if math.isfinite(seconds) else math.inf

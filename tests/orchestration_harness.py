@@ -22,7 +22,10 @@ from resources.store.resource import ArtifactStoreResource
 TINY = ["model.preset=tiny", "data.seq_len=32", "data.batch_size=4", "learners.num_learners=3",
         "sync.num_fragments=2", "sync.sync_period=4", "sync.min_quorum=2",
         "sync.grace_gamma=0", "token_budget=100000", "orchestration.eval_batches=1",
-        "name=exp-test"]
+        "name=exp-test",
+        # The quorum sensor decides and requests merge runs itself (the syncer service's
+        # fallback path); tests of the service add "orchestration.syncer=service".
+        "orchestration.syncer=sensor"]
 
 
 class Harness:
@@ -124,7 +127,8 @@ class Harness:
         return result
 
     def state(self) -> dict:
-        return json.loads(self.cursor)
+        """The round controller's state in the sensor's cursor."""
+        return json.loads(self.cursor)["controller"]
 
     def merged_rounds(self) -> set[str]:
         return set(self.instance.get_materialized_partitions(dg.AssetKey("global_params")))

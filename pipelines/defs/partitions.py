@@ -16,3 +16,4 @@ REGION_TAG = "diloco/region"     # where a learner run's learner runs (learners.
 ROUND_TAG = "diloco/round"
 FRAGMENT_TAG = "diloco/fragment"   # merges of one fragment run one at a time (dagster.yaml)
 MERGE_TAG = "diloco/merge"         # every merge run: a global limit on concurrent merges
+SYNCER_TAG = "diloco/syncer"       # the syncer service's runs: one at a time (dagster.yaml)

@@ -14,6 +14,7 @@ import dagster as dg
 
 from pipelines.defs.partitions import learners, round_x_learner, rounds
 from pipelines.experiment_context import run_store
+from pipelines.round_metadata import eval_regression, global_params_events, heldout_eval_metadata
 from resources.store.resource import ArtifactStoreResource
 
 learner_update = dg.AssetSpec(
@@ -30,61 +31,12 @@ learner_checkpoint = dg.AssetSpec(
                 "position, fragment anchors). Recorded by the learner supervisor.")
 
 
-def _decision_table(record: dict, decision: dict) -> dg.TableMetadataValue:
-    members = list(record.get("members", []))
-    rows = []
-    for i, name in enumerate(members):
-        rows.append(dg.TableRecord({
-            "learner": name, "status": "merged",
-            "weight": round(float(record["weights"][i]), 4),
-            "tokens": int(record["tokens"][i]), "steps": int(record["steps"][i]),
-            "outer_grad_norm": round(float(record["outer_grad_norms"][i]), 5), "reason": ""}))
-    for name, why in sorted(record.get("rejected", {}).items()):
-        rows.append(dg.TableRecord({"learner": name, "status": "rejected", "weight": 0.0,
-                                    "tokens": 0, "steps": 0, "outer_grad_norm": 0.0,
-                                    "reason": why}))
-    for status in ("late", "missing"):
-        for name in decision.get(status, []):
-            rows.append(dg.TableRecord({"learner": name, "status": status, "weight": 0.0,
-                                        "tokens": 0, "steps": 0, "outer_grad_norm": 0.0,
-                                        "reason": "offered after the grace window closed"
-                                        if status == "late" else "did not offer"}))
-    schema = dg.TableSchema(columns=[
-        dg.TableColumn("learner", "string"), dg.TableColumn("status", "string"),
-        dg.TableColumn("weight", "float"), dg.TableColumn("tokens", "int"),
-        dg.TableColumn("steps", "int"), dg.TableColumn("outer_grad_norm", "float"),
-        dg.TableColumn("reason", "string")])
-    return dg.MetadataValue.table(rows, schema)
-
-
 def _merge_faults(artifacts, round_index: int, log):
     """A chaos run's faults for this merge (none unless the experiment has a fault tape)."""
     from resources.faults import MergeFaults, load_tape
 
     tape = load_tape(artifacts)
     return None if tape is None else MergeFaults(artifacts, tape, round_index, log)
-
-
-def _per_learner_series(artifacts, record: dict, round_index: int, parent_version: int
-                        ) -> dict[str, float]:
-    """Numeric metadata with one stable key per learner, so that the asset page plots each
-    learner over rounds: its merge weight (0 when it was not admitted), and for members the
-    train loss it reported with its offer and its staleness (merged fragment versions it
-    missed since its base)."""
-    from diloco_core.config_loading import config_from_mapping
-
-    names = config_from_mapping(artifacts.get_config()).learners.learner_names
-    members = list(record.get("members", []))
-    weights = dict(zip(members, record.get("weights", []), strict=False))
-    series = {f"weight/{n}": round(float(weights.get(n, 0.0)), 4) for n in names}
-    for name in members:
-        manifest = artifacts.contribution_manifest(round_index, name) or {}
-        loss = (manifest.get("extra") or {}).get("train_loss")
-        if isinstance(loss, int | float):
-            series[f"train_loss/{name}"] = float(loss)
-        if manifest.get("base_version") is not None:
-            series[f"staleness/{name}"] = max(0, parent_version - int(manifest["base_version"]))
-    return series
 
 
 @dg.asset(
@@ -118,44 +70,8 @@ def global_params(context: dg.AssetExecutionContext, store: ArtifactStoreResourc
                          f"{outcome.version}; not merging twice")
     else:
         context.log.info(f"round {round_index}: {record['reason']}")
-    outliers = {n: why for n, why in record.get("rejected", {}).items() if "norm" in why}
-    latency = None
-    if record.get("published_at") and decision.get("quorum_at"):
-        latency = record["published_at"] - decision["quorum_at"]
-    # Learners' outer gradients near-orthogonal (cosine ~0) is why the merge uses RDA; only
-    # defined with two or more members.
-    cosine = ({"mean_pairwise_cosine": float(record["mean_cosine"])}
-              if record.get("mean_cosine") is not None else {})
-    parent_version = outcome.version - 1 if record.get("merged") else outcome.version
-    yield dg.MaterializeResult(metadata={
-        **cosine,
-        **_per_learner_series(artifacts, record, round_index, parent_version),
-        "experiment": artifacts.experiment,
-        "fragment": outcome.fragment, "version": outcome.version,
-        "parent_version": parent_version,
-        "merged": bool(record.get("merged")) and outcome.finite,
-        "admitted": len(record.get("members", [])),
-        "members": ", ".join(record.get("members", [])) or "none",
-        "late": ", ".join(decision.get("late", [])) or "none",
-        "rejected": len(record.get("rejected", {})),
-        "weights": dg.MetadataValue.json(dict(zip(record.get("members", []),
-                                                  record.get("weights", []), strict=True))),
-        "decision_reason": dg.MetadataValue.text(record.get("reason", "")),
-        "decisions": _decision_table(record, decision),
-        "grace_seconds": float(decision.get("grace_seconds") or 0.0),
-        "merged_norm": float(record.get("merged_norm", 0.0)),
-        "update_norm": float(record.get("update_norm", 0.0)),
-        "bytes_in": int(record.get("bytes_in", 0)),
-        "merge_seconds": float(outcome.seconds),
-        "quorum_to_publish_seconds": float(latency) if latency is not None else 0.0,
-        "store": dg.MetadataValue.path(artifacts.blobs.uri),
-    })
-    yield dg.AssetCheckResult(check_name="params_finite", passed=bool(outcome.finite),
-                              severity=dg.AssetCheckSeverity.ERROR,
-                              metadata={"version": outcome.version})
-    yield dg.AssetCheckResult(check_name="contribution_norms", passed=not outliers,
-                              severity=dg.AssetCheckSeverity.WARN,
-                              metadata={"excluded": dg.MetadataValue.json(outliers)})
+    yield from global_params_events(artifacts, record, decision, outcome.version,
+                                    outcome.finite, outcome.seconds)
 
 
 class EvalConfig(dg.Config):
@@ -188,18 +104,8 @@ def heldout_eval(context: dg.AssetExecutionContext, config: EvalConfig,
         if previous is not None:
             break
     context.log.info(f"round {round_index}: held-out loss {result['loss']:.4f}")
-    yield dg.MaterializeResult(metadata={
-        "eval/loss": result["loss"], "eval/bits_per_byte": result["bits_per_byte"],
-        "sample": dg.MetadataValue.md(f"```\n{result['sample']}\n```"),
-        "versions": dg.MetadataValue.json(result["versions"]),
-        "batches": result["batches"],
-    })
-    regressed = previous is not None and result["loss"] > 1.05 * previous["loss"]
-    yield dg.AssetCheckResult(
-        check_name="eval_regression", passed=not regressed,
-        severity=dg.AssetCheckSeverity.WARN,
-        metadata={"loss": result["loss"],
-                  "previous_loss": previous["loss"] if previous else float("nan")})
+    yield dg.MaterializeResult(metadata=heldout_eval_metadata(result))
+    yield dg.AssetCheckResult(**eval_regression(result, previous))
 
 
 merge_job = dg.define_asset_job(

@@ -19,13 +19,16 @@ from pipelines.defs.partitions import (
     MERGE_TAG,
     REGION_TAG,
     ROUND_TAG,
+    SYNCER_TAG,
     rounds,
 )
 from pipelines.defs.rounds import merge_job
 from pipelines.defs.summary import summary_job
+from pipelines.defs.syncer import syncer
 from pipelines.experiment_context import EXPERIMENT_TAG
 from pipelines.liveness import LIVE_STATUSES, observe, silent_for
 from pipelines.round_control import RoundController, round_key
+from pipelines.round_mirror import fresh_mirror, mirror_tick
 from resources.store.resource import ArtifactStoreResource
 
 IN_PROGRESS = {dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED,
@@ -52,7 +55,14 @@ def _offer_event(offer: dict) -> dg.AssetMaterialization:
 
 def quorum_tick(context: dg.SensorEvaluationContext, store: ArtifactStoreResource
                 ) -> dg.SensorResult | dg.SkipReason:
-    """One quorum tick (the body of `quorum_sensor`; tests call it directly)."""
+    """One quorum tick (the body of `quorum_sensor`; tests call it directly).
+
+    With the syncer service (`orchestration.syncer: service`, the default) the sensor is the
+    watcher: it mirrors the syncer's rounds, offers, merges and evals into Dagster, and only
+    while the syncer's lease has not moved for `orchestration.syncer_timeout_seconds` (dead,
+    hung, not started) does it decide rounds itself and request one merge run per round, as
+    with `orchestration.syncer: sensor`. Both commit through the same store records, so a
+    hand-over never decides or merges a round twice."""
     artifacts = store.active()
     if artifacts is None:
         return dg.SkipReason("no active experiment: launch the `train` job")
@@ -62,8 +72,46 @@ def quorum_tick(context: dg.SensorEvaluationContext, store: ArtifactStoreResourc
     if config is None:
         return dg.SkipReason(f"experiment {artifacts.experiment!r} is active but has no config "
                              "in the store yet")
-    state = json.loads(context.cursor) if context.cursor else None
-    result = RoundController(artifacts, config_from_mapping(config)).tick(state)
+    cfg = config_from_mapping(config)
+    cursor = json.loads(context.cursor) if context.cursor else {}
+    if "round" in cursor:   # a cursor from before the syncer service: the controller's state
+        cursor = {"controller": cursor}
+    if cursor.get("experiment") != artifacts.experiment:
+        cursor = {"experiment": artifacts.experiment, "controller": cursor.get("controller")}
+    now = time.time()
+    cursor.setdefault("since", now)
+    if cfg.orchestration.syncer == "sensor":
+        return _decide_here(context, artifacts, cfg, cursor, "")
+    lease = artifacts.get_syncer_lease()
+    cursor["lease_seen"] = observe(cursor.get("lease_seen"), {"syncer": lease}, now)
+    silent = silent_for(cursor["lease_seen"], "syncer", now)
+    silent = now - cursor["since"] if silent is None else silent
+    timeout = cfg.orchestration.syncer_timeout_seconds
+    releasing = (lease or {}).get("status") == "released"
+    if artifacts.finished() is not None or (silent < timeout and not releasing):
+        if cursor.get("mode") == "fallback":
+            context.log.info("the syncer service holds a live lease again: mirroring it")
+        cursor["mode"] = "mirror"
+        return _mirror(artifacts, cfg, cursor)
+    why = (f"the syncer's lease has not moved for {silent:.0f}s (timeout {timeout:.0f}s)"
+           if not releasing else "the syncer released its lease")
+    if cursor.get("mode") != "fallback":
+        context.log.warning(f"{why}: deciding and merging rounds here (merge runs) until a "
+                            "syncer holds a live lease again")
+    cursor["mode"] = "fallback"
+    return _decide_here(context, artifacts, cfg, cursor, why)
+
+
+def _summary_request(exp: str) -> dg.RunRequest:
+    return dg.RunRequest(job_name="summarize", run_key=f"summary:{exp}",
+                         tags={EXPERIMENT_TAG: exp, "dagster/max_retries": "3"})
+
+
+def _decide_here(context: dg.SensorEvaluationContext, artifacts, cfg, cursor: dict,
+                 why: str) -> dg.SensorResult:
+    """The sensor decides rounds and requests merge runs (the fallback, or `syncer: sensor`)."""
+    result = RoundController(artifacts, cfg).tick(cursor.get("controller"))
+    cursor["controller"] = result.state
     exp = artifacts.experiment
     requests = [dg.RunRequest(job_name="merge_round", partition_key=round_key(d["round"]),
                               run_key=f"merge:{exp}:{d['round']}",
@@ -72,19 +120,47 @@ def quorum_tick(context: dg.SensorEvaluationContext, store: ArtifactStoreResourc
                                     "dagster/max_retries": "3"})
                 for d in result.merges]
     if result.finished:
-        requests.append(dg.RunRequest(job_name="summarize", run_key=f"summary:{exp}",
-                                      tags={EXPERIMENT_TAG: exp, "dagster/max_retries": "3"}))
+        requests.append(_summary_request(exp))
     for offer in result.offers:
         if offer.get("foreign"):
             context.log.warning(f"ignored an offer to round {offer['round']} from "
                                 f"{offer['learner']!r}: {offer['problem']}")
+    # What the mirror would report again when the syncer is back: these rounds are reported.
+    mirror = cursor.setdefault("mirror", fresh_mirror())
+    latest = result.state.get("round", -1)
+    mirror["opened"] = max(mirror["opened"], latest)
+    mirror["offers_from"] = max(mirror["offers_from"], latest + 1)
+    mirror["offers"] = {}
     partitions = ([rounds.build_add_request([round_key(r) for r in result.opened])]
                   if result.opened else [])
+    reason = f"{why}; {result.reason}" if why else result.reason
     return dg.SensorResult(
         run_requests=requests, dynamic_partitions_requests=partitions,
         asset_events=[_offer_event(o) for o in result.offers if not o.get("foreign")],
-        cursor=json.dumps(result.state),
-        skip_reason=None if requests or partitions or result.offers else result.reason)
+        cursor=json.dumps(cursor),
+        skip_reason=None if requests or partitions or result.offers else reason)
+
+
+def _mirror(artifacts, cfg, cursor: dict) -> dg.SensorResult:
+    """The syncer service runs the rounds: record in Dagster what it did."""
+    from pipelines.round_metadata import mirrored_eval, mirrored_global_params
+
+    result = mirror_tick(artifacts, cfg, cursor.get("mirror"))
+    cursor["mirror"] = result.state
+    events: list = [_offer_event(o) for o in result.offers if not o.get("foreign")]
+    for round_index, record, decision, version in result.merges:
+        events += mirrored_global_params(artifacts, round_key(round_index), record, decision,
+                                         version)
+    for round_index, evaluation, previous in result.evals:
+        events += mirrored_eval(round_key(round_index), evaluation, previous)
+    requests = [_summary_request(artifacts.experiment)] if result.finished else []
+    partitions = ([rounds.build_add_request([round_key(r) for r in result.opened])]
+                  if result.opened else [])
+    return dg.SensorResult(
+        run_requests=requests, dynamic_partitions_requests=partitions, asset_events=events,
+        cursor=json.dumps(cursor),
+        skip_reason=None if requests or partitions or events else
+        f"the syncer service is live; round {cursor['mirror']['opened']} is the newest")
 
 
 def supervise_tick(context: dg.SensorEvaluationContext, store: ArtifactStoreResource,
@@ -163,10 +239,67 @@ def supervise_tick(context: dg.SensorEvaluationContext, store: ArtifactStoreReso
             # The region tag filters the UI's run list by where learners run.
             tags={EXPERIMENT_TAG: exp, LEARNER_TAG: name, REGION_TAG: regions[name],
                   "dagster/priority": "5"}))
-    reason = "; ".join(notes) or "every learner has a live run"
+    if orch.syncer == "service":
+        request, note = _supervise_syncer(context, artifacts, orch, state, now)
+        requests += [request] if request is not None else []
+        notes += [note] if note else []
+    reason = "; ".join(notes) or "every learner and the syncer have a live run"
     return dg.SensorResult(run_requests=requests, asset_events=events,
                            cursor=json.dumps(state),
                            skip_reason=None if requests or events else reason)
+
+
+def _supervise_syncer(context: dg.SensorEvaluationContext, artifacts, orch, state: dict,
+                      now: float) -> tuple[dg.RunRequest | None, str]:
+    """Keep one syncer service run until the run is finished: launch it, relaunch it with
+    backoff when its run failed, end it when its lease stopped moving (hung)."""
+    if artifacts.finished() is not None:
+        return None, ""
+    exp = artifacts.experiment
+    lease = artifacts.get_syncer_lease()
+    state["syncer_seen"] = observe(state.get("syncer_seen"), {"syncer": lease}, now)
+    records = context.instance.get_run_records(
+        filters=dg.RunsFilter(job_name="syncer", tags={EXPERIMENT_TAG: exp}))
+    running = [rec for rec in records if rec.dagster_run.status in IN_PROGRESS]
+    if running:
+        run = running[0].dagster_run
+        if run.status != dg.DagsterRunStatus.STARTED:
+            return None, ""
+        attempt = (run.run_config.get("ops", {}).get("run_syncer", {}).get("config", {})
+                   .get("attempt"))
+        silent = silent_for(state["syncer_seen"], "syncer", now)
+        started = running[0].start_time or running[0].create_timestamp.timestamp()
+        timeout = orch.syncer_timeout_seconds
+        mine = (lease or {}).get("attempt") == attempt
+        if mine and silent is not None and silent > timeout:
+            hung = f"its lease has not moved for {silent:.0f}s"
+        elif not mine and now - started > 3 * timeout + 60 and (silent is None
+                                                                or silent > timeout):
+            # Imports and the first compilation come before the lease: give it time.
+            hung = f"attempt {attempt} took no lease {now - started:.0f}s after its start"
+        else:
+            return None, ""
+        context.log.warning(f"syncer: terminating run {run.run_id} ({hung})")
+        context.instance.run_coordinator.cancel_run(run.run_id)
+        return None, f"syncer: terminated ({hung})"
+    attempt = len(records)
+    if attempt > orch.max_restarts:
+        return None, f"syncer: gave up after {attempt} launches (the sensor decides rounds)"
+    failures = 0
+    for rec in records:  # newest first
+        if rec.dagster_run.status != dg.DagsterRunStatus.FAILURE:
+            break
+        failures += 1
+    if records:
+        backoff = min(orch.restart_backoff_seconds * 2 ** max(failures - 1, 0),
+                      orch.restart_backoff_max_seconds)
+        ended = records[0].end_time or now
+        if now - ended < backoff:
+            return None, f"syncer: relaunch in {backoff - (now - ended):.0f}s"
+    return dg.RunRequest(
+        job_name="syncer", run_key=f"syncer:{exp}:{attempt}",
+        run_config={"ops": {"run_syncer": {"config": {"attempt": attempt}}}},
+        tags={EXPERIMENT_TAG: exp, SYNCER_TAG: "1", "dagster/priority": "6"}), ""
 
 
 def _hung(record: dg.RunRecord, beat: dict, seen: dict, name: str, now: float,
@@ -202,10 +335,12 @@ def sensors() -> dg.Definitions:
     def quorum_sensor(context: dg.SensorEvaluationContext, store: ArtifactStoreResource):
         return quorum_tick(context, store)
 
-    @dg.sensor(name="learner_supervisor", job=learner, minimum_interval_seconds=interval,
+    @dg.sensor(name="learner_supervisor", jobs=[learner, syncer],
+               minimum_interval_seconds=interval,
                default_status=dg.DefaultSensorStatus.RUNNING,
-               description="Keeps one learner process per learner: launches them, relaunches "
-                           "failed ones with exponential backoff, records their checkpoints.")
+               description="Keeps one learner process per learner and one syncer service: "
+                           "launches them, relaunches failed or hung ones with exponential "
+                           "backoff, records learner checkpoints.")
     def learner_supervisor(context: dg.SensorEvaluationContext, store: ArtifactStoreResource):
         return supervise_tick(context, store)
 

@@ -18,7 +18,13 @@ from pydantic import Field
 
 from resources.compute.gcs_channel import run_over_gcs
 from resources.compute.gke import JobSetProcess, run_gke_pod
-from resources.compute.local import DEFAULT_XLA_FLAGS, LocalProcess, local_env, run_local
+from resources.compute.local import (
+    DEFAULT_XLA_FLAGS,
+    SYNCER_MODULE,
+    LocalProcess,
+    local_env,
+    run_local,
+)
 from resources.compute.placement import Deployment, load_deployment
 
 
@@ -36,6 +42,14 @@ class LearnerCompute(dg.ConfigurableResource):
     def deployment(self) -> Deployment:
         """The parsed, validated deployment (ConfigError names the bad field)."""
         return load_deployment(self.deployment_file)
+
+    def launch_syncer(self, context: dg.OpExecutionContext, extras: dict[str, Any]
+                      ) -> dg.PipesClientCompletedInvocation:
+        """The syncer service: a subprocess of its run, through Pipes files. Under the
+        production instance (K8sRunLauncher) the run is a pod of the Dagster cluster, so the
+        syncer lives there, next to the store's bucket rather than on any learner's slice."""
+        env = local_env(self.xla_flags, self.extra_env)
+        return run_local(context, extras, env, module=SYNCER_MODULE)
 
     def launch(self, context: dg.OpExecutionContext, extras: dict[str, Any], region: str
                ) -> dg.PipesClientCompletedInvocation:

@@ -400,6 +400,22 @@ class ArtifactStore:
     def stop_requested(self) -> dict | None:
         return self._read_json(layout.stop(self.experiment))
 
+    def mark_finished(self, record: Mapping[str, Any]) -> None:
+        """The run's final rounds are decided and published (write-once; the first writer's
+        record stands when the syncer and the sensor fallback both get there)."""
+        with contextlib.suppress(Conflict):
+            self._write_once(layout.finished(self.experiment), _json_bytes(dict(record)))
+
+    def finished(self) -> dict | None:
+        return self._read_json(layout.finished(self.experiment))
+
+    def get_syncer_lease(self) -> dict | None:
+        """The syncer's lease record as observers see it (`resources.store.lease`)."""
+        try:
+            return self._read_json(layout.syncer_lease(self.experiment))
+        except RejectedArtifact:
+            return {}
+
     def checkpoint_uri(self, learner: str) -> str:
         """Where a learner's Orbax CheckpointManager lives (a path or gs:// URI)."""
         return f"{self.blobs.uri.rstrip('/')}/{layout.checkpoints(self.experiment, learner)}"

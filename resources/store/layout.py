@@ -17,6 +17,8 @@
     experiments/{exp}/faults/tape.json                             the fault tape (write-once)
     experiments/{exp}/faults/fired/{fault}.json                    a fault that fired (write-once)
     experiments/{exp}/STOP                                         token budget reached
+    experiments/{exp}/syncer/LEASE                                 who may decide and merge (moves)
+    experiments/{exp}/FINISHED                                     final rounds done (write-once)
     experiments/{exp}/summary.json                                 the run summary
 
     ACTIVE                                                         the experiment sensors drive
@@ -123,6 +125,14 @@ def fired_fault(exp: str, fault_id: str) -> str:
 
 def stop(exp: str) -> str:
     return f"{experiment(exp)}/STOP"
+
+
+def syncer_lease(exp: str) -> str:
+    return f"{experiment(exp)}/syncer/LEASE"
+
+
+def finished(exp: str) -> str:
+    return f"{experiment(exp)}/FINISHED"
 
 
 ACTIVE = "ACTIVE"

@@ -1,0 +1,165 @@
+"""What Dagster shows for a round: `global_params` and `heldout_eval` metadata and checks.
+
+One builder for both paths: a merge run (the sensor fallback) yields them as its asset's
+results; the quorum sensor mirrors the syncer service's merges and evals as runless
+materializations and check evaluations with the same metadata.
+"""
+
+import dagster as dg
+
+from resources.store.artifact_store import ArtifactStore
+
+
+def _decision_table(record: dict, decision: dict) -> dg.TableMetadataValue:
+    members = list(record.get("members", []))
+    rows = []
+    for i, name in enumerate(members):
+        rows.append(dg.TableRecord({
+            "learner": name, "status": "merged",
+            "weight": round(float(record["weights"][i]), 4),
+            "tokens": int(record["tokens"][i]), "steps": int(record["steps"][i]),
+            "outer_grad_norm": round(float(record["outer_grad_norms"][i]), 5), "reason": ""}))
+    for name, why in sorted(record.get("rejected", {}).items()):
+        rows.append(dg.TableRecord({"learner": name, "status": "rejected", "weight": 0.0,
+                                    "tokens": 0, "steps": 0, "outer_grad_norm": 0.0,
+                                    "reason": why}))
+    for status in ("late", "missing"):
+        for name in decision.get(status, []):
+            rows.append(dg.TableRecord({"learner": name, "status": status, "weight": 0.0,
+                                        "tokens": 0, "steps": 0, "outer_grad_norm": 0.0,
+                                        "reason": "offered after the grace window closed"
+                                        if status == "late" else "did not offer"}))
+    schema = dg.TableSchema(columns=[
+        dg.TableColumn("learner", "string"), dg.TableColumn("status", "string"),
+        dg.TableColumn("weight", "float"), dg.TableColumn("tokens", "int"),
+        dg.TableColumn("steps", "int"), dg.TableColumn("outer_grad_norm", "float"),
+        dg.TableColumn("reason", "string")])
+    return dg.MetadataValue.table(rows, schema)
+
+
+def _per_learner_series(artifacts, record: dict, round_index: int, parent_version: int
+                        ) -> dict[str, float]:
+    """Numeric metadata with one stable key per learner, so that the asset page plots each
+    learner over rounds: its merge weight (0 when it was not admitted), and for members the
+    train loss it reported with its offer and its staleness (merged fragment versions it
+    missed since its base)."""
+    from diloco_core.config_loading import config_from_mapping
+
+    names = config_from_mapping(artifacts.get_config()).learners.learner_names
+    members = list(record.get("members", []))
+    weights = dict(zip(members, record.get("weights", []), strict=False))
+    series = {f"weight/{n}": round(float(weights.get(n, 0.0)), 4) for n in names}
+    for name in members:
+        manifest = artifacts.contribution_manifest(round_index, name) or {}
+        loss = (manifest.get("extra") or {}).get("train_loss")
+        if isinstance(loss, int | float):
+            series[f"train_loss/{name}"] = float(loss)
+        if manifest.get("base_version") is not None:
+            series[f"staleness/{name}"] = max(0, parent_version - int(manifest["base_version"]))
+    return series
+
+
+def global_params_metadata(artifacts: ArtifactStore, record: dict, decision: dict,
+                           version: int, finite: bool, seconds: float) -> dict:
+    """The metadata of one round's `global_params` materialization."""
+    latency = decision_latency = None
+    if record.get("published_at") and decision.get("quorum_at"):
+        latency = record["published_at"] - decision["quorum_at"]
+    if record.get("published_at") and decision.get("decided_at"):
+        decision_latency = record["published_at"] - decision["decided_at"]
+    round_index = int(record.get("round", decision.get("round", 0)))
+    # Learners' outer gradients near-orthogonal (cosine ~0) is why the merge uses RDA; only
+    # defined with two or more members.
+    cosine = ({"mean_pairwise_cosine": float(record["mean_cosine"])}
+              if record.get("mean_cosine") is not None else {})
+    parent_version = version - 1 if record.get("merged") else version
+    return {
+        **cosine,
+        **_per_learner_series(artifacts, record, round_index, parent_version),
+        "experiment": artifacts.experiment,
+        "fragment": int(decision["fragment"]), "version": version,
+        "parent_version": parent_version,
+        "merged": bool(record.get("merged")) and finite,
+        "admitted": len(record.get("members", [])),
+        "members": ", ".join(record.get("members", [])) or "none",
+        "late": ", ".join(decision.get("late", [])) or "none",
+        "rejected": len(record.get("rejected", {})),
+        "weights": dg.MetadataValue.json(dict(zip(record.get("members", []),
+                                                  record.get("weights", []), strict=True))),
+        "decision_reason": dg.MetadataValue.text(record.get("reason", "")),
+        "decisions": _decision_table(record, decision),
+        "decided_by": str(decision.get("decided_by", "sensor")),
+        "merged_by": str(record.get("merged_by", "run")),
+        "grace_seconds": float(decision.get("grace_seconds") or 0.0),
+        "merged_norm": float(record.get("merged_norm", 0.0)),
+        "update_norm": float(record.get("update_norm", 0.0)),
+        "bytes_in": int(record.get("bytes_in", 0)),
+        "merge_seconds": float(seconds),
+        "quorum_to_publish_seconds": float(latency) if latency is not None else 0.0,
+        "decision_to_publish_seconds": (float(decision_latency)
+                                        if decision_latency is not None else 0.0),
+        "store": dg.MetadataValue.path(artifacts.blobs.uri),
+    }
+
+
+def _global_params_checks(record: dict, version: int, finite: bool) -> list[dict]:
+    outliers = {n: why for n, why in record.get("rejected", {}).items() if "norm" in why}
+    return [
+        {"check_name": "params_finite", "passed": bool(finite),
+         "severity": dg.AssetCheckSeverity.ERROR, "metadata": {"version": version}},
+        {"check_name": "contribution_norms", "passed": not outliers,
+         "severity": dg.AssetCheckSeverity.WARN,
+         "metadata": {"excluded": dg.MetadataValue.json(outliers)}},
+    ]
+
+
+def global_params_events(artifacts: ArtifactStore, record: dict, decision: dict, version: int,
+                         finite: bool, seconds: float):
+    """A merge run's results for its `global_params` partition."""
+    yield dg.MaterializeResult(metadata=global_params_metadata(
+        artifacts, record, decision, version, finite, seconds))
+    for check in _global_params_checks(record, version, finite):
+        yield dg.AssetCheckResult(**check)
+
+
+def mirrored_global_params(artifacts: ArtifactStore, partition: str, record: dict,
+                           decision: dict, version: int) -> list:
+    """The same, as runless events for a round the syncer service merged."""
+    finite = bool(record.get("finite", True))
+    key = dg.AssetKey("global_params")
+    events: list = [dg.AssetMaterialization(
+        asset_key=key, partition=partition,
+        description=f"merged by the syncer service: {record.get('reason', '')}"[:500],
+        metadata=global_params_metadata(artifacts, record, decision, version, finite,
+                                        float(record.get("merge_seconds") or 0.0)))]
+    for check in _global_params_checks(record, version, finite):
+        events.append(dg.AssetCheckEvaluation(
+            asset_key=key, check_name=check["check_name"], passed=check["passed"],
+            severity=check["severity"], metadata=check["metadata"], partition=partition))
+    return events
+
+
+def heldout_eval_metadata(result: dict) -> dict:
+    return {
+        "eval/loss": result["loss"], "eval/bits_per_byte": result["bits_per_byte"],
+        "sample": dg.MetadataValue.md(f"```\n{result['sample']}\n```"),
+        "versions": dg.MetadataValue.json(result["versions"]),
+        "batches": result["batches"],
+    }
+
+
+def eval_regression(result: dict, previous: dict | None) -> dict:
+    regressed = previous is not None and result["loss"] > 1.05 * previous["loss"]
+    return {"check_name": "eval_regression", "passed": not regressed,
+            "severity": dg.AssetCheckSeverity.WARN,
+            "metadata": {"loss": result["loss"],
+                         "previous_loss": previous["loss"] if previous else float("nan")}}
+
+
+def mirrored_eval(partition: str, result: dict, previous: dict | None) -> list:
+    key = dg.AssetKey("heldout_eval")
+    check = eval_regression(result, previous)
+    return [dg.AssetMaterialization(asset_key=key, partition=partition,
+                                    description="evaluated by the syncer service",
+                                    metadata=heldout_eval_metadata(result)),
+            dg.AssetCheckEvaluation(asset_key=key, partition=partition, **check)]

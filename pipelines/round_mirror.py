@@ -1,0 +1,137 @@
+"""What the quorum sensor shows in Dagster while the syncer service runs the rounds.
+
+The syncer decides and merges in its own process and writes everything to the store; this
+reads the store and says what Dagster should record, without writing anything to the store:
+round partitions for the rounds opened, a `learner_update` event per offer, a
+`global_params` materialization (and its checks) per round the syncer merged, a
+`heldout_eval` one per eval it stored, and the end of the run. Rounds are mirrored in order,
+at most `MAX_ROUNDS_PER_TICK` a tick, so a sensor that fell behind (a daemon restart) catches
+up over a few ticks instead of timing out on one. Rounds merged by fallback merge runs are
+not mirrored: those runs materialized them.
+"""
+
+from dataclasses import dataclass, field
+
+from diloco_core.config import ExperimentConfig
+from pipelines.round_control import LATE_WINDOW, describe_offer
+from pipelines.store_merge import find_commit
+from resources.store.artifact_store import ArtifactStore
+
+MAX_ROUNDS_PER_TICK = 64
+
+
+@dataclass
+class MirrorResult:
+    state: dict
+    opened: list[int] = field(default_factory=list)
+    offers: list[dict] = field(default_factory=list)
+    # (round, merge record, decision, version) of rounds the syncer merged or refused
+    merges: list[tuple[int, dict, dict, int]] = field(default_factory=list)
+    # (round, eval, the eval before it) of evals the syncer stored
+    evals: list[tuple[int, dict, dict | None]] = field(default_factory=list)
+    finished: bool = False
+
+
+def fresh_mirror() -> dict:
+    return {"opened": -1, "fates": 0, "offers_from": 0, "offers": {}, "evals": -1,
+            "last_eval": None}
+
+
+def round_fate(store: ArtifactStore, round_index: int, decision: dict
+               ) -> tuple[str, dict | None, int | None]:
+    """("merged", version meta, version), ("not_merged", record, None), ("skipped", None,
+    None) for a round whose fragment moved past it without it, or ("pending", None, None)."""
+    fragment = decision.get("fragment")
+    if not isinstance(fragment, int):
+        return "skipped", None, None
+    current = store.current_version(fragment)
+    if current is None:
+        return "pending", None, None
+    meta = store.version_meta(fragment, current) or {}
+    found = find_commit(store, fragment, current, meta, round_index)
+    if found is not None:
+        version, meta = found
+        return "merged", meta, version
+    refused = store.get_round_not_merged(round_index)
+    if refused is not None:
+        return "not_merged", refused, None
+    committed = meta.get("round")
+    if isinstance(committed, int) and committed > round_index:
+        return "skipped", None, None
+    return "pending", None, None
+
+
+def mirror_tick(store: ArtifactStore, cfg: ExperimentConfig, state: dict | None) -> MirrorResult:
+    state = {**fresh_mirror(), **(state or {})}
+    result = MirrorResult(state)
+    latest = store.latest_open_round()
+    last = latest["round"] if latest else -1
+    if last > state["opened"]:
+        first = max(state["opened"] + 1, last - MAX_ROUNDS_PER_TICK + 1)
+        result.opened = list(range(first, last + 1))
+        state["opened"] = last
+    _offers(store, cfg, state, result, last)
+    _fates(store, state, result, last)
+    _evals(store, state, result, last)
+    result.finished = store.finished() is not None
+    return result
+
+
+def _offers(store: ArtifactStore, cfg: ExperimentConfig, state: dict, result: MirrorResult,
+            last: int) -> None:
+    """Offers of every round not yet closed to offers: a round is closed once it is decided
+    and LATE_WINDOW rounds older than the newest (later offers to it are not reported, as
+    with the sensor's own watch window)."""
+    seen = {int(k): set(v) for k, v in state["offers"].items()}
+    start = max(state["offers_from"], last - MAX_ROUNDS_PER_TICK + 1, 0)
+    closed_until = start
+    for index in range(start, last + 1):
+        decided = store.get_decision(index) is not None
+        known = seen.setdefault(index, set())
+        for learner in store.list_contributions(index):
+            if learner not in known:
+                known.add(learner)
+                result.offers.append(describe_offer(store, cfg, index, learner, decided))
+        if index == closed_until and decided and index < last - LATE_WINDOW:
+            closed_until = index + 1
+    state["offers_from"] = closed_until
+    state["offers"] = {str(k): sorted(v) for k, v in seen.items() if k >= closed_until}
+
+
+def _fates(store: ArtifactStore, state: dict, result: MirrorResult, last: int) -> None:
+    k = state["fates"]
+    for _ in range(MAX_ROUNDS_PER_TICK):
+        if k > last:
+            break
+        decision = store.get_decision(k)
+        if decision is None:
+            break
+        if not decision.get("members"):
+            k += 1   # nobody to merge (a final round nobody offered to)
+            continue
+        fate, record, version = round_fate(store, k, decision)
+        if fate == "pending":
+            break
+        if record is not None and str(record.get("merged_by", "")).startswith("syncer"):
+            if version is None:
+                version = store.current_version(int(decision["fragment"])) or 0
+            result.merges.append((k, record, decision, version))
+        k += 1
+    state["fates"] = k
+
+
+def _evals(store: ArtifactStore, state: dict, result: MirrorResult, last: int) -> None:
+    # The syncer stores an eval once, under the newest round it knows of, after that tick's
+    # merges: every round before the newest decided one has its eval by now, or never will.
+    decided = last if last >= 0 and store.get_decision(last) is not None else last - 1
+    top = decided - 1
+    start = max(state["evals"] + 1, last - MAX_ROUNDS_PER_TICK + 1, 0)
+    for index in range(start, last + 1):
+        evaluation = store.get_eval(index)
+        if evaluation is None:
+            continue
+        top = max(top, index)
+        if evaluation.get("by") == "syncer":
+            result.evals.append((index, evaluation, state.get("last_eval")))
+        state["last_eval"] = {"loss": evaluation.get("loss")}
+    state["evals"] = max(state["evals"], top)

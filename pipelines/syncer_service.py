@@ -1,0 +1,169 @@
+"""The syncer service: one long-lived process per experiment that decides and merges rounds.
+
+Dagster dispatches it like a learner (the `syncer` job, through Pipes and the compute
+resource) and supervises it (the learner supervisor relaunches it, and ends it when its lease
+stops moving). It is the data plane's other half: learners offer to the store, the syncer
+polls the store every `orchestration.syncer_poll_seconds`, decides each round with the round
+controller (the same one the quorum sensor runs as a fallback) and merges a decided round at
+once, in this process, with the model plan, the outer optimizer and the compiled merge
+programs kept warm: decision to published is the merge itself, not a run launch.
+
+- At most one syncer commits: it holds the experiment's lease (`resources.store.lease`),
+  renews it every second, and checks it before every commit-point write. A syncer that loses
+  it (a newer attempt took over) stops at once without writing.
+- Everything it decides is written to the store first (round records, decisions, versions),
+  so a relaunched syncer, or the quorum sensor while no syncer is live, carries on from the
+  store; a round is never decided or merged twice (write-once records, idempotent merges).
+- It evaluates the global model every `orchestration.eval_every_rounds` merged rounds (0:
+  every P) and stores the result; the quorum sensor mirrors decisions, merges and evals into
+  Dagster as asset materializations.
+"""
+
+import contextlib
+import time
+from collections.abc import Callable
+
+from diloco_core.config_loading import config_from_mapping
+from pipelines.round_control import RoundController
+from pipelines.round_eval import evaluate_global
+from pipelines.store_merge import MergeInputError, MergeOutcome, MergePlan, merge_from_store
+from resources.faults import MergeFaults, SyncerFaults, load_tape
+from resources.store.artifact_store import ArtifactStore, Conflict
+from resources.store.lease import LeaseLost, LeaseRefused, SyncerLease
+
+Log = Callable[[str], None]
+PROGRESS_SECONDS = 30.0     # how often a progress line goes to the log (Dagster's run log)
+
+
+class SyncerService:
+    def __init__(self, store: ArtifactStore, attempt: int = 0, log: Log = print):
+        config = store.get_config()
+        if config is None:
+            raise RuntimeError(f"experiment {store.experiment!r} has no config in the store")
+        self.store, self.attempt, self.log = store, int(attempt), log
+        self.cfg = config_from_mapping(config)
+        self.lease = SyncerLease(store, self.attempt)
+        self.name = f"syncer-a{self.attempt}"    # in the records it writes
+        self.controller = RoundController(store, self.cfg, decided_by=self.name,
+                                          guard=self.lease.check, describe_offers=False)
+        self.merge_plan = MergePlan.of(self.cfg)
+        self.tape = load_tape(store)
+        self.faults = None if self.tape is None else SyncerFaults(store, self.tape, log)
+        self.status = "starting"
+        self.merged = 0
+        self.not_merged = 0
+        self.decision_to_publish: list[float] = []
+        self.last_eval_round: int | None = None
+        self.merges_since_eval = 0
+        self.state: dict | None = None
+
+    def run(self, max_seconds: float | None = None) -> dict:
+        """Hold the lease and run rounds until the run is finished (or `max_seconds`, for
+        tests); returns the final record (status: done, fenced, refused, stopped)."""
+        orch = self.cfg.orchestration
+        started = time.monotonic()
+        try:
+            self.lease.acquire(orch.syncer_timeout_seconds, self.log)
+        except LeaseRefused as err:
+            self.status = "refused"
+            self.log(f"syncer attempt {self.attempt}: refused: {err}")
+            return self.record()
+        self.log(f"syncer attempt {self.attempt} holds the lease (epoch "
+                 f"{self.lease.held.record['epoch']}); polling every "
+                 f"{orch.syncer_poll_seconds}s")
+        self.status = "syncing"
+        next_report = time.monotonic() + PROGRESS_SECONDS
+        try:
+            while True:
+                reason = self.step()
+                if self.state.get("finished"):
+                    self.status = "done"
+                    self.log(f"syncer: the run is finished ({self.merged} rounds merged)")
+                    break
+                if max_seconds is not None and time.monotonic() - started > max_seconds:
+                    self.status = "stopped"
+                    break
+                if time.monotonic() >= next_report:
+                    self.log(self._progress(reason))
+                    next_report = time.monotonic() + PROGRESS_SECONDS
+                time.sleep(orch.syncer_poll_seconds)
+        except LeaseLost as err:
+            self.status = "fenced"
+            self.log(f"syncer attempt {self.attempt}: {err}; exiting without writing")
+            return self.record()
+        with contextlib.suppress(LeaseLost, OSError):
+            self.lease.release()
+        return self.record()
+
+    def step(self, now: float | None = None) -> str:
+        """One poll: renew the lease, tick the round controller, merge what it decided,
+        evaluate when due. `LeaseLost` (before any write) if another syncer took over."""
+        self.lease.renew()
+        result = self.controller.tick(self.state, now)
+        self.state = result.state
+        for decision in result.merges:
+            self._merge(decision["round"])
+        self._maybe_eval(final=bool(self.state.get("finished")))
+        return result.reason
+
+    # ---- one round's merge --------------------------------------------------------------------
+    def _merge(self, round_index: int) -> MergeOutcome | None:
+        if self.faults is not None:
+            self.faults.before_merge(round_index)
+        faults = (None if self.tape is None
+                  else MergeFaults(self.store, self.tape, round_index, self.log))
+        for attempt in range(3):
+            try:
+                outcome = merge_from_store(self.store, round_index, faults, self.merge_plan,
+                                           guard=self.lease.check, merged_by=self.name)
+                break
+            except Conflict as err:
+                # A concurrent merger (a fallback merge run still finishing during a hand-over)
+                # committed first: the next try finds its commit.
+                self.log(f"round {round_index}: {err}; retrying ({attempt + 1})")
+            except MergeInputError as err:
+                self.log(f"round {round_index} cannot be merged: {err}")
+                return None
+        else:
+            self.log(f"round {round_index}: gave up after 3 conflicting tries")
+            return None
+        record = outcome.record
+        if outcome.committed and not outcome.already_committed:
+            self.merged += 1
+            self.merges_since_eval += 1
+            published, decided = record.get("published_at"), record.get("decided_at")
+            if published and decided:
+                self.decision_to_publish.append(published - decided)
+        elif not outcome.committed:
+            self.not_merged += 1
+            self.log(f"round {round_index} not merged: {record.get('reason')}")
+        if record.get("rejected"):
+            self.log(f"round {round_index}: rejected {record['rejected']}")
+        return outcome
+
+    def _maybe_eval(self, final: bool = False) -> None:
+        every = self.cfg.orchestration.eval_every_rounds or self.cfg.sync.num_fragments
+        if self.merges_since_eval == 0 or (not final and self.merges_since_eval < every):
+            return
+        self.lease.check()
+        result = evaluate_global(self.store)
+        round_index = int(self.state["round"])
+        with contextlib.suppress(Conflict):   # a fallback merge run evaluated this round
+            self.store.put_eval(round_index, {**result, "by": "syncer"})
+        self.merges_since_eval = 0
+        self.last_eval_round = round_index
+
+    # ---- reporting ----------------------------------------------------------------------------
+    def _progress(self, reason: str) -> str:
+        state = self.state
+        lat = sorted(self.decision_to_publish[-200:])
+        p50 = f"{lat[len(lat) // 2]:.3f}s" if lat else "-"
+        return (f"syncer: round {state.get('round')}, {self.merged} merged, "
+                f"{self.not_merged} not merged, decision->published p50 {p50}; {reason}")
+
+    def record(self) -> dict:
+        lat = sorted(self.decision_to_publish)
+        return {"status": self.status, "attempt": self.attempt, "merged": self.merged,
+                "not_merged": self.not_merged,
+                "decision_to_publish_median": lat[len(lat) // 2] if lat else None,
+                "last_eval_round": self.last_eval_round}
