@@ -1,0 +1,243 @@
+"""The syncer service: decides and merges in its own process, fenced by its lease; the quorum
+sensor mirrors it into Dagster and takes over while its lease is stale.
+
+Scripted learners (tests/orchestration_harness.py) write heartbeats and offers; the service is
+stepped on the harness's clock in-process, or runs as real processes racing for the lease.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import dagster as dg
+import pytest
+from orchestration_harness import Harness
+
+from pipelines.round_control import round_key
+from pipelines.syncer_service import SyncerService
+from resources.store.lease import LeaseLost, LeaseRefused, SyncerLease
+
+pytestmark = pytest.mark.timeout(300)
+
+SERVICE = ["orchestration.syncer=service", "orchestration.syncer_timeout_seconds=4"]
+NAMES = ["learner-0", "learner-1", "learner-2"]
+
+
+@pytest.fixture
+def harness(tmp_path):
+    with dg.instance_for_test() as instance:
+        h = Harness(instance, str(tmp_path / "store"), overrides=SERVICE)
+        h.start()
+        yield h
+
+
+def _round(h: Harness, service: SyncerService, r: int, offerers=("learner-0", "learner-1"),
+           advance: float = 1.0) -> None:
+    """Learners progress H/P steps, the service opens round r; `offerers` offer; the service
+    decides and merges."""
+    for name in NAMES:
+        h.beat(name, 2)
+    h.now += advance
+    service.step(now=h.now)
+    assert service.state["round"] == r, service.state
+    for name in offerers:
+        h.offer(name, r)
+    h.now += advance
+    service.step(now=h.now)
+
+
+def _versions_by_round(store, num_fragments: int) -> dict[int, list[tuple[int, int]]]:
+    """round -> [(fragment, version)] over every committed version: a round merged twice
+    shows up twice."""
+    out: dict[int, list] = {}
+    for p in range(num_fragments):
+        for v in store.versions(p):
+            meta = store.version_meta(p, v) or {}
+            if isinstance(meta.get("round"), int):
+                out.setdefault(meta["round"], []).append((p, v))
+    return out
+
+
+def test_the_service_merges_at_once_and_the_sensor_mirrors_it(harness):
+    h = harness
+    service = SyncerService(h.store, attempt=0, log=lambda _: None)
+    service.lease.acquire(4)
+    for name in NAMES:
+        h.beat(name, 0)
+    _round(h, service, 0)
+    decision = h.store.get_decision(0)
+    assert decision["decided_by"] == "syncer-a0" and decision["members"] == ["learner-0",
+                                                                             "learner-1"]
+    meta = h.store.version_meta(0)
+    assert meta["round"] == 0 and meta["merged_by"] == "syncer-a0"
+    assert 0 <= meta["published_at"] - decision["decided_at"] < 60
+    _round(h, service, 1)
+    assert h.store.version_meta(1)["round"] == 1
+    assert h.store.get_eval(1)["by"] == "syncer"    # once per outer step (P = 2 rounds)
+    assert service.decision_to_publish and len(service.decision_to_publish) == 2
+
+    # The sensor, with the lease moving, only mirrors: partitions, offers, merges, checks, eval.
+    result = h.tick()
+    assert not result.run_requests, result.run_requests
+    assert h.instance.get_dynamic_partitions("rounds") == [round_key(0), round_key(1)]
+    assert h.merged_rounds() == {round_key(0), round_key(1)}
+    mirrored = h.merge_metadata(0)
+    assert mirrored["merged_by"].value == "syncer-a0"
+    assert mirrored["members"].value == "learner-0, learner-1"
+    checks = h.instance.event_log_storage.get_asset_check_execution_history(
+        dg.AssetCheckKey(dg.AssetKey("global_params"), "params_finite"), limit=10)
+    assert len(checks) == 2
+    evals = h.instance.get_materialized_partitions(dg.AssetKey("heldout_eval"))
+    assert evals == {round_key(1)}
+    updates = h.instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey("learner_update")), limit=100).records
+    assert len(updates) == 4
+    # Mirroring again reports nothing twice.
+    h.tick()
+    assert len(h.instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey("global_params")), limit=100).records) == 2
+
+
+def test_a_stale_lease_hands_the_rounds_to_the_sensor_and_back_without_double_merges(harness):
+    h = harness
+    service = SyncerService(h.store, attempt=0, log=lambda _: None)
+    service.lease.acquire(4)
+    for name in NAMES:
+        h.beat(name, 0)
+    _round(h, service, 0)
+    h.tick()                                   # mirror; the sensor sees the lease
+    # The service stops moving (hung): after the timeout the sensor decides and merges.
+    for name in NAMES:
+        h.beat(name, 2)
+    h.tick(advance=5)                          # lease silent 5 s > 4 s: fallback opens round 1
+    assert json.loads(h.cursor)["mode"] == "fallback"
+    assert h.store.latest_open_round()["round"] == 1
+    h.offer("learner-0", 1)
+    h.offer("learner-2", 1)
+    h.tick()
+    decision = h.store.get_decision(1)
+    assert decision["decided_by"] == "sensor"
+    assert [r.partition_key for r in h.launched if r.job_name == "merge_round"] == [round_key(1)]
+    assert h.store.version_meta(1)["merged_by"] == "run"
+    # The hung service wakes up: it is behind the store, rebuilds from it, and carries on.
+    for name in NAMES:
+        h.beat(name, 2)
+    h.now += 1
+    service.step(now=h.now)
+    assert service.state["round"] == 2 and h.store.get_decision(1)["decided_by"] == "sensor"
+    for name in ("learner-0", "learner-1"):
+        h.offer(name, 2)
+    h.now += 1
+    service.step(now=h.now)
+    assert h.store.version_meta(0)["round"] == 2
+    h.tick()                                   # the lease moved again: back to mirroring
+    assert json.loads(h.cursor)["mode"] == "mirror"
+    assert h.merged_rounds() == {round_key(0), round_key(1), round_key(2)}
+    assert h.merge_metadata(2)["merged_by"].value == "syncer-a0"
+    merged = _versions_by_round(h.store, 2)
+    assert merged == {0: [(0, 1)], 1: [(1, 1)], 2: [(0, 2)]}
+
+
+def test_a_zombie_syncer_is_fenced_before_it_writes(harness):
+    h = harness
+    old = SyncerService(h.store, attempt=0, log=lambda _: None)
+    old.lease.acquire(4)
+    for name in NAMES:
+        h.beat(name, 0)
+    _round(h, old, 0)
+    new = SyncerService(h.store, attempt=1, log=lambda _: None)
+    new.lease.acquire(4)                        # a newer attempt takes over at once
+    for name in NAMES:
+        h.beat(name, 2)
+    h.now += 1
+    with pytest.raises(LeaseLost):
+        old.step(now=h.now)                     # would open round 1: refused before writing
+    assert h.store.latest_open_round()["round"] == 0
+    new.step(now=h.now)
+    assert h.store.get_round_open(1) is not None
+    # Nor can the zombie take the lease back: a newer attempt holds it.
+    with pytest.raises(LeaseRefused):
+        SyncerLease(h.store, attempt=0).acquire(1)
+
+
+def _spawn(store_uri: str, attempt: int, out_path) -> subprocess.Popen:
+    out = open(out_path, "w")  # noqa: SIM115 - the process owns it until it exits
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipelines.syncer_entry", "--store", store_uri,
+         "--experiment", "exp-test", "--attempt", str(attempt)],
+        stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+
+
+def _wait_for(predicate, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.slow
+def test_real_syncer_processes_race_for_the_lease(harness, tmp_path):
+    """Two processes of one attempt: one syncs, the other is refused. A third, newer attempt
+    takes over from a stopped (SIGSTOP) holder; the holder, resumed, is fenced and exits
+    without writing; every round is merged exactly once."""
+    h = harness
+    uri = h.resource.base_uri
+    first = _spawn(uri, 0, tmp_path / "a.log")
+    second = None
+    try:
+        _wait_for(lambda: (h.store.get_syncer_lease() or {}).get("pid") == first.pid, 120,
+                  "the first syncer's lease")
+        second = _spawn(uri, 0, tmp_path / "b.log")
+        assert second.wait(120) == 0
+        assert "refused" in (tmp_path / "b.log").read_text()
+        assert h.store.get_syncer_lease()["pid"] == first.pid
+
+        def learners_train(rounds: int) -> None:
+            target = (h.store.latest_open_round() or {"round": -1})["round"] + rounds
+            while (h.store.latest_open_round() or {"round": -1})["round"] < target:
+                h.now = time.time()
+                for name in NAMES:
+                    h.beat(name, 2)
+                latest = h.store.latest_open_round()
+                if latest is not None:
+                    for name in ("learner-0", "learner-1"):
+                        if h.store.contribution_manifest(latest["round"], name) is None:
+                            h.offer(name, latest["round"])
+                time.sleep(0.3)
+
+        learners_train(3)
+        os.kill(first.pid, signal.SIGSTOP)      # the holder freezes (a long GC, a VM pause)
+        takeover_at = time.time()
+        third = _spawn(uri, 1, tmp_path / "c.log")
+        try:
+            _wait_for(lambda: (h.store.get_syncer_lease() or {}).get("pid") == third.pid, 120,
+                      "the newer attempt's takeover")
+            learners_train(3)
+            os.kill(first.pid, signal.SIGCONT)  # the zombie wakes up mid-loop
+            assert first.wait(60) == 0
+            assert "exiting without writing" in (tmp_path / "a.log").read_text()
+            learners_train(2)
+        finally:
+            third.terminate()
+            third.wait(60)
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    merged = _versions_by_round(h.store, 2)
+    assert all(len(v) == 1 for v in merged.values()), merged
+    last = h.store.latest_open_round()["round"]
+    for r in range(last):
+        decision = h.store.get_decision(r)
+        assert decision is not None, r
+        # Nothing the zombie decided or merged after the takeover.
+        if decision["decided_by"] == "syncer-a0":
+            assert decision["decided_at"] < takeover_at + 1, decision
+    assert any(h.store.get_decision(r)["decided_by"] == "syncer-a1" for r in range(last))
