@@ -5,7 +5,8 @@ The same Dagster definitions as production, served by `dagster dev` on a private
 API, the learner supervisor dispatches one learner process per learner through Dagster Pipes,
 the quorum sensor opens and decides rounds and requests merge runs, and the run ends with the
 summary asset. This command only launches and watches (reading the store), and with `--chaos`
-kills one learner process mid-run (SIGKILL) to show it being relaunched and rejoining.
+kills one learner process mid-run (SIGKILL) to show it being relaunched and rejoining, then
+the syncer service (the sensor decides and merges until the relaunched syncer takes over).
 
 With a fault tape, the learners and merges inject their own faults (the train job stores the
 tape), and this command plays the orchestrator's part: it restarts the Dagster daemon, the
@@ -44,6 +45,7 @@ class Watch:
     last_line: float = 0.0
     pending: list = field(default_factory=list)  # Dagster faults not fired yet, in time order
     restarts: list[dict] = field(default_factory=list)
+    syncer_killed: list[dict] = field(default_factory=list)
 
 
 def _progress_line(store: ArtifactStore, cfg: ExperimentConfig, watch: Watch) -> str:
@@ -83,6 +85,28 @@ def _inject_failure(store: ArtifactStore, cfg: ExperimentConfig, watch: Watch) -
     watch.killed.append({"learner": victim, "pid": beat["pid"], "step": beat.get("step"),
                          "at": time.time(), "after_seconds": time.time() - watch.started})
     print(f"chaos: killed {victim} (pid {beat['pid']}) at step {beat.get('step')}", flush=True)
+
+
+def _kill_syncer(store: ArtifactStore, cfg: ExperimentConfig, watch: Watch) -> None:
+    """Kill the syncer service (SIGKILL) once the killed learner is back: the quorum sensor
+    decides and merges until the supervisor's relaunch takes the lease over."""
+    if (watch.syncer_killed or not watch.failures_injected
+            or cfg.orchestration.syncer != "service"):
+        return
+    merges = sum(store.current_version(p) or 0 for p in range(cfg.sync.num_fragments))
+    if merges < 4 * cfg.sync.num_fragments:
+        return
+    lease = store.get_syncer_lease() or {}
+    if lease.get("status") != "syncing" or not isinstance(lease.get("pid"), int):
+        return
+    try:
+        os.kill(lease["pid"], signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    watch.syncer_killed.append({"pid": lease["pid"], "attempt": lease.get("attempt"),
+                                "at": time.time(), "merges": merges,
+                                "after_seconds": time.time() - watch.started})
+    print(f"chaos: killed the syncer (pid {lease['pid']}) after {merges} merges", flush=True)
 
 
 def _restart_due(dev: DagsterDev, store: ArtifactStore, watch: Watch, launched: float) -> None:
@@ -155,6 +179,7 @@ def run_demo(cfg: ExperimentConfig, *, chaos: bool, json_path: str | None, workd
                     continue
                 if chaos:
                     _inject_failure(store, cfg, watch)
+                    _kill_syncer(store, cfg, watch)
                 _restart_due(dev, store, watch, launched)
                 if time.time() - watch.last_line >= 10:
                     print(_progress_line(store, cfg, watch), flush=True)
@@ -167,6 +192,7 @@ def run_demo(cfg: ExperimentConfig, *, chaos: bool, json_path: str | None, workd
             return 1
     summary = {**summary, "wall_seconds": time.time() - watch.started,
                "failures_injected": watch.failures_injected, "killed": watch.killed,
+               "syncer_killed": watch.syncer_killed,
                "restarts": watch.restarts, "workdir": str(root)}
     _print_summary(summary)
     if json_path:
@@ -188,6 +214,12 @@ def _print_summary(s: dict) -> None:
         p90 = f"{lat['p90']:.1f}" if lat["p90"] is not None else "-"
         print(f"merge latency        median {lat['median']:.1f}s, p90 {p90}s "
               "(quorum -> published)")
+    dec = s.get("decision_to_publish_seconds") or {}
+    if dec.get("median") is not None:
+        p90 = f"{dec['p90']:.3f}" if dec.get("p90") is not None else "-"
+        print(f"decision->published  median {dec['median']:.3f}s, p90 {p90}s")
+    if s.get("merged_by"):
+        print(f"merged by            {', '.join(f'{k} {v}' for k, v in s['merged_by'].items())}")
     print(f"failures injected    {s['failures_injected']}; rejoined: "
           f"{', '.join(s['learners_rejoined']) or 'none'}")
     if s.get("faults_fired"):

@@ -6,6 +6,12 @@
   down for its excess (a stall); steady merging is uptime 1.
 - learner_idle_fraction: over all learners' last attempts, time in the training loop not spent
   in inner steps (applying merges, encoding offers, checkpointing, heartbeats) / loop time.
+- merge_latency_seconds: quorum reached -> merged version published (the grace window, the
+  decision and the merge); decision_to_publish_seconds: the merge alone (decision record
+  written -> published). Both median and p90 over the run's merges. `published_at` is taken
+  as the merged version's objects are about to be written (a few ms on a local disk).
+- merged_by / decided_by: how many merges and decisions the syncer service (per attempt),
+  the sensor fallback and its merge runs made.
 - learners_rejoined: learners relaunched at least once whose contributions were merged after
   the relaunch.
 - ledger: where every processed token went (`pipelines.token_ledger`); faults, rejoins and
@@ -56,6 +62,7 @@ def build_summary(store: ArtifactStore, eval_batches: int | None = None) -> dict
         if decision is None:
             continue
         rounds.append({"round": r, "fragment": decision["fragment"],
+                       "decided_by": decision.get("decided_by", "sensor"),
                        "admitted": decision["members"], "late": decision["late"],
                        "missing": decision["missing"], "final": decision.get("final", False),
                        "reason": decision["reason"]})
@@ -76,6 +83,8 @@ def build_summary(store: ArtifactStore, eval_batches: int | None = None) -> dict
     compute = sum(b.get("compute_seconds", 0.0) for b in beats.values())
     latencies = [m["published_at"] - m["quorum_at"] for m in merges
                  if m.get("published_at") and m.get("quorum_at")]
+    decision_latencies = [m["published_at"] - m["decided_at"] for m in merges
+                          if m.get("published_at") and m.get("decided_at")]
     rejoined = []
     for n, b in beats.items():
         started = b.get("started_at", 0.0)
@@ -103,12 +112,25 @@ def build_summary(store: ArtifactStore, eval_batches: int | None = None) -> dict
         "learner_attempts": {n: b.get("attempt", 0) + 1 for n, b in beats.items()},
         "learner_restarted_at": {n: b.get("started_at") for n, b in beats.items()
                                  if b.get("attempt", 0) > 0},
-        "merge_latency_seconds": {
-            "median": statistics.median(latencies) if latencies else None,
-            "p90": statistics.quantiles(latencies, n=10)[-1] if len(latencies) >= 2 else None,
-            "count": len(latencies)},
+        "merge_latency_seconds": _distribution(latencies),
+        "decision_to_publish_seconds": _distribution(decision_latencies),
+        "merged_by": _counts(str(m.get("merged_by", "run")) for m in merges),
+        "decided_by": _counts(str(r.get("decided_by", "sensor")) for r in rounds),
         "bytes_up": sum(int(b.get("bytes_up", 0)) for b in beats.values()),
         "ledger": {**ledger.summary(), "rejections": rejections},
         **resilience_report(store, cfg, merges, ledger),
         "rounds": rounds,
     }
+
+
+def _distribution(values: list[float]) -> dict:
+    return {"median": statistics.median(values) if values else None,
+            "p90": statistics.quantiles(values, n=10)[-1] if len(values) >= 2 else None,
+            "count": len(values)}
+
+
+def _counts(names) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for name in names:
+        out[name] = out.get(name, 0) + 1
+    return dict(sorted(out.items()))

@@ -56,6 +56,7 @@ class MergePlan:
     plan: FragmentPlan
     tx: optax.GradientTransformation
     templates: tuple      # the outer-state structure of each fragment (for loading it)
+    shapes: dict          # parameter name -> shape
 
     @classmethod
     def of(cls, cfg: ExperimentConfig) -> "MergePlan":
@@ -64,7 +65,7 @@ class MergePlan:
         tx = build_outer_optimizer(cfg.outer)
         templates = tuple(tx.init({n: jnp.zeros(shapes[n], jnp.float32) for n in names})
                           for names in plan.fragments)
-        return cls(cfg, plan, tx, templates)
+        return cls(cfg, plan, tx, templates, shapes)
 
 
 def merge_from_store(store: ArtifactStore, round_index: int,

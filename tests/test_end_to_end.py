@@ -1,8 +1,11 @@
 """End to end on the real Dagster daemon: `dagster dev` on a temporary DAGSTER_HOME, the sensors
-on their own, learner processes dispatched through Pipes, one of them killed mid-run.
+on their own, learner processes and the syncer service dispatched through Pipes, one learner
+killed mid-run, then the syncer.
 
 Asserts what the product promises: merges continued while the learner was down, it was
-relaunched and rejoined (its contributions were merged again), and the held-out loss fell.
+relaunched and rejoined (its contributions were merged again), merges continued through the
+sensor fallback while the syncer was down and the relaunched syncer took over, no round was
+merged twice or lost, and the held-out loss fell.
 Learners run the tiny model with emulated 0.1 s steps (`orchestration.step_seconds_floor`) so
 rounds are seconds apart and the test stays light on a 2-core machine.
 
@@ -33,7 +36,7 @@ E2E = ["name=e2e", "model.preset=tiny", "data.seq_len=32", "data.batch_size=4",
        "orchestration.eval_batches=1",
        "orchestration.checkpoint_every_steps=10", "orchestration.heartbeat_seconds=1",
        "orchestration.learner_timeout_seconds=15", "orchestration.restart_backoff_seconds=15",
-       "orchestration.round_timeout_seconds=60"]
+       "orchestration.round_timeout_seconds=60", "orchestration.syncer_timeout_seconds=6"]
 
 
 def _run(tmp_path, monkeypatch, overrides=(), store_uri=None, postgres_url=None):
@@ -64,6 +67,21 @@ def _check(summary):
     assert summary["uptime"] > 0.5
     for r in summary["rounds"]:
         assert set(r["admitted"]).isdisjoint(r["late"])
+    # The syncer service was killed too: the quorum sensor decided rounds and merge runs
+    # merged them meanwhile, then the relaunched syncer (attempt 1) took over again.
+    (syncer_kill,) = summary["syncer_killed"]
+    decided_after = [r for r in summary["rounds"] if r["published_at"]
+                     and r["published_at"] > syncer_kill["at"]]
+    by = {r["decided_by"] for r in decided_after}
+    assert "sensor" in by and "syncer-a1" in by, by
+    assert summary["merged_by"].get("run", 0) >= 1 and summary["merged_by"].get("syncer-a1")
+    # Every decided round with members was merged once (rounds_merged counts versions) or
+    # says why not; the token ledger balances.
+    decided = [r for r in summary["rounds"] if r["admitted"]]
+    assert all(r["merged"] or r.get("not_merged_reason") for r in decided), decided
+    assert summary["rounds_merged"] == sum(r["merged"] for r in decided)
+    assert summary["ledger"]["balanced"], summary["ledger"]
+    assert summary["decision_to_publish_seconds"]["median"] is not None
 
 
 def _pg_query(url: str, sql: str) -> list[tuple]:
