@@ -201,3 +201,33 @@ def test_block_on_overlap_makes_a_barrier_at_every_sync(tmp_path):
         thread.join(60)
         beat = h.store.get_heartbeat("learner-0")
         assert beat["training_seconds"] - beat["compute_seconds"] > 1.5  # the waits are idle
+
+
+def test_a_fragment_in_flight_is_not_offered_again_until_its_merge_arrives(tmp_path):
+    # Counters run from the last receipt: a second offer of a fragment whose first offer has
+    # not come back merged would count the first offer's tokens twice in the merge weights.
+    with dg.instance_for_test() as instance:
+        h = Harness(instance, str(tmp_path / "store"),
+                    FAST + ["orchestration.round_timeout_seconds=5"])
+        h.start()
+        runtime, thread, result = _start(h, "learner-0", max_steps=8)
+        _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("step", 0) >= 8,
+              what="8 steps")
+        h.store.open_round(0, {"fragment": 0, "opened_at": time.time(), "final": False})
+        _wait(lambda: h.store.list_contributions(0) == ["learner-0"], what="the first offer")
+        runtime.max_steps = 12
+        h.store.open_round(1, {"fragment": 1, "opened_at": time.time(), "final": False})
+        _wait(lambda: h.store.list_contributions(1) == ["learner-0"], what="fragment 1's offer")
+        _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("step", 0) >= 12,
+              what="12 steps")
+        h.store.open_round(2, {"fragment": 0, "opened_at": time.time(), "final": False})
+        time.sleep(1.0)   # fragment 0's offer to round 0 is still in flight
+        assert h.store.list_contributions(2) == []
+        _bump(h, 0, 1)    # round 0's merge arrives: the learner takes it, then offers anew
+        runtime.max_steps = 14
+        _wait(lambda: h.store.list_contributions(2) == ["learner-0"], what="the later offer")
+        offer = h.store.load_contribution(2, "learner-0")
+        assert offer.base_version == 1 and 1 <= offer.steps <= 2
+        h.store.request_stop({"reason": "test"})
+        thread.join(30)
+        assert result["status"] == "done"

@@ -108,6 +108,9 @@ class LearnerRuntime:
         # version held at the offer, step of the offer, when); the newest round seen and the
         # step it was first seen at.
         self.awaiting: dict[int, tuple[int, int, int, float]] = {}
+        # Offers whose merged fragment has not come back: fragment -> (version held at the
+        # offer, when).
+        self.in_flight: dict[int, tuple[int, float]] = {}
         self.round_seen: tuple[int, int] = (-1, 0)
 
     # ---- start or rejoin ----------------------------------------------------------------------
@@ -293,6 +296,11 @@ class LearnerRuntime:
         if rnd is None or rnd["round"] <= self.last_offered:
             return None
         p = rnd["fragment"]
+        if self._offer_in_flight(p):
+            # Its counters run from the last receipt of the fragment, so a second offer now
+            # would count the in-flight offer's tokens twice in the merge weights. Offer once
+            # that merge arrives (as the simulator does), with what was processed since.
+            return None
         if self.sync.fragments[p].steps < 1:
             # Nothing new on this fragment yet (e.g. its merge arrived in this very iteration).
             # A final round is answered as is; any other round is offered after the next step,
@@ -313,6 +321,7 @@ class LearnerRuntime:
         if s.receive_rule == "rebase":
             self.sync = self.sync.after_offer(self.train.params, self.plan, p)
         self.ledger, claim = self.ledger.offered(p, rnd["round"])
+        self.in_flight[p] = (self.sync.fragments[p].version, time.monotonic())
         self.awaiting[rnd["round"]] = (p, self.sync.fragments[p].version, int(self.train.step),
                                        time.monotonic())
         extra = {"train_loss": self.last_loss, "attempt": self.attempt, "claim": claim}
@@ -328,6 +337,21 @@ class LearnerRuntime:
         self.link.offer(contribution, extra, after_put, record=self.attempt_record())
         self.offers += 1
         return rnd
+
+    def _offer_in_flight(self, fragment: int) -> bool:
+        """Whether an offer of `fragment` awaits its merge: answered when a newer version of
+        the fragment arrives, given up after `round_timeout_seconds` (a round that merged
+        nothing moves no version)."""
+        held = self.in_flight.get(fragment)
+        if held is None:
+            return False
+        version, since = held
+        patience = self.cfg.orchestration.round_timeout_seconds
+        if (self.sync.fragments[fragment].version > version
+                or time.monotonic() - since > patience):
+            del self.in_flight[fragment]
+            return False
+        return True
 
     def _must_wait(self) -> bool:
         """The overlap bound (`orchestration.block_on_overlap`), as in the simulator."""
