@@ -1,24 +1,29 @@
 """The embedded defaults of an orchestrated run (`diloco demo` and the `train` job's launchpad).
 
-They sit on top of the experiment defaults (`diloco_core/config.py`), which are tuned for the
-in-process simulator: an orchestrated round costs a Dagster run, so rounds are spaced tens of
-seconds apart (H/P = 16 steps) rather than every few steps.
+They sit on top of the experiment defaults (`diloco_core/config.py`). The syncer service
+merges a decided round in well under a second, so rounds come every few steps: with P = 4
+fragments and H = 16, one fragment is synced every H/P = 4 inner steps and each fragment every
+16. On the 2-core demo an inner step of the `small` model takes about 2 s with four learners
+sharing the machine, so a round opens every ~8 s; the grace window's floor (3 s) is about one
+step, and tau = 2 steps covers the grace window plus the merge. Overwrite on receipt loses a
+learner's steps between its offer and the merged fragment's arrival (about one step), so H =
+16 keeps that near 1/16 of each fragment's tokens; H = 8 would halve the period and double
+that share.
 """
 
 from diloco_core.config import ConfigError, ExperimentConfig
 
-# 4 learners at different speeds on the stdlib corpus, rounds every H/P = 16 steps (tens of
-# seconds on 2 cores, the granularity at which Dagster runs make sense), quorum K=2 with a short
-# grace window. Layered under a config file and --set overrides.
+# 4 learners at different speeds on the stdlib corpus, a round every H/P = 4 steps, quorum K=2
+# with a grace window of about one step. Layered under a config file and --set overrides.
 ORCHESTRATED_DEFAULTS = [
     "name=diloco-demo",
     "token_budget=1600000",
     "learners.num_learners=4",
     "learners.speeds=[1.0, 1.0, 0.7, 0.5]",
-    "sync.sync_period=64",
+    "sync.sync_period=16",
     "sync.num_fragments=4",
     "sync.min_quorum=2",
-    "sync.overlap_steps=4",
+    "sync.overlap_steps=2",
     "sync.grace_min_seconds=3",
     "orchestration.checkpoint_every_steps=40",
     "orchestration.heartbeat_seconds=2",

@@ -67,14 +67,15 @@ def _check(summary):
     assert summary["uptime"] > 0.5
     for r in summary["rounds"]:
         assert set(r["admitted"]).isdisjoint(r["late"])
-    # The syncer service was killed too: the quorum sensor decided rounds and merge runs
-    # merged them meanwhile, then the relaunched syncer (attempt 1) took over again.
+    # The syncer service was killed too: the quorum sensor decided rounds meanwhile (and
+    # requested their merge runs; whichever of a run and the relaunched syncer gets there
+    # first commits), then the relaunched syncer (attempt 1) took over again.
     (syncer_kill,) = summary["syncer_killed"]
     decided_after = [r for r in summary["rounds"] if r["published_at"]
                      and r["published_at"] > syncer_kill["at"]]
     by = {r["decided_by"] for r in decided_after}
     assert "sensor" in by and "syncer-a1" in by, by
-    assert summary["merged_by"].get("run", 0) >= 1 and summary["merged_by"].get("syncer-a1")
+    assert summary["merged_by"].get("syncer-a1"), summary["merged_by"]
     # Every decided round with members was merged once (rounds_merged counts versions) or
     # says why not; the token ledger balances.
     decided = [r for r in summary["rounds"] if r["admitted"]]

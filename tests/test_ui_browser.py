@@ -5,7 +5,7 @@ model, emulated 0.1 s steps) is launched FROM THE UI: the `train` job's launchpa
 (overrides under ops.start_experiment.config) and Launch Run is clicked. Once the run has
 finished (its rounds merged, the summary written), the test looks at what a person would:
 
-- the Runs list: the train, learner and merge_round runs;
+- the Runs list: the train, learner and syncer runs;
 - `global_params` → Partitions: every merged round is a materialized partition;
 - Overview → Metadata (Table): the decision table of the latest merge;
 - Overview → Metadata → Plots: one plot per numeric metadata key, each drawing a series;
@@ -176,7 +176,7 @@ def _merged_partitions(dagster) -> list[str]:
 
 def _runs_list(page: Page, shot) -> None:
     page.open("/runs")
-    for job in ("train", "learner", "merge_round"):
+    for job in ("train", "learner", "syncer"):
         page.wait_text(job)
     shot("runs")
 

@@ -23,7 +23,7 @@ class TrainingConfig(dg.Config):
                                 "sync.min_quorum=2")
     orchestrated_defaults: bool = Field(
         default=True, description="start from the orchestrated defaults of `diloco demo` "
-                                  "(4 learners at different speeds, rounds every 16 steps) "
+                                  "(4 learners at different speeds, a round every 4 steps) "
                                   "under the file and the overrides")
     fault_tape_path: str | None = Field(
         default=None, description="chaos runs only: a JSON fault tape (see docs/chaos.md) "
