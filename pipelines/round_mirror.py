@@ -10,6 +10,8 @@ up over a few ticks instead of timing out on one. Rounds merged by fallback merg
 not mirrored: those runs materialized them.
 """
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from diloco_core.config import ExperimentConfig
@@ -64,21 +66,23 @@ def round_fate(store: ArtifactStore, round_index: int, decision: dict
 def mirror_tick(store: ArtifactStore, cfg: ExperimentConfig, state: dict | None) -> MirrorResult:
     state = {**fresh_mirror(), **(state or {})}
     result = MirrorResult(state)
+    # One read per round and tick: offers, fates and evals all ask whether a round is decided.
+    decision_of = functools.cache(store.get_decision)
     latest = store.latest_open_round()
     last = latest["round"] if latest else -1
     if last > state["opened"]:
         first = max(state["opened"] + 1, last - MAX_ROUNDS_PER_TICK + 1)
         result.opened = list(range(first, last + 1))
         state["opened"] = last
-    _offers(store, cfg, state, result, last)
-    _fates(store, state, result, last)
-    _evals(store, state, result, last)
+    _offers(store, cfg, state, result, last, decision_of)
+    _fates(store, state, result, last, decision_of)
+    _evals(store, state, result, last, decision_of)
     result.finished = store.finished() is not None
     return result
 
 
 def _offers(store: ArtifactStore, cfg: ExperimentConfig, state: dict, result: MirrorResult,
-            last: int) -> None:
+            last: int, decision_of: Callable[[int], dict | None]) -> None:
     """Offers of every round not yet closed to offers: a round is closed once it is decided
     and LATE_WINDOW rounds older than the newest (later offers to it are not reported, as
     with the sensor's own watch window)."""
@@ -86,7 +90,7 @@ def _offers(store: ArtifactStore, cfg: ExperimentConfig, state: dict, result: Mi
     start = max(state["offers_from"], last - MAX_ROUNDS_PER_TICK + 1, 0)
     closed_until = start
     for index in range(start, last + 1):
-        decided = store.get_decision(index) is not None
+        decided = decision_of(index) is not None
         known = seen.setdefault(index, set())
         for learner in store.list_contributions(index):
             if learner not in known:
@@ -98,12 +102,13 @@ def _offers(store: ArtifactStore, cfg: ExperimentConfig, state: dict, result: Mi
     state["offers"] = {str(k): sorted(v) for k, v in seen.items() if k >= closed_until}
 
 
-def _fates(store: ArtifactStore, state: dict, result: MirrorResult, last: int) -> None:
+def _fates(store: ArtifactStore, state: dict, result: MirrorResult, last: int,
+           decision_of: Callable[[int], dict | None]) -> None:
     k = state["fates"]
     for _ in range(MAX_ROUNDS_PER_TICK):
         if k > last:
             break
-        decision = store.get_decision(k)
+        decision = decision_of(k)
         if decision is None:
             break
         if not decision.get("members"):
@@ -120,10 +125,11 @@ def _fates(store: ArtifactStore, state: dict, result: MirrorResult, last: int) -
     state["fates"] = k
 
 
-def _evals(store: ArtifactStore, state: dict, result: MirrorResult, last: int) -> None:
+def _evals(store: ArtifactStore, state: dict, result: MirrorResult, last: int,
+           decision_of: Callable[[int], dict | None]) -> None:
     # The syncer stores an eval once, under the newest round it knows of, after that tick's
     # merges: every round before the newest decided one has its eval by now, or never will.
-    decided = last if last >= 0 and store.get_decision(last) is not None else last - 1
+    decided = last if last >= 0 and decision_of(last) is not None else last - 1
     top = decided - 1
     start = max(state["evals"] + 1, last - MAX_ROUNDS_PER_TICK + 1, 0)
     for index in range(start, last + 1):

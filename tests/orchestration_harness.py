@@ -19,6 +19,17 @@ from pipelines.defs.sensors import quorum_tick
 from pipelines.round_control import round_key
 from resources.store.resource import ArtifactStoreResource
 
+
+def wait_until(predicate, what: str, timeout: float = 60.0, interval: float = 0.05) -> None:
+    """Poll `predicate` until it holds; AssertionError naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 TINY = ["model.preset=tiny", "data.seq_len=32", "data.batch_size=4", "learners.num_learners=3",
         "sync.num_fragments=2", "sync.sync_period=4", "sync.min_quorum=2",
         "sync.grace_gamma=0", "token_budget=100000", "orchestration.eval_batches=1",

@@ -11,7 +11,7 @@ import uuid
 import dagster as dg
 import pytest
 from gcs_emulator import BUCKET
-from orchestration_harness import Harness
+from orchestration_harness import Harness, wait_until
 
 from resources.compute import LearnerCompute
 
@@ -23,12 +23,7 @@ FAST = ["orchestration.checkpoint_every_steps=1000", "orchestration.poll_seconds
 
 
 def _wait(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    wait_until(predicate, what, timeout, interval=0.2)
 
 
 def test_a_learner_over_the_gcs_channel_reports_back_through_the_bucket(tmp_path, gcs_server):

@@ -8,7 +8,7 @@ import time
 import dagster as dg
 import numpy as np
 import pytest
-from orchestration_harness import Harness
+from orchestration_harness import Harness, wait_until
 
 from resources.learner.runtime import LearnerRuntime
 
@@ -28,12 +28,7 @@ def harness(tmp_path):
 
 
 def _wait(predicate, timeout=60.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    wait_until(predicate, what, timeout)
 
 
 def _start(h: Harness, learner: str, attempt: int = 0, max_steps: int = 8):

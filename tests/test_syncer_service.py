@@ -14,7 +14,7 @@ import time
 
 import dagster as dg
 import pytest
-from orchestration_harness import Harness
+from orchestration_harness import Harness, wait_until
 
 from pipelines.round_control import round_key
 from pipelines.syncer_service import SyncerService
@@ -61,13 +61,19 @@ def _versions_by_round(store, num_fragments: int) -> dict[int, list[tuple[int, i
     return out
 
 
-def test_the_service_merges_at_once_and_the_sensor_mirrors_it(harness):
-    h = harness
-    service = SyncerService(h.store, attempt=0, log=lambda _: None)
+def _service_after_round_0(h: Harness, attempt: int = 0) -> SyncerService:
+    """A syncer holding the lease that has decided and merged round 0."""
+    service = SyncerService(h.store, attempt=attempt, log=lambda _: None)
     service.lease.acquire(4)
     for name in NAMES:
         h.beat(name, 0)
     _round(h, service, 0)
+    return service
+
+
+def test_the_service_merges_at_once_and_the_sensor_mirrors_it(harness):
+    h = harness
+    service = _service_after_round_0(h)
     decision = h.store.get_decision(0)
     assert decision["decided_by"] == "syncer-a0" and decision["members"] == ["learner-0",
                                                                              "learner-1"]
@@ -103,11 +109,7 @@ def test_the_service_merges_at_once_and_the_sensor_mirrors_it(harness):
 
 def test_a_stale_lease_hands_the_rounds_to_the_sensor_and_back_without_double_merges(harness):
     h = harness
-    service = SyncerService(h.store, attempt=0, log=lambda _: None)
-    service.lease.acquire(4)
-    for name in NAMES:
-        h.beat(name, 0)
-    _round(h, service, 0)
+    service = _service_after_round_0(h)
     h.tick()                                   # mirror; the sensor sees the lease
     # The service stops moving (hung): after the timeout the sensor decides and merges.
     for name in NAMES:
@@ -143,11 +145,7 @@ def test_a_stale_lease_hands_the_rounds_to_the_sensor_and_back_without_double_me
 
 def test_a_zombie_syncer_is_fenced_before_it_writes(harness):
     h = harness
-    old = SyncerService(h.store, attempt=0, log=lambda _: None)
-    old.lease.acquire(4)
-    for name in NAMES:
-        h.beat(name, 0)
-    _round(h, old, 0)
+    old = _service_after_round_0(h)
     new = SyncerService(h.store, attempt=1, log=lambda _: None)
     new.lease.acquire(4)                        # a newer attempt takes over at once
     for name in NAMES:
@@ -172,15 +170,6 @@ def _spawn(store_uri: str, attempt: int, out_path) -> subprocess.Popen:
         env={**os.environ, "JAX_PLATFORMS": "cpu"})
 
 
-def _wait_for(predicate, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.mark.slow
 def test_real_syncer_processes_race_for_the_lease(harness, tmp_path):
     """Two processes of one attempt: one syncs, the other is refused. A third, newer attempt
@@ -191,8 +180,8 @@ def test_real_syncer_processes_race_for_the_lease(harness, tmp_path):
     first = _spawn(uri, 0, tmp_path / "a.log")
     second = None
     try:
-        _wait_for(lambda: (h.store.get_syncer_lease() or {}).get("pid") == first.pid, 120,
-                  "the first syncer's lease")
+        wait_until(lambda: (h.store.get_syncer_lease() or {}).get("pid") == first.pid,
+                   "the first syncer's lease", 120, interval=0.2)
         second = _spawn(uri, 0, tmp_path / "b.log")
         assert second.wait(120) == 0
         assert "refused" in (tmp_path / "b.log").read_text()
@@ -200,7 +189,9 @@ def test_real_syncer_processes_race_for_the_lease(harness, tmp_path):
 
         def learners_train(rounds: int) -> None:
             target = (h.store.latest_open_round() or {"round": -1})["round"] + rounds
+            deadline = time.monotonic() + 120
             while (h.store.latest_open_round() or {"round": -1})["round"] < target:
+                assert time.monotonic() < deadline, f"no round {target} within 120 s"
                 h.now = time.time()
                 for name in NAMES:
                     h.beat(name, 2)
@@ -216,8 +207,8 @@ def test_real_syncer_processes_race_for_the_lease(harness, tmp_path):
         takeover_at = time.time()
         third = _spawn(uri, 1, tmp_path / "c.log")
         try:
-            _wait_for(lambda: (h.store.get_syncer_lease() or {}).get("pid") == third.pid, 120,
-                      "the newer attempt's takeover")
+            wait_until(lambda: (h.store.get_syncer_lease() or {}).get("pid") == third.pid,
+                       "the newer attempt's takeover", 120, interval=0.2)
             learners_train(3)
             os.kill(first.pid, signal.SIGCONT)  # the zombie wakes up mid-loop
             assert first.wait(60) == 0

@@ -216,22 +216,10 @@ def supervise_tick(context: dg.SensorEvaluationContext, store: ArtifactStoreReso
         if stopping:
             continue  # the run is ending: no relaunch
         attempt = len(records)
-        if attempt > orch.max_restarts:
-            notes.append(f"{name}: gave up after {attempt} launches")
+        blocked = _relaunch_blocked(records, orch, now)
+        if blocked is not None:
+            notes.append(f"{name}: {blocked}")
             continue
-        failures = 0
-        for rec in records:  # newest first
-            if rec.dagster_run.status != dg.DagsterRunStatus.FAILURE:
-                break
-            failures += 1
-        if records:
-            backoff = min(orch.restart_backoff_seconds * 2 ** max(failures - 1, 0),
-                          orch.restart_backoff_max_seconds)
-            ended = records[0].end_time or now
-            if now - ended < backoff:
-                notes.append(f"{name}: relaunch in {backoff - (now - ended):.0f}s "
-                             f"(backoff after {failures} failures)")
-                continue
         requests.append(dg.RunRequest(
             job_name="learner", run_key=f"learner:{exp}:{name}:{attempt}",
             run_config={"ops": {"run_learner": {"config": {"learner": name,
@@ -247,6 +235,27 @@ def supervise_tick(context: dg.SensorEvaluationContext, store: ArtifactStoreReso
     return dg.SensorResult(run_requests=requests, asset_events=events,
                            cursor=json.dumps(state),
                            skip_reason=None if requests or events else reason)
+
+
+def _relaunch_blocked(records: list[dg.RunRecord], orch, now: float) -> str | None:
+    """Why a process whose runs are `records` (newest first, none in progress) is not to be
+    launched again now: out of restarts, or within the backoff of
+    `restart_backoff_seconds x 2^(consecutive failures - 1)` (capped). None: launch it."""
+    if len(records) > orch.max_restarts:
+        return f"gave up after {len(records)} launches"
+    failures = 0
+    for rec in records:
+        if rec.dagster_run.status != dg.DagsterRunStatus.FAILURE:
+            break
+        failures += 1
+    if records:
+        backoff = min(orch.restart_backoff_seconds * 2 ** max(failures - 1, 0),
+                      orch.restart_backoff_max_seconds)
+        ended = records[0].end_time or now
+        if now - ended < backoff:
+            return (f"relaunch in {backoff - (now - ended):.0f}s (backoff after {failures} "
+                    "failures)")
+    return None
 
 
 def _supervise_syncer(context: dg.SensorEvaluationContext, artifacts, orch, state: dict,
@@ -283,19 +292,9 @@ def _supervise_syncer(context: dg.SensorEvaluationContext, artifacts, orch, stat
         context.instance.run_coordinator.cancel_run(run.run_id)
         return None, f"syncer: terminated ({hung})"
     attempt = len(records)
-    if attempt > orch.max_restarts:
-        return None, f"syncer: gave up after {attempt} launches (the sensor decides rounds)"
-    failures = 0
-    for rec in records:  # newest first
-        if rec.dagster_run.status != dg.DagsterRunStatus.FAILURE:
-            break
-        failures += 1
-    if records:
-        backoff = min(orch.restart_backoff_seconds * 2 ** max(failures - 1, 0),
-                      orch.restart_backoff_max_seconds)
-        ended = records[0].end_time or now
-        if now - ended < backoff:
-            return None, f"syncer: relaunch in {backoff - (now - ended):.0f}s"
+    blocked = _relaunch_blocked(records, orch, now)
+    if blocked is not None:
+        return None, f"syncer: {blocked}"
     return dg.RunRequest(
         job_name="syncer", run_key=f"syncer:{exp}:{attempt}",
         run_config={"ops": {"run_syncer": {"config": {"attempt": attempt}}}},
