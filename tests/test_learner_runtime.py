@@ -39,12 +39,13 @@ def _start(h: Harness, learner: str, attempt: int = 0, max_steps: int = 8):
     return runtime, thread, result
 
 
-def _bump(h: Harness, fragment: int, times: int) -> None:
-    """Commit `times` new versions of a fragment (as merges would)."""
+def _bump(h: Harness, fragment: int, times: int, round_index: int = -1) -> None:
+    """Commit `times` new versions of a fragment (as merges of `round_index` would)."""
     for _ in range(times):
         g = h.store.load_global(fragment)
         params = {k: v + np.float32(0.001) for k, v in g.params.items()}
-        h.store.commit_global(fragment, g.version + 1, params, g.outer_state, {"round": -1})
+        h.store.commit_global(fragment, g.version + 1, params, g.outer_state,
+                              {"round": round_index})
 
 
 def test_a_learner_offers_receives_checkpoints_stops_and_resumes(harness):
@@ -220,10 +221,25 @@ def test_a_fragment_in_flight_is_not_offered_again_until_its_merge_arrives(tmp_p
         time.sleep(1.0)   # fragment 0's offer to round 0 is still in flight
         assert h.store.list_contributions(2) == []
         _bump(h, 0, 1)    # round 0's merge arrives: the learner takes it, then offers anew
+        _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("versions") == [1, 0],
+              what="round 0's merge")
         runtime.max_steps = 14
         _wait(lambda: h.store.list_contributions(2) == ["learner-0"], what="the later offer")
         offer = h.store.load_contribution(2, "learner-0")
         assert offer.base_version == 1 and 1 <= offer.steps <= 2
+        # An offer that reaches its round after the round's merge (a late offer, whose
+        # merged version the learner already holds) awaits nothing: the next round of that
+        # fragment is offered at once, not after round_timeout_seconds.
+        _bump(h, 0, 1, round_index=4)
+        _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("versions", [0])[0] == 2,
+              what="round 4's merge")
+        h.store.open_round(4, {"fragment": 0, "opened_at": time.time(), "final": False})
+        runtime.max_steps = 16
+        _wait(lambda: h.store.list_contributions(4) == ["learner-0"], what="the late offer")
+        runtime.max_steps = 18
+        h.store.open_round(6, {"fragment": 0, "opened_at": time.time(), "final": False})
+        _wait(lambda: h.store.list_contributions(6) == ["learner-0"], timeout=10,
+              what="the next offer of the fragment")
         # After STOP it offers final rounds, none of which open here: it gives up after
         # round_timeout_seconds per fragment.
         h.store.request_stop({"reason": "test"})

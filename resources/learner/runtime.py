@@ -108,9 +108,10 @@ class LearnerRuntime:
         # version held at the offer, step of the offer, when); the newest round seen and the
         # step it was first seen at.
         self.awaiting: dict[int, tuple[int, int, int, float]] = {}
-        # Offers whose merged fragment has not come back: fragment -> (version held at the
-        # offer, when).
-        self.in_flight: dict[int, tuple[int, float]] = {}
+        # Offers whose merged fragment has not come back: fragment -> (round offered, version
+        # held at the offer, when); and per fragment the newest round whose merge it received.
+        self.in_flight: dict[int, tuple[int, int, float]] = {}
+        self.received_round: dict[int, int] = {}
         self.round_seen: tuple[int, int] = (-1, 0)
 
     # ---- start or rejoin ----------------------------------------------------------------------
@@ -279,7 +280,7 @@ class LearnerRuntime:
 
     def _apply_merged(self) -> None:
         s = self.cfg.sync
-        for p, (version, values) in sorted(self.link.take_merged().items()):
+        for p, (version, values, merged_round) in sorted(self.link.take_merged().items()):
             before = self.sync.fragments[p].version
             params, self.sync = self.sync.receive(self.train.params, p, values, version,
                                                   s.receive_rule, s.blend_alpha)
@@ -289,6 +290,8 @@ class LearnerRuntime:
             # The fragment's new params and anchor arrive on one device: put them on the mesh.
             self._place_state()
             self.ledger = self.ledger.received(p, keeps_local=s.receive_rule == "rebase")
+            if merged_round is not None:
+                self.received_round[p] = max(self.received_round.get(p, -1), merged_round)
             self.received += 1
 
     def _maybe_offer(self) -> dict | None:
@@ -321,7 +324,7 @@ class LearnerRuntime:
         if s.receive_rule == "rebase":
             self.sync = self.sync.after_offer(self.train.params, self.plan, p)
         self.ledger, claim = self.ledger.offered(p, rnd["round"])
-        self.in_flight[p] = (self.sync.fragments[p].version, time.monotonic())
+        self.in_flight[p] = (rnd["round"], self.sync.fragments[p].version, time.monotonic())
         self.awaiting[rnd["round"]] = (p, self.sync.fragments[p].version, int(self.train.step),
                                        time.monotonic())
         extra = {"train_loss": self.last_loss, "attempt": self.attempt, "claim": claim}
@@ -340,14 +343,17 @@ class LearnerRuntime:
 
     def _offer_in_flight(self, fragment: int) -> bool:
         """Whether an offer of `fragment` awaits its merge: answered when a newer version of
-        the fragment arrives, given up after `round_timeout_seconds` (a round that merged
-        nothing moves no version)."""
+        the fragment arrives, or when the version it holds already merged the offered round
+        or a later one (an offer that reached its round after the decision: that merge came
+        first and will not come again), given up after `round_timeout_seconds` (a round that
+        merged nothing moves no version)."""
         held = self.in_flight.get(fragment)
         if held is None:
             return False
-        version, since = held
+        offered_round, version, since = held
         patience = self.cfg.orchestration.round_timeout_seconds
         if (self.sync.fragments[fragment].version > version
+                or self.received_round.get(fragment, -1) >= offered_round
                 or time.monotonic() - since > patience):
             del self.in_flight[fragment]
             return False

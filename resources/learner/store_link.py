@@ -27,7 +27,7 @@ class StoreLink:
         self._num_fragments = num_fragments
         self._known = list(known_versions)
         self._lock = threading.Lock()
-        self._merged: dict[int, tuple[int, dict]] = {}
+        self._merged: dict[int, tuple[int, dict, int | None]] = {}
         self._open_round: dict | None = None
         self._stop: dict | None = None
         self._outbox: queue.Queue = queue.Queue()
@@ -66,9 +66,9 @@ class StoreLink:
             if record is not None:
                 self._record = dict(record)
 
-    def take_merged(self) -> dict[int, tuple[int, dict]]:
+    def take_merged(self) -> dict[int, tuple[int, dict, int | None]]:
         """Newer merged fragments that arrived since the last call: fragment -> (version,
-        values)."""
+        values, the round whose merge made that version, or None)."""
         with self._lock:
             merged, self._merged = self._merged, {}
         return merged
@@ -180,7 +180,9 @@ class StoreLink:
                 version = self.store.current_version(p)
                 if version is not None and version > self._known[p]:
                     fragment = self.store.load_global(p, version)
-                    arrived[p] = (version, fragment.params)
+                    merged_round = fragment.meta.get("round")
+                    arrived[p] = (version, fragment.params,
+                                  merged_round if isinstance(merged_round, int) else None)
                     self.bytes_down += sum(v.nbytes for v in fragment.params.values())
                     self._known[p] = version
         except Exception as err:  # noqa: BLE001 - a failed poll is retried next cycle
