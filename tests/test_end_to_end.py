@@ -73,9 +73,11 @@ def _check(summary):
     (syncer_kill,) = summary["syncer_killed"]
     decided_after = [r for r in summary["rounds"] if r["published_at"]
                      and r["published_at"] > syncer_kill["at"]]
-    by = {r["decided_by"] for r in decided_after}
-    assert "sensor" in by and "syncer-a1" in by, by
-    assert summary["merged_by"].get("syncer-a1"), summary["merged_by"]
+    assert "sensor" in {r["decided_by"] for r in decided_after}, decided_after
+    # Attempt 1 held the lease: it merged rounds (the sensor's, if it got there before their
+    # merge runs) or decided the final ones (which may have nothing left to merge).
+    assert ("syncer-a1" in summary["merged_by"] or "syncer-a1" in summary["decided_by"]), (
+        summary["merged_by"], summary["decided_by"])
     # Every decided round with members was merged once (rounds_merged counts versions) or
     # says why not; the token ledger balances.
     decided = [r for r in summary["rounds"] if r["admitted"]]
