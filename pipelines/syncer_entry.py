@@ -7,6 +7,7 @@ final record comes back as a custom message.
 """
 
 import argparse
+import signal
 import sys
 
 from dagster_pipes import PipesEnvVarParamsLoader, open_dagster_pipes
@@ -19,6 +20,9 @@ from resources.store.backends import open_blob_store
 
 def main(argv: list[str] | None = None) -> int:
     honour_termination()
+    # SIGTERM (a pod deleted, `kill`) ends it like SIGINT: the service gives its lease back
+    # on the way out instead of leaving it to go stale.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     under_pipes = PipesEnvVarParamsLoader().is_dagster_pipes_process()
     with open_dagster_pipes(**pipes_channel()) as pipes:
         if under_pipes:

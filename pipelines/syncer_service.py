@@ -92,6 +92,13 @@ class SyncerService:
             self.status = "fenced"
             self.log(f"syncer attempt {self.attempt}: {err}; exiting without writing")
             return self.record()
+        except KeyboardInterrupt:
+            # Terminated (Pipes forwards a run's termination as SIGINT; SIGTERM too, see the
+            # entry point): give the lease back so the sensor takes over at once.
+            self.status = "terminated"
+            with contextlib.suppress(LeaseLost, OSError):
+                self.lease.release()
+            raise
         with contextlib.suppress(LeaseLost, OSError):
             self.lease.release()
         return self.record()
@@ -103,6 +110,9 @@ class SyncerService:
         result = self.controller.tick(self.state, now)
         self.state = result.state
         for decision in result.merges:
+            # Several merges in one poll (a hand-over's backlog, a slow store): keep the lease
+            # moving between them (at most one write a second).
+            self.lease.renew()
             self._merge(decision["round"])
         self._maybe_eval(final=bool(self.state.get("finished")))
         return result.reason

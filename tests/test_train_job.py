@@ -27,7 +27,7 @@ def test_the_launchpad_defaults_start_an_orchestrated_experiment(tmp_path):
         active = store.active()
         assert active is not None and active.experiment == "diloco-demo"
         cfg = active.get_config()
-        assert cfg["learners"]["num_learners"] == 4 and cfg["sync"]["sync_period"] == 64
+        assert cfg["learners"]["num_learners"] == 4 and cfg["sync"]["sync_period"] == 16
         assert instance.get_dynamic_partitions("learners") == [f"learner-{i}" for i in range(4)]
         assert all(active.current_version(p) == 0 for p in range(4))
 
@@ -51,6 +51,6 @@ def test_defaults_layer_under_the_file_and_the_overrides(tmp_path):
     cfg = load_config(str(path), ["sync.min_quorum=1"], base=ORCHESTRATED_DEFAULTS)
     assert cfg.token_budget == 5000                     # the file beats the defaults
     assert cfg.sync.min_quorum == 1                     # --set beats the file
-    assert cfg.sync.sync_period == 64                   # untouched defaults stay
+    assert cfg.sync.sync_period == 16                   # untouched defaults stay
     with pytest.raises(ConfigError, match="learners.speeds"):
         load_config(None, ["learners.num_learners=3"], base=ORCHESTRATED_DEFAULTS)

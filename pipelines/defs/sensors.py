@@ -280,7 +280,9 @@ def _supervise_syncer(context: dg.SensorEvaluationContext, artifacts, orch, stat
         started = running[0].start_time or running[0].create_timestamp.timestamp()
         timeout = orch.syncer_timeout_seconds
         mine = (lease or {}).get("attempt") == attempt
-        if mine and silent is not None and silent > timeout:
+        # Falling back costs nothing (the sensor decides after one timeout); ending the run
+        # costs a relaunch and a warm-up, so it waits for three.
+        if mine and silent is not None and silent > 3 * timeout:
             hung = f"its lease has not moved for {silent:.0f}s"
         elif not mine and now - started > 3 * timeout + 60 and (silent is None
                                                                 or silent > timeout):
