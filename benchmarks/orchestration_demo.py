@@ -8,7 +8,10 @@ throughput against the in-process reference simulator on the same config.
    experiment config: same model, data, M, H, P, K and token budget, one process, fake clock.
 
 Throughput = tokens processed / wall seconds; merge latency = quorum reached -> new global
-version published (includes the grace window, the sensor tick, the run launch and the merge).
+version published (the grace window, the decision and the merge); decision -> published = the
+merge alone (the syncer service's, or a fallback merge run's); superseded on receipt = the
+share of processed tokens a learner computed on a fragment after its last offer of it, then
+overwrote with the merged fragment (the token ledger's `superseded_on_receipt`).
 
     python benchmarks/orchestration_demo.py            # ~12 min on 2 cores
     python benchmarks/orchestration_demo.py --chaos
@@ -97,17 +100,21 @@ def main() -> None:
     parser.add_argument("--chaos", action="store_true")
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     args = parser.parse_args()
-    from pipelines.reporting import machine_info
+    from pipelines.reporting import code_revision, machine_info
 
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         demo, peak_mb = run_demo(args.chaos, workdir)
         reference = run_reference(workdir / "demo" / "experiment.yaml")
     lat = demo["merge_latency_seconds"]
+    dec = demo["decision_to_publish_seconds"]
+    ledger = demo["ledger"]
+    processed = ledger["tokens_processed"]
     result = {
         "benchmark": "orchestration_demo",
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine_info(),
+        **code_revision(),
         "command": "python benchmarks/orchestration_demo.py" + (" --chaos" if args.chaos else ""),
         "demo": {
             "wall_seconds": demo["wall_seconds"], "tokens": demo["tokens"],
@@ -119,6 +126,12 @@ def main() -> None:
             "uptime": demo["uptime"],
             "merge_latency_median_seconds": lat["median"],
             "merge_latency_p90_seconds": lat["p90"],
+            "decision_to_publish_median_seconds": dec["median"],
+            "decision_to_publish_p90_seconds": dec["p90"],
+            "superseded_on_receipt_fraction": (
+                ledger["tokens"].get("superseded_on_receipt", 0.0) / processed
+                if processed else None),
+            "merged_by": demo["merged_by"],
             "peak_rss_mib": peak_mb,
             "failures_injected": demo["failures_injected"],
             "learners_rejoined": demo["learners_rejoined"],
@@ -127,6 +140,8 @@ def main() -> None:
     }
     result["throughput_ratio_demo_to_reference"] = (
         result["demo"]["tokens_per_second"] / reference["tokens_per_second"])
+    result["final_loss_ratio_demo_to_reference"] = (
+        result["demo"]["final_eval_loss"] / reference["final_heldout_loss"])
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     d = result["demo"]
@@ -134,10 +149,14 @@ def main() -> None:
           f"{d['rounds_merged']} merges, loss {d['initial_eval_loss']:.3f} -> "
           f"{d['final_eval_loss']:.3f}, idle {d['learner_idle_fraction']:.1%}, merge latency "
           f"median {d['merge_latency_median_seconds']:.1f}s p90 "
-          f"{d['merge_latency_p90_seconds']:.1f}s, peak RSS {d['peak_rss_mib']:.0f} MiB")
+          f"{d['merge_latency_p90_seconds']:.1f}s, decision->published median "
+          f"{d['decision_to_publish_median_seconds']:.3f}s p90 "
+          f"{d['decision_to_publish_p90_seconds']:.3f}s, superseded on receipt "
+          f"{d['superseded_on_receipt_fraction']:.1%}, peak RSS {d['peak_rss_mib']:.0f} MiB")
     print(f"reference simulator: {reference['wall_seconds']:.0f}s wall, "
           f"{reference['tokens_per_second']:.0f} tok/s, loss {reference['final_heldout_loss']:.3f}")
-    print(f"throughput demo / reference: {result['throughput_ratio_demo_to_reference']:.2f}")
+    print(f"throughput demo / reference: {result['throughput_ratio_demo_to_reference']:.2f}; "
+          f"final loss demo / reference: {result['final_loss_ratio_demo_to_reference']:.3f}")
     print(f"written to {args.out}")
 
 

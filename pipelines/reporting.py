@@ -18,6 +18,24 @@ def machine_info() -> dict:
             "devices": [str(d) for d in jax.devices()]}
 
 
+def code_revision() -> dict:
+    """The commit that produced a result (and whether the tree had uncommitted changes), for
+    every result file: a figure without the code that made it cannot be re-checked."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
+                                  timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    return {"commit": git("rev-parse", "HEAD") or None,
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
 def results_table(results: Sequence[SimulationResult]) -> list[dict]:
     base = next((r.final_loss for r in results if r.method == "data_parallel"), None)
     rows = []
