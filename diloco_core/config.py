@@ -373,7 +373,9 @@ class OrchestrationConfig:
     # the syncer's lease has not changed for syncer_timeout_seconds. "sensor": the quorum
     # sensor decides every round and each merge is a Dagster run (seconds per round).
     syncer: str = "service"
-    syncer_poll_seconds: float = 0.1
+    # 0.25 s: a decision waits at most that for the poll that sees its last offer; polling
+    # faster cost the 2-core demo's learners a measurable share of a core.
+    syncer_poll_seconds: float = 0.25
     syncer_timeout_seconds: float = 20.0
     # The syncer evaluates the global model after every this many merged rounds (0: once per
     # outer step, i.e. every P rounds); the sensor-run merges evaluate every round.

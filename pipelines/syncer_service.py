@@ -118,7 +118,8 @@ class SyncerService:
         return result.reason
 
     def warm_up(self) -> None:
-        """Compile the merge of every fragment (decode, RDA, outer step) and the eval before
+        """Compile the merge of every fragment for every number of members (decode, RDA,
+        outer step) and the eval before
         taking the lease, on synthetic contributions: the first real rounds then publish in
         milliseconds instead of waiting on XLA, and compiling never holds a lease unrenewed."""
         import jax.numpy as jnp
@@ -138,12 +139,15 @@ class SyncerService:
             members = [Contribution(f"warm-up-{i}", p, 0, 0, 1, 1, 0, 0.0, {
                 n: encode(rng.standard_normal(shapes[n]).astype(np.float32) * 1e-3,
                           s.encoding, s.encoding_block_size) for n in names})
-                for i in range(min(2, self.cfg.learners.num_learners))]
+                for i in range(self.cfg.learners.num_learners)]
             state = FragmentState(params, 0, self.merge_plan.templates[p], lambda _: None)
-            merged, _, _ = merge_fragment(state, names, plan.num_fragments, 0, p, members, s,
-                                          self.merge_plan.tx, is_embedding, "warm-up")
-            if merged is not None:
-                all_finite(merged)
+            # The merge programs are traced per number of members (1 to M): compile each.
+            for count in range(1, len(members) + 1):
+                merged, _, _ = merge_fragment(state, names, plan.num_fragments, 0, p,
+                                              members[:count], s, self.merge_plan.tx,
+                                              is_embedding, "warm-up")
+                if merged is not None:
+                    all_finite(merged)
         evaluate_global(self.store)
         self.log(f"syncer: merge and eval programs compiled in "
                  f"{time.monotonic() - started:.1f}s")
