@@ -13,7 +13,7 @@ merge alone (the syncer service's, or a fallback merge run's); superseded on rec
 share of processed tokens a learner computed on a fragment after its last offer of it, then
 overwrote with the merged fragment (the token ledger's `superseded_on_receipt`).
 
-    python benchmarks/orchestration_demo.py            # ~12 min on 2 cores
+    python benchmarks/orchestration_demo.py            # ~20 min on 2 cores
     python benchmarks/orchestration_demo.py --chaos
 """
 
