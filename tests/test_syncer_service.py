@@ -64,6 +64,9 @@ def _versions_by_round(store, num_fragments: int) -> dict[int, list[tuple[int, i
 def _service_after_round_0(h: Harness, attempt: int = 0) -> SyncerService:
     """A syncer holding the lease that has decided and merged round 0."""
     service = SyncerService(h.store, attempt=attempt, log=lambda _: None)
+    # The lease renews once a second on its clock: the harness's scripted one here, so that
+    # whether it moved between two ticks does not depend on how fast this machine is.
+    service.lease.clock = lambda: h.now
     service.lease.acquire(4)
     for name in NAMES:
         h.beat(name, 0)
