@@ -6,11 +6,14 @@ of the failure schedule. Events are processed in (time, sequence) order, so the 
 seed give bitwise-identical results.
 
 How rounds flow (the model this simulator commits to):
-- Round r syncs fragment r mod P. The syncer opens a round once K live learners have each taken
-  H/P steps since the previous round opened, so rounds come one every H/P steps of the K-th
-  fastest learner, and each fragment once every H such steps.
+- Rounds open, are offered to and are decided by the round protocol (`round_protocol`, the
+  rules the syncer service, the quorum sensor and the learner runtime run too): round r syncs
+  fragment r mod P; it opens once round r-1 is decided and K live learners have each processed
+  H/P steps' worth of tokens since round r-1 opened, so rounds come one every H/P steps of the
+  K-th fastest learner, and each fragment once every H such steps.
 - A learner offers the open round its current fragment (delta against its anchor, counters since
-  it last received that fragment) at its first step boundary after the round opens.
+  it last received that fragment) at its first step boundary after the round opens, unless an
+  offer of that fragment is still in flight or it has nothing new.
 - The round merges under the quorum/grace policy (`quorum.decide`); the merged fragment reaches
   every live learner `sync_seconds` later and is applied at its next step boundary.
 - A learner never waits unless it would run more than tau steps past an obligation: more than
@@ -45,7 +48,8 @@ from diloco_core.learner import LearnerSync
 from diloco_core.model import init_model, is_embedding
 from diloco_core.objectives import batch_tokens
 from diloco_core.outer import build_outer_optimizer
-from diloco_core.quorum import Estimates, decide
+from diloco_core.quorum import Estimates
+from diloco_core.round_protocol import decide_round, offer_choice, ready_to_open, tokens_needed
 from diloco_core.simulation_result import LearnerStats, Rejoin, SimulationResult
 from diloco_core.syncer import SyncerState, merge_round
 
@@ -65,6 +69,7 @@ class _Learner:
     up: bool = True
     generation: int = 0                      # bumps on failure: stale step events are ignored
     steps_since_open: int = 0
+    tokens_since_open: int = 0
     blocked_since: float | None = None
     down_since: float | None = None
     offered: dict[int, int] = field(default_factory=dict)   # round -> learner step of the offer
@@ -157,6 +162,7 @@ class Simulation:
         # Evaluate after the first merge past every budget / eval_points tokens, and at the end.
         self.eval_interval_tokens = cfg.token_budget // cfg.simulation.eval_points
         self.next_eval_tokens = self.eval_interval_tokens
+        self.tokens_needed = tokens_needed(cfg)
         self.finished = False
 
     # ---- event plumbing -------------------------------------------------------------------
@@ -219,6 +225,7 @@ class Simulation:
         # the next round a step early, and the opener misses it every time.
         if started >= self.last_open_at:
             learner.steps_since_open += 1
+            learner.tokens_since_open += tokens
         self.tokens += tokens
         self.estimates = self.estimates.observe(self.sync_cfg.ema_decay,
                                                 step=duration)
@@ -265,7 +272,7 @@ class Simulation:
         learner.sync = LearnerSync.start(learner.name, list(self.syncer.fragments),
                                          list(self.syncer.versions))
         learner.up, learner.down_since, learner.rejoined_at = True, None, t
-        learner.steps_since_open = 0
+        learner.steps_since_open = learner.tokens_since_open = 0
         self._boundary(learner, t)
 
     def _on_deliver(self, t: float, round_index: int, version: int, values: dict | None) -> None:
@@ -327,7 +334,7 @@ class Simulation:
     def _offer(self, learner: _Learner, rnd: _Round, t: float) -> None:
         if rnd.decided or learner.name in rnd.arrivals or not learner.up:
             return
-        if not self._has_news(learner, rnd.fragment):
+        if self._offer_choice(learner, rnd, final=False) != "offer":
             return
         contribution = learner.sync.contribution(
             learner.train.params, self.plan, rnd.fragment, rnd.index, learner.stats.steps, t,
@@ -344,30 +351,27 @@ class Simulation:
         if self.sync_cfg.receive_rule == "rebase":
             learner.sync = learner.sync.after_offer(learner.train.params, self.plan, rnd.fragment)
 
-    def _has_news(self, learner: _Learner, fragment: int) -> bool:
-        """Whether the learner has progress on `fragment` that no offer of it covers yet.
-
-        Counters run from the last *receipt*, so while an offer of this fragment is in flight
-        (merged or not, not yet received) a second offer would count its steps twice.
-        """
-        if learner.sync.fragments[fragment].steps == 0:
-            return False  # nothing since it last received this fragment (e.g. just rejoined)
-        return not any(self.rounds[r].fragment == fragment for r in learner.offered)
+    def _offer_choice(self, learner: _Learner, rnd: _Round, final: bool) -> str:
+        """The protocol's offer rule. Counters run from the last *receipt*, so while an offer of
+        this fragment is in flight (merged or not, not yet received) a second offer would count
+        its steps twice."""
+        in_flight = any(self.rounds[r].fragment == rnd.fragment for r in learner.offered)
+        return offer_choice(rnd.index, final, -1 if learner.name not in rnd.arrivals
+                            else rnd.index, learner.sync.fragments[rnd.fragment].steps,
+                            in_flight)
 
     def _maybe_open_round(self, t: float) -> None:
-        interval = self.sync_cfg.round_interval_steps
-        ready = sum(1 for lr in self.learners if lr.up and lr.steps_since_open >= interval)
-        if ready < self.sync_cfg.min_quorum:
+        if not ready_to_open({lr.name: lr.tokens_since_open for lr in self.learners},
+                             self.tokens_needed, self._live(), self.sync_cfg.min_quorum,
+                             previous_decided=not self._open_rounds()):
             return
         fragment = fragment_of_round(self.next_round, self.sync_cfg.num_fragments)
-        if any(r.fragment == fragment for r in self._open_rounds()):
-            return  # the previous round of this fragment is still undecided
         rnd = _Round(self.next_round, fragment, t)
         self.rounds[rnd.index] = rnd
         self.next_round += 1
         self.last_open_at = t
         for learner in self.learners:
-            learner.steps_since_open = 0
+            learner.steps_since_open = learner.tokens_since_open = 0
         # Learners waiting at a boundary offer right away; the others at their next boundary.
         for learner in self.learners:
             if learner.up and learner.blocked_since is not None:
@@ -383,12 +387,14 @@ class Simulation:
     def _evaluate(self, rnd: _Round, t: float) -> None:
         if rnd.decided:
             return
-        decision = decide(t, rnd.arrivals, self._live(), self.estimates, self.sync_cfg)
+        decision = decide_round(t, rnd.arrivals, self._live(), self.estimates, self.cfg,
+                                stopping=False, opened_at=rnd.opened_at)
         if decision.merge:
             quorum_at = sorted(rnd.arrivals.values())[self.sync_cfg.min_quorum - 1]
             self.estimates = self.estimates.observe(self.sync_cfg.ema_decay,
                                                     quorum=quorum_at - rnd.opened_at)
             self._merge(rnd, t, decision.members, decision.late, decision.reason)
+            self._maybe_open_round(t)   # one round open at a time: the next may open now
         elif decision.deadline is not None and rnd.deadline_event != decision.deadline:
             rnd.deadline_event = decision.deadline
             self._push(decision.deadline, "deadline", rnd.index)
@@ -450,18 +456,25 @@ class Simulation:
         return [payload for (_, _, kind, payload) in self.events if kind == "deliver"]
 
     def _final_round(self, rnd: _Round, t: float, reason: str) -> None:
-        # Bypasses the quorum policy: every live learner with uncovered progress is merged.
+        # After STOP a round waits for every live learner: each offers what no offer covers
+        # yet, or declines (the learners answer at once here, so nobody is waited for).
+        declined = []
         for learner in self.learners:
-            if learner.up and learner.name not in rnd.arrivals and self._has_news(
-                    learner, rnd.fragment):
+            if not learner.up:
+                continue
+            choice = self._offer_choice(learner, rnd, final=True)
+            if choice == "offer":
                 contribution = learner.sync.contribution(
                     learner.train.params, self.plan, rnd.fragment, rnd.index,
                     learner.stats.steps, t, self.sync_cfg.encoding,
                     self.sync_cfg.encoding_block_size)
                 self._record_offer(learner, rnd, contribution, t)
-        if rnd.arrivals:
-            self._merge(rnd, t, sorted(rnd.arrivals, key=lambda n: (rnd.arrivals[n], n)), (),
-                        reason)
+            elif choice in ("decline", "wait"):
+                declined.append(learner.name)   # "wait" only on an in-flight offer: no news
+        decision = decide_round(t, rnd.arrivals, self._live(), self.estimates, self.cfg,
+                                stopping=True, opened_at=rnd.opened_at, declined=declined)
+        if decision.members:
+            self._merge(rnd, t, decision.members, (), f"{reason}: {decision.reason}")
         else:
             rnd.decided = True
 

@@ -5,17 +5,14 @@ store first (round-open records, decision records, the STOP marker), so a lost c
 from the store and a repeated tick changes nothing. What the sensor must do in Dagster (run a
 merge, record a learner update, add a round partition) comes back in `TickResult`.
 
-Rules (the same as the reference simulator's, on wall-clock time):
-- Round r syncs fragment r mod P. Round r+1 opens once round r is decided and K live learners
-  have each processed H/P steps' worth of tokens since round r opened.
+The rules are the round protocol's (`diloco_core.round_protocol`, which the reference simulator
+runs too), on wall-clock time. What this module adds is how the store shows them:
 - Arrival time of an offer = when a tick first saw it (the syncer's clock: learner clocks may be
-  skewed). The quorum/grace policy (`diloco_core.quorum.decide`) decides the round.
+  skewed).
 - A learner is live while its heartbeat changed less than `learner_timeout_seconds` ago, by
-  the syncer's clock (`pipelines.liveness`).
+  the syncer's clock (`pipelines.liveness`); a learner that declined a final round says so in
+  its heartbeat.
 - Offers to an already-decided round are late: recorded, never merged into it.
-- When the learners' tokens reach the budget, STOP is written and P final rounds (one per
-  fragment) wait for every live learner (up to `round_timeout_seconds`) so that the final global
-  parameters hold everyone's last progress. Then the run is finished.
 """
 
 import time
@@ -25,7 +22,15 @@ from typing import Any
 
 from diloco_core.config import ExperimentConfig
 from diloco_core.config_loading import config_from_mapping
-from diloco_core.quorum import Decision, Estimates, decide
+from diloco_core.quorum import Estimates
+from diloco_core.round_protocol import (
+    budget_reached,
+    decide_round,
+    final_rounds,
+    ready_to_open,
+    tokens_needed,
+)
+from diloco_core.round_records import RoundDecision, RoundOpen
 from pipelines.liveness import live_learners, observe
 from resources.store.artifact_store import ArtifactStore, Conflict, RejectedArtifact
 
@@ -138,7 +143,11 @@ class RoundController:
             return result
         orch = cfg.orchestration
         names = cfg.learners.learner_names
-        beats = {name: store.get_heartbeat(name) for name in names}
+        beats, refused = {}, {}
+        for name in names:
+            beats[name], why = store.read_heartbeat(name)
+            if why is not None:
+                refused[name] = why     # reads as no heartbeat: the learner is not live
         state["seen"] = observe(state.get("seen"), beats, now)
         live = live_learners(beats, state["seen"], now, orch.learner_timeout_seconds)
         estimates = self._estimates(state, beats)
@@ -162,6 +171,9 @@ class RoundController:
                                      "from the store")
         if not result.reason:
             result.reason = self._status(state, live)
+        if refused:
+            result.reason += "; heartbeats refused: " + "; ".join(
+                f"{n} ({why})" for n, why in sorted(refused.items()))
         return result
 
     # ---- pieces of a tick ---------------------------------------------------------------------
@@ -227,25 +239,27 @@ class RoundController:
     def _decide(self, state: dict, result: TickResult, live: list[str], estimates: Estimates,
                 now: float, beats: Mapping[str, dict | None]) -> None:
         r, arrivals = state["round"], state["arrivals"]
-        if state.get("final") or state["stop"]:
-            # After STOP the learners stop training: an open round waits for every live
-            # learner (up to the round timeout) instead of a quorum that may never come.
-            decision = self._final_decision(state, live, now, beats)
-        else:
-            decision = decide(now, arrivals, live, estimates, self.cfg.sync)
+        # After STOP the learners stop training: an open round waits for every live learner
+        # (up to the round timeout) instead of a quorum that may never come. A learner that
+        # trained nothing on this fragment since it last received it says so in its heartbeat.
+        declined = [n for n in live
+                    if r in ((beats.get(n) or {}).get("declined_rounds") or [])]
+        decision = decide_round(now, arrivals, live, estimates, self.cfg,
+                                stopping=bool(state.get("final") or state["stop"]),
+                                opened_at=state["opened_at"], declined=declined)
         if not decision.merge:
             result.reason = f"round {r}: {decision.reason}"
             return
         k = self.cfg.sync.min_quorum
         order = sorted(arrivals.values())
         quorum_at = order[min(k, len(order)) - 1] if order else now
-        record = {"round": r, "fragment": state["fragment"], "final": bool(state.get("final")),
-                  "decided_by": self.decided_by,
-                  "members": list(decision.members), "late": list(decision.late),
-                  "missing": list(decision.missing), "reason": decision.reason,
-                  "grace_seconds": decision.grace_seconds, "deadline": decision.deadline,
-                  "opened_at": state["opened_at"], "quorum_at": quorum_at, "decided_at": now,
-                  "arrivals": dict(arrivals), "live": list(live)}
+        record = RoundDecision(
+            round=r, fragment=state["fragment"], final=bool(state.get("final")),
+            decided_by=self.decided_by, members=decision.members, late=decision.late,
+            missing=decision.missing, reason=decision.reason,
+            grace_seconds=decision.grace_seconds, deadline=decision.deadline,
+            opened_at=state["opened_at"], quorum_at=quorum_at, decided_at=now,
+            arrivals=dict(arrivals), live=tuple(live)).to_json()
         self.guard()
         self.store.put_decision(r, record)
         if not state.get("final"):
@@ -259,35 +273,15 @@ class RoundController:
             state["final_left"] = max(0, (state["final_left"] or 1) - 1)
         result.reason = f"round {r} decided: {decision.reason}"
 
-    def _final_decision(self, state: dict, live: list[str], now: float,
-                        beats: Mapping[str, dict | None]) -> Decision:
-        arrivals = state["arrivals"]
-        members = tuple(sorted(arrivals, key=lambda n: (arrivals[n], n)))
-        # A learner that trained nothing on this fragment since it last received it says so in
-        # its heartbeat (it stopped training, so it never will): no reason to wait for it.
-        declined = sorted(n for n in set(live) - set(arrivals)
-                          if state["round"] in ((beats.get(n) or {}).get("declined_rounds")
-                                                or []))
-        missing = tuple(sorted(set(live) - set(arrivals) - set(declined)))
-        waited = now - state["opened_at"]
-        if missing and waited < self.cfg.orchestration.round_timeout_seconds:
-            return Decision(False, (), (), missing,
-                            f"final round waiting for {', '.join(missing)}")
-        why = ("every live learner offered" if not missing else
-               f"final round timed out after {waited:.0f}s without {', '.join(missing)}")
-        if declined:
-            why += f" ({', '.join(declined)}: nothing new on this fragment)"
-        return Decision(True, members, (), missing, f"final round: {why}")
-
     def _tokens(self, beats: Mapping[str, dict | None]) -> dict[str, int]:
         return {n: int(b.get("tokens_total", 0)) for n, b in beats.items() if b}
 
     def _maybe_stop(self, state: dict, beats: Mapping[str, dict | None], now: float) -> None:
         if state["stop"]:
             return
-        total = sum(self._tokens(beats).values())
-        if total >= self.cfg.token_budget:
-            P = self.cfg.sync.num_fragments
+        tokens = self._tokens(beats)
+        if budget_reached(tokens, self.cfg.token_budget):
+            total, P = sum(tokens.values()), final_rounds(self.cfg.sync.num_fragments)
             self.guard()
             self.store.request_stop({"reason": f"token budget reached ({total} >= "
                                                f"{self.cfg.token_budget})",
@@ -313,19 +307,17 @@ class RoundController:
                 return
             final = True
         else:
-            # H/P steps of each learner's own batch since the last round opened.
-            needed = {name: cfg.sync.round_interval_steps * step_tokens for name, step_tokens
-                      in zip(cfg.learners.learner_names, cfg.learner_step_tokens, strict=True)}
             at_open = state.get("tokens_at_open", {})
-            ready = [n for n in live if tokens.get(n, 0) - at_open.get(n, 0) >= needed[n]]
-            if len(ready) < cfg.sync.min_quorum:
+            since = {n: tokens.get(n, 0) - at_open.get(n, 0) for n in tokens}
+            if not ready_to_open(since, tokens_needed(cfg), live, cfg.sync.min_quorum,
+                                 previous_decided=state["decided"]):
                 return
             final = False
         r = state["round"] + 1
         fragment = r % cfg.sync.num_fragments
         self.guard()
-        self.store.open_round(r, {"fragment": fragment, "opened_at": now, "final": final,
-                                  "learner_tokens": tokens})
+        self.store.open_round(r, RoundOpen(round=r, fragment=fragment, opened_at=now,
+                                           final=final, learner_tokens=tokens))
         state.update({"round": r, "fragment": fragment, "decided": False, "final": final,
                       "opened_at": now, "arrivals": {}, "tokens_at_open": tokens})
         result.opened.append(r)

@@ -212,11 +212,13 @@ def test_several_learners_write_at_once_and_readers_never_see_partial_state(stor
 
 
 def test_decisions_evals_summary_and_checkpoint_location(store):
-    store.put_decision(3, {"merged": True, "members": ["learner-0"], "reason": "quorum"})
-    store.put_decision(3, {"merged": True, "members": ["learner-0"], "reason": "quorum"})
+    decision = {"round": 3, "fragment": 1, "members": ["learner-0"], "reason": "quorum",
+                "decided_at": 10.0}
+    store.put_decision(3, decision)
+    store.put_decision(3, decision)             # the same record again: a retry, accepted
     if enforces_preconditions(store):
         with pytest.raises(Conflict):
-            store.put_decision(3, {"merged": False})
+            store.put_decision(3, {**decision, "members": []})
     assert store.get_decision(3)["reason"] == "quorum"
     store.put_eval(3, {"loss": 2.5})
     assert store.get_eval(3) == {"loss": 2.5} and store.get_eval(4) is None
@@ -300,7 +302,8 @@ def test_gcs_conditional_writes_send_preconditions_and_map_412(gcs_server, monke
     with pytest.raises(Conflict, match="pointer moved concurrently"):
         store.commit_global(0, 2, frag, tx.init(frag))
     with pytest.raises(Conflict, match="already committed with different content"):
-        store.put_decision(5, {"merged": True})  # the "existing" object is absent -> differs
+        store.put_decision(5, {"round": 5, "fragment": 0, "members": [], "reason": "r",
+                               "decided_at": 1.0})  # the "existing" object is absent -> differs
 
 
 def test_dagster_resource_opens_the_store(tmp_path):

@@ -2,6 +2,7 @@
 rejoins from its own checkpoint or, when that is stale, from a peer's."""
 
 import dataclasses
+import os
 import threading
 import time
 
@@ -162,7 +163,7 @@ def test_an_orphaned_learner_steps_aside_when_a_newer_attempt_starts(harness):
     runtime, thread, result = _start(h, "learner-2", attempt=0, max_steps=1000)
     _wait(lambda: (h.store.get_heartbeat("learner-2") or {}).get("step", 0) >= 2,
           what="training")
-    newer = dict(h.store.get_heartbeat("learner-2"), attempt=1, pid=-1)
+    newer = dict(h.store.get_heartbeat("learner-2"), attempt=1, pid=os.getpid() + 1)
     h.store.put_heartbeat("learner-2", newer)           # what attempt 1's first beat looks like
     thread.join(30)
     assert not thread.is_alive()

@@ -33,6 +33,7 @@ from diloco_core.inner_step import InnerStep
 from diloco_core.learner import FragmentSync, LearnerSync
 from diloco_core.ledger import AttemptLedger
 from diloco_core.model import init_model
+from diloco_core.round_protocol import offer_choice
 from diloco_core.simulator import learner_data
 from diloco_core.spmd import learner_mesh, place_state, shard_batch
 from resources.corpus import load_corpus
@@ -296,26 +297,21 @@ class LearnerRuntime:
 
     def _maybe_offer(self) -> dict | None:
         rnd = self.link.open_round
-        if rnd is None or rnd["round"] <= self.last_offered:
+        if rnd is None:
             return None
         p = rnd["fragment"]
-        if self._offer_in_flight(p):
-            # Its counters run from the last receipt of the fragment, so a second offer now
-            # would count the in-flight offer's tokens twice in the merge weights. Offer once
-            # that merge arrives (as the simulator does), with what was processed since.
+        # The protocol's offer rule: counters run from the last receipt of the fragment, so
+        # while an offer of it awaits its merge a second offer would count its tokens twice.
+        choice = offer_choice(rnd["round"], bool(rnd.get("final")), self.last_offered,
+                              self.sync.fragments[p].steps,
+                              in_flight=self._offer_in_flight(p))
+        if choice in ("answered", "wait"):
             return None
-        if self.sync.fragments[p].steps < 1:
-            # Nothing new on this fragment yet (e.g. its merge arrived in this very iteration).
-            # A final round is answered as is; any other round is offered after the next step,
-            # as the simulator does: giving it up would leave it without offers if every
-            # learner received the fragment just as the round opened, and no later round opens
-            # while it waits.
-            if rnd.get("final"):
-                self.last_offered = rnd["round"]
-                self.declined = [*self.declined[-7:], rnd["round"]]
-                self._beat()
-                return rnd
-            return None
+        if choice == "decline":
+            self.last_offered = rnd["round"]
+            self.declined = [*self.declined[-7:], rnd["round"]]
+            self._beat()
+            return rnd
         self.last_offered = rnd["round"]
         s = self.cfg.sync
         contribution = self.sync.contribution(self.train.params, self.plan, p, rnd["round"],

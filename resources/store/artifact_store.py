@@ -25,6 +25,7 @@ import numpy as np
 
 from diloco_core.config import ENCODINGS
 from diloco_core.contribution import Contribution
+from diloco_core.round_records import Heartbeat, RecordError, RoundDecision, RoundOpen
 from resources.store import layout
 from resources.store.array_bundle import BadBundle, decode_bundle, encode_bundle
 from resources.store.blobs import BlobNotFound, BlobStore, PreconditionFailed
@@ -32,6 +33,9 @@ from resources.store.names import check_name
 
 FORMAT = 1
 DEFAULT_MAX_OBJECT_BYTES = 4 * 2**30
+# JSON records (manifests, decisions, heartbeats, summaries) are small; a larger one is refused
+# before it is parsed.
+MAX_RECORD_BYTES = 16 * 2**20
 
 
 class Conflict(RuntimeError):
@@ -86,13 +90,27 @@ class ArtifactStore:
             data = self.blobs.read(key)
         except BlobNotFound:
             return None
+        if len(data) > MAX_RECORD_BYTES:
+            raise RejectedArtifact(key, f"{len(data)} bytes: larger than a record may be "
+                                        f"({MAX_RECORD_BYTES})")
         try:
             value = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise RejectedArtifact(key, f"not valid JSON: {err}") from None
+        except (ValueError, RecursionError) as err:
+            # Also integers past Python's 4300-digit limit and absurd nesting.
+            raise RejectedArtifact(key, f"not valid JSON: {str(err)[:200]}") from None
         if not isinstance(value, dict):
             raise RejectedArtifact(key, "not a JSON object")
         return value
+
+    def _read_record(self, key: str, kind: type[RoundOpen | RoundDecision | Heartbeat]
+                     ) -> dict | None:
+        raw = self._read_json(key)
+        if raw is None:
+            return None
+        try:
+            return kind.from_json(raw).to_json()
+        except RecordError as err:
+            raise RejectedArtifact(key, str(err)) from None
 
     def _read_object(self, key: str, entry: Mapping[str, Any]) -> dict[str, np.ndarray]:
         info = self.blobs.info(key)
@@ -310,11 +328,15 @@ class ArtifactStore:
                             manifest["learner_step"], manifest["clock"], delta)
 
     # ---- decisions and evals ------------------------------------------------------------------
-    def put_decision(self, round_index: int, record: Mapping[str, Any]) -> None:
-        self._write_once(layout.decision(self.experiment, round_index), _json_bytes(dict(record)))
+    def put_decision(self, round_index: int, record: RoundDecision | Mapping[str, Any]) -> None:
+        if not isinstance(record, RoundDecision):
+            record = RoundDecision.from_json(record)
+        self._write_once(layout.decision(self.experiment, round_index),
+                         _json_bytes(record.to_json()))
 
     def get_decision(self, round_index: int) -> dict | None:
-        return self._read_json(layout.decision(self.experiment, round_index))
+        """The decision record (validated: `RejectedArtifact` names the field otherwise)."""
+        return self._read_record(layout.decision(self.experiment, round_index), RoundDecision)
 
     def put_round_not_merged(self, round_index: int, record: Mapping[str, Any]) -> None:
         """The merge record of a round that committed nothing (write-once: a retry finds it;
@@ -334,26 +356,40 @@ class ArtifactStore:
         return self._read_json(layout.evaluation(self.experiment, round_index))
 
     # ---- rounds, heartbeats and the run's lifecycle (the data plane's control records) --------
-    def open_round(self, round_index: int, record: Mapping[str, Any]) -> None:
+    def open_round(self, round_index: int, record: RoundOpen | Mapping[str, Any]) -> None:
         """Open a round: its record is write-once; then the OPEN pointer moves to it (learners
         read only the pointer, one small object per poll)."""
-        body = {**dict(record), "round": round_index}
+        if isinstance(record, RoundOpen):
+            record = record.to_json()
+        body = RoundOpen.from_json({**dict(record), "round": round_index}).to_json()
         self._write_once(layout.round_open(self.experiment, round_index), _json_bytes(body))
         latest = self.latest_open_round()
         if latest is None or latest["round"] < round_index:
             self.blobs.write(layout.open_pointer(self.experiment), _json_bytes(body))
 
     def latest_open_round(self) -> dict | None:
-        return self._read_json(layout.open_pointer(self.experiment))
+        return self._read_record(layout.open_pointer(self.experiment), RoundOpen)
 
     def get_round_open(self, round_index: int) -> dict | None:
-        return self._read_json(layout.round_open(self.experiment, round_index))
+        return self._read_record(layout.round_open(self.experiment, round_index), RoundOpen)
 
-    def put_heartbeat(self, learner: str, beat: Mapping[str, Any]) -> None:
-        self.blobs.write(layout.heartbeat(self.experiment, learner), _json_bytes(dict(beat)))
+    def put_heartbeat(self, learner: str, beat: Heartbeat | Mapping[str, Any]) -> None:
+        if not isinstance(beat, Heartbeat):
+            beat = Heartbeat.from_json(beat)
+        self.blobs.write(layout.heartbeat(self.experiment, learner),
+                         _json_bytes(beat.to_json()))
+
+    def read_heartbeat(self, learner: str) -> tuple[dict | None, str | None]:
+        """(the learner's validated heartbeat or None, why it was refused or None). A learner
+        writes it: a malformed one reads as no heartbeat (the learner is not live) plus the
+        reason, never as an error that would stop the reader."""
+        try:
+            return self._read_record(layout.heartbeat(self.experiment, learner), Heartbeat), None
+        except RejectedArtifact as err:
+            return None, err.reason
 
     def get_heartbeat(self, learner: str) -> dict | None:
-        return self._read_json(layout.heartbeat(self.experiment, learner))
+        return self.read_heartbeat(learner)[0]
 
     def put_attempt_record(self, learner: str, attempt: int, record: Mapping[str, Any]) -> None:
         """A learner process's own record (its token ledger); rewritten as it progresses."""

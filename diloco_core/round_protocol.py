@@ -1,0 +1,100 @@
+"""The round protocol: when a round opens, when a learner offers, when a round is decided,
+when the run stops. One set of pure rules, run by every party that needs them:
+
+- the reference simulator (`simulator.py`, on its fake clock),
+- the syncer service and the quorum sensor's fallback (`pipelines/round_control.py`, on the
+  syncer's wall clock, reading learners' records from the store),
+- the learner runtime (`resources/learner/runtime.py`: whether and what to offer).
+
+The rules:
+
+1. Round r syncs fragment r mod P. One round is open at a time: round r+1 opens once round r is
+   decided and at least K live learners have each processed H/P steps' worth of their own batch
+   tokens since round r opened (`ready_to_open`). Tokens, not steps: a learner's step count
+   restarts from a peer's when it rejoins; its tokens are its own.
+2. A learner offers the open round the fragment's progress since it last *received* that
+   fragment (`offer_choice`), unless an earlier offer of the fragment is still in flight (its
+   tokens would count twice in the merge weights) or it has nothing new (then it waits for
+   its next step, or declines a final round, which it can never answer otherwise).
+3. An open round is decided by the quorum + grace-window policy (`quorum.decide`). After STOP
+   (the learners' tokens reached the budget) a round waits for every live learner instead,
+   up to the round timeout, skipping learners that declined it (`decide_round`).
+4. At the budget, STOP, then P final rounds, one per fragment, so the final global parameters
+   hold every learner's last progress (`final_rounds`). Then the run is finished.
+"""
+
+import math
+from collections.abc import Collection, Mapping
+from typing import Literal
+
+from diloco_core.config import ExperimentConfig
+from diloco_core.quorum import Decision, Estimates, decide
+
+OfferChoice = Literal["offer", "wait", "decline", "answered"]
+
+
+def tokens_needed(cfg: ExperimentConfig) -> dict[str, int]:
+    """Tokens each learner processes in H/P of its own steps: the progress that makes it ready
+    for the next round."""
+    interval = cfg.sync.round_interval_steps
+    return {name: interval * tokens for name, tokens
+            in zip(cfg.learners.learner_names, cfg.learner_step_tokens, strict=True)}
+
+
+def ready_to_open(tokens_since_open: Mapping[str, int], needed: Mapping[str, int],
+                  live: Collection[str], min_quorum: int, previous_decided: bool) -> bool:
+    """Rule 1: whether the next round opens now."""
+    if not previous_decided:
+        return False
+    ready = [n for n in live if tokens_since_open.get(n, 0) >= needed.get(n, math.inf)]
+    return len(ready) >= min_quorum
+
+
+def offer_choice(round_index: int, final: bool, last_answered: int, steps_on_fragment: int,
+                 in_flight: bool) -> OfferChoice:
+    """Rule 2, for one learner and the open round of one fragment.
+
+    `last_answered`: the newest round this learner offered or declined (offers are write-once:
+    a round is answered once). `steps_on_fragment`: its steps since it last received the
+    fragment (the counters an offer carries). `in_flight`: an earlier offer of this fragment
+    awaits its merge."""
+    if round_index <= last_answered:
+        return "answered"
+    if in_flight:
+        return "wait"
+    if steps_on_fragment < 1:
+        # A final round is answered at once (the learner stopped: it never will have news);
+        # any other round is offered after the next step, or it could be left without offers
+        # when every learner received the fragment just as the round opened.
+        return "decline" if final else "wait"
+    return "offer"
+
+
+def budget_reached(tokens_total: Mapping[str, int], budget: int) -> bool:
+    """Rule 4: STOP once the learners' tokens together reach the budget."""
+    return sum(tokens_total.values()) >= budget
+
+
+def final_rounds(num_fragments: int) -> int:
+    """Rule 4: after STOP, one final round per fragment."""
+    return num_fragments
+
+
+def decide_round(now: float, arrivals: Mapping[str, float], live: Collection[str],
+                 estimates: Estimates, cfg: ExperimentConfig, *, stopping: bool,
+                 opened_at: float, declined: Collection[str] = ()) -> Decision:
+    """Rule 3: the decision on the open round at `now`. `arrivals`: learner -> when its offer
+    arrived (the decider's clock); `stopping`: STOP was written (or the round is final)."""
+    if not stopping:
+        return decide(now, arrivals, live, estimates, cfg.sync)
+    members = tuple(sorted(arrivals, key=lambda n: (arrivals[n], n)))
+    skipped = sorted((set(live) - set(arrivals)) & set(declined))
+    missing = tuple(sorted(set(live) - set(arrivals) - set(declined)))
+    waited = now - opened_at
+    if missing and waited < cfg.orchestration.round_timeout_seconds:
+        return Decision(False, (), (), missing, f"final round waiting for {', '.join(missing)}")
+    why = ("every live learner offered" if not missing else
+           f"final round timed out after {waited:.0f}s without {', '.join(missing)}")
+    if skipped:
+        why += f" ({', '.join(skipped)}: nothing new on this fragment)"
+    return Decision(True, members, (), missing, f"final round: {why}")
