@@ -49,7 +49,13 @@ from diloco_core.model import init_model, is_embedding
 from diloco_core.objectives import batch_tokens
 from diloco_core.outer import build_outer_optimizer
 from diloco_core.quorum import Estimates
-from diloco_core.round_protocol import decide_round, offer_choice, ready_to_open, tokens_needed
+from diloco_core.round_protocol import (
+    decide_round,
+    final_rounds,
+    offer_choice,
+    ready_to_open,
+    tokens_needed,
+)
 from diloco_core.simulation_result import LearnerStats, Rejoin, SimulationResult
 from diloco_core.syncer import SyncerState, merge_round
 
@@ -444,7 +450,9 @@ class Simulation:
             if learner.up:
                 learner.inbox.extend(self._in_flight())
                 self._apply_inbox(learner)
-        for fragment in range(self.sync_cfg.num_fragments):
+        for _ in range(final_rounds(self.sync_cfg.num_fragments)):
+            # Round r is fragment r mod P here too, as on the orchestrated path.
+            fragment = fragment_of_round(self.next_round, self.sync_cfg.num_fragments)
             rnd = _Round(self.next_round, fragment, t)
             self.rounds[rnd.index] = rnd
             self.next_round += 1

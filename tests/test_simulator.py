@@ -244,3 +244,28 @@ def test_equal_learners_without_jitter_are_all_admitted_to_every_round(corpus):
     regular = [m for m in result.merges if "final round" not in m.reason]
     assert len(regular) >= 8
     assert all(len(m.members) == 3 for m in regular), [m.members for m in regular]
+
+
+def test_the_simulator_runs_the_round_protocol(corpus):
+    """The rules the orchestrated deciders run (tests/test_round_protocol.py), checked on a
+    simulated run with jitter, K = 2 < M and an outage: one round open at a time, round r on
+    fragment r mod P, no learner offers a fragment again while its offer is in flight."""
+    from diloco_core.simulator import Simulation
+
+    cfg = tiny_cfg("sync.min_quorum=2", "simulation.step_jitter=0.2",
+                   "simulation.outages=[{learner: 1, start: 3.0, end: 8.0}]")
+    sim = Simulation(cfg, corpus.learner_streams, corpus.heldout_stream)
+    sim.run()
+    rounds = [sim.rounds[r] for r in sorted(sim.rounds)]
+    assert len(rounds) >= 8
+    for previous, rnd in zip(rounds, rounds[1:], strict=False):
+        assert rnd.fragment == rnd.index % cfg.sync.num_fragments
+        assert rnd.opened_at >= sim.merge_times.get(previous.index, previous.opened_at)
+    # Offers of one fragment by one learner: each covers steps no other offer covers.
+    for learner in cfg.learners.learner_names:
+        steps = [(r.fragment, r.contributions[learner].learner_step,
+                  r.contributions[learner].steps) for r in rounds if learner in r.contributions]
+        for p in range(cfg.sync.num_fragments):
+            mine = [(at, n) for f, at, n in steps if f == p]
+            for (at_a, _), (at_b, n_b) in zip(mine, mine[1:], strict=False):
+                assert at_b - n_b >= at_a - 1e-9, (learner, p, mine)
