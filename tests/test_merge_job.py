@@ -1,5 +1,7 @@
 """The merge job refuses bad contributions, each with its reason, and still merges the rest."""
 
+import datetime
+
 import dagster as dg
 import numpy as np
 import pytest
@@ -173,3 +175,35 @@ def test_a_round_whose_every_contribution_is_refused_keeps_the_reasons(harness):
     _, fates, rejections = offer_fates(h.store, 1, h.cfg.learners.learner_names)
     assert fates == {(0, "learner-0"): "rejected", (0, "learner-1"): "rejected"}
     assert {r["learner"]: r["reason"] for r in rejections} == record["rejected"]
+
+
+def test_the_eval_schedule_evaluates_the_active_experiments_newest_merged_round(harness):
+    """It used to pick the newest round partition of any experiment and fail every 30
+    minutes once a run had finished (no active experiment, no experiment tag)."""
+    from pipelines.defs.rounds import eval_latest_round
+
+    h = harness
+
+    def evaluate():
+        context = dg.build_schedule_context(
+            instance=h.instance, resources={"store": h.resource},
+            scheduled_execution_time=datetime.datetime(2026, 11, 24, 1, 30,
+                                                       tzinfo=datetime.UTC))
+        return eval_latest_round(context)
+
+    assert isinstance(evaluate(), dg.SkipReason)          # nothing merged yet
+    for r in range(2):
+        h.offer("learner-0", r)
+        _decide(h, r, ["learner-0"])
+        _merge(h, r)
+    h.instance.add_dynamic_partitions("rounds", [round_key(7)])   # another experiment's round
+    (request,) = [evaluate()]
+    assert request.partition_key == round_key(1)
+    assert request.tags["diloco/experiment"] == h.store.experiment
+    result = h.defs.resolve_job_def("evaluate_round").execute_in_process(
+        instance=h.instance, partition_key=request.partition_key, tags=request.tags,
+        run_config=request.run_config)
+    assert result.success
+    h.resource.set_active(None)                           # the run finished
+    skip = evaluate()
+    assert isinstance(skip, dg.SkipReason) and "no experiment is active" in skip.skip_message

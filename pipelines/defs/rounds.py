@@ -13,7 +13,8 @@
 import dagster as dg
 
 from pipelines.defs.partitions import learners, round_x_learner, rounds
-from pipelines.experiment_context import run_store
+from pipelines.experiment_context import EXPERIMENT_TAG, run_store
+from pipelines.round_control import round_key
 from pipelines.round_metadata import eval_regression, global_params_events, heldout_eval_metadata
 from resources.store.resource import ArtifactStoreResource
 
@@ -121,13 +122,25 @@ eval_job = dg.define_asset_job(
 
 @dg.schedule(cron_schedule="*/30 * * * *", target=eval_job, execution_timezone="UTC",
              default_status=dg.DefaultScheduleStatus.RUNNING)
-def eval_latest_round(context: dg.ScheduleEvaluationContext):
-    """Every 30 minutes, a longer eval of the newest merged round."""
-    done = context.instance.get_materialized_partitions(dg.AssetKey("global_params"))
-    if not done:
-        return dg.SkipReason("no merged round yet")
-    latest = max(done)
+def eval_latest_round(context: dg.ScheduleEvaluationContext, store: ArtifactStoreResource):
+    """Every 30 minutes, a longer eval of the active experiment's newest merged round."""
+    artifacts = store.active()
+    if artifacts is None:
+        # A finished run clears the active experiment: nothing is training, nothing to do.
+        return dg.SkipReason("no experiment is active")
+    config = artifacts.get_config() or {}
+    fragments = ((config.get("sync") or {}).get("num_fragments"))
+    merged = [(artifacts.version_meta(p) or {}).get("round")
+              for p in range(fragments if isinstance(fragments, int) else 0)]
+    merged = [r for r in merged if isinstance(r, int)]
+    if not merged:
+        return dg.SkipReason(f"{artifacts.experiment}: no merged round yet")
+    latest = round_key(max(merged))
+    if not context.instance.has_dynamic_partition(rounds.name, latest):
+        return dg.SkipReason(f"{artifacts.experiment}: round {latest} is not yet a partition")
     when = context.scheduled_execution_time
     stamp = when.strftime("%Y%m%dT%H%M") if when else "now"
-    return dg.RunRequest(partition_key=latest, run_key=f"eval:{latest}:{stamp}",
-                         run_config={"ops": {"heldout_eval": {"config": {"batches": 16}}}})
+    return dg.RunRequest(
+        partition_key=latest, run_key=f"eval:{artifacts.experiment}:{latest}:{stamp}",
+        tags={EXPERIMENT_TAG: artifacts.experiment},
+        run_config={"ops": {"heldout_eval": {"config": {"batches": 16}}}})
