@@ -171,12 +171,19 @@ class OuterOptConfig:
     lr: float = 0.7
     momentum: float = 0.9
     nesterov: bool = True
+    # The P final rounds after STOP: "outer_step" treats them like any round; "average"
+    # publishes the weighted average of the learners' fragments (outer lr 1, no momentum):
+    # the final rounds carry little new progress, so an outer step there is mostly momentum.
+    final_rounds: str = "outer_step"
 
     def __post_init__(self):
         _finite_positive(self.lr, "lr")
         _in_unit(self.momentum, "momentum", low_open=False, high_open=True)
+        _require(self.final_rounds in FINAL_ROUND_STEPS, "final_rounds",
+                 f"must be one of {FINAL_ROUND_STEPS}, got {self.final_rounds!r}")
 
 
+FINAL_ROUND_STEPS = ("outer_step", "average")
 MERGE_RULES = ("rda", "mean")
 RECEIVE_RULES = ("overwrite", "blend", "rebase")
 WEIGHTINGS = ("tokens", "uniform")

@@ -406,12 +406,13 @@ class Simulation:
             self._push(decision.deadline, "deadline", rnd.index)
 
     def _merge(self, rnd: _Round, t: float, members: Sequence[str], late: Sequence[str],
-               reason: str) -> None:
+               reason: str, final: bool = False) -> None:
         rnd.decided = True
         contributions = [rnd.contributions[name] for name in members]
-        self.syncer, record = merge_round(self.syncer, self.plan, rnd.index, rnd.fragment,
-                                          contributions, self.sync_cfg, self.tx, is_embedding,
-                                          reason, late)
+        self.syncer, record = merge_round(
+            self.syncer, self.plan, rnd.index, rnd.fragment, contributions, self.sync_cfg,
+            self.tx, is_embedding, reason, late,
+            average=final and self.cfg.outer.final_rounds == "average")
         self.merges.append(record)
         self.merge_times[rnd.index] = t
         if record.merged:
@@ -456,14 +457,14 @@ class Simulation:
             rnd = _Round(self.next_round, fragment, t)
             self.rounds[rnd.index] = rnd
             self.next_round += 1
-            self._final_round(rnd, t, "final round at the end of the token budget")
+            self._final_round(rnd, t, "final round at the end of the token budget", final=True)
         self.events.clear()
         self._eval(t, self.next_round - 1)
 
     def _in_flight(self) -> list[tuple[int, int, dict | None]]:
         return [payload for (_, _, kind, payload) in self.events if kind == "deliver"]
 
-    def _final_round(self, rnd: _Round, t: float, reason: str) -> None:
+    def _final_round(self, rnd: _Round, t: float, reason: str, final: bool = False) -> None:
         # After STOP a round waits for every live learner: each offers what no offer covers
         # yet, or declines (the learners answer at once here, so nobody is waited for).
         declined = []
@@ -482,7 +483,7 @@ class Simulation:
         decision = decide_round(t, rnd.arrivals, self._live(), self.estimates, self.cfg,
                                 stopping=True, opened_at=rnd.opened_at, declined=declined)
         if decision.members:
-            self._merge(rnd, t, decision.members, (), f"{reason}: {decision.reason}")
+            self._merge(rnd, t, decision.members, (), f"{reason}: {decision.reason}", final)
         else:
             rnd.decided = True
 

@@ -126,9 +126,13 @@ def merge_fragment(current: FragmentState, names: Sequence[str], num_fragments: 
                    round_index: int, fragment: int, contributions: Sequence[Contribution],
                    cfg: SyncConfig, tx: optax.GradientTransformation,
                    is_embedding: Callable[[str], bool], reason: str, late: Sequence[str] = (),
-                   reference_norm: float | None = None
+                   reference_norm: float | None = None, average: bool = False
                    ) -> tuple[FlatParams | None, optax.OptState | None, MergeRecord]:
     """Merge the admitted contributions of one round into one fragment.
+
+    `average` (a final round under `outer.final_rounds = "average"`): publish Theta - g, the
+    weighted average of the members' fragments, instead of an outer step, and leave the
+    outer state as it is.
 
     Returns the new fragment values and outer state (None when nothing could be merged) and the
     decision record. Each contribution is validated, turned into an outer gradient, and screened
@@ -163,7 +167,11 @@ def merge_fragment(current: FragmentState, names: Sequence[str], num_fragments: 
     weights = normalized_weights([c.tokens for c in members], [c.steps for c in members],
                                  cfg.weighting)
     merged = merge_outer_grads(grads, weights, cfg.merge_rule, is_embedding)
-    new_params, new_opt = outer_step(tx, current.params, current.outer_state, merged)
+    if average:
+        new_params = {k: current.params[k] - merged[k] for k in current.params}
+        new_opt = current.outer_state
+    else:
+        new_params, new_opt = outer_step(tx, current.params, current.outer_state, merged)
     update = {k: new_params[k] - current.params[k] for k in new_params}
     record = MergeRecord(
         round_index, fragment, True, current.version + 1, reason,
@@ -180,13 +188,14 @@ def merge_fragment(current: FragmentState, names: Sequence[str], num_fragments: 
 def merge_round(state: SyncerState, plan: FragmentPlan, round_index: int, fragment: int,
                 contributions: Sequence[Contribution], cfg: SyncConfig,
                 tx: optax.GradientTransformation, is_embedding: Callable[[str], bool],
-                reason: str, late: Sequence[str] = ()) -> tuple[SyncerState, MergeRecord]:
+                reason: str, late: Sequence[str] = (), average: bool = False
+                ) -> tuple[SyncerState, MergeRecord]:
     """Merge the admitted contributions of one round into fragment `fragment` of `state`."""
     current = FragmentState(state.fragments[fragment], state.versions[fragment],
                             state.outer_states[fragment], state.history[fragment].get)
     new_fragment, new_opt, record = merge_fragment(
         current, plan.fragments[fragment], plan.num_fragments, round_index, fragment,
-        contributions, cfg, tx, is_embedding, reason, late)
+        contributions, cfg, tx, is_embedding, reason, late, average=average)
     if new_fragment is None:
         return state, record
     version = record.version

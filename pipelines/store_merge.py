@@ -145,7 +145,8 @@ def merge_from_store(store: ArtifactStore, round_index: int,
     new_params, new_outer, record = merge_fragment(
         state, names, plan.num_fragments, round_index, fragment, contributions, cfg.sync, tx,
         is_embedding, decision["reason"], decision.get("late", ()),
-        reference_norm=previous_norm_per_step(current.meta))
+        reference_norm=previous_norm_per_step(current.meta),
+        average=bool(decision.get("final")) and cfg.outer.final_rounds == "average")
     record = dataclasses.replace(record, rejected={**refused, **record.rejected})
     meta = {**_jsonable(dataclasses.asdict(record)), "round": round_index,
             "quorum_at": decision.get("quorum_at"), "decided_at": decision.get("decided_at"),

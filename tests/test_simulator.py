@@ -269,3 +269,23 @@ def test_the_simulator_runs_the_round_protocol(corpus):
             mine = [(at, n) for f, at, n in steps if f == p]
             for (at_a, _), (at_b, n_b) in zip(mine, mine[1:], strict=False):
                 assert at_b - n_b >= at_a - 1e-9, (learner, p, mine)
+
+
+@pytest.mark.parametrize("final_rounds", ["average", "outer_step"])
+def test_average_final_rounds_publish_the_learners_own_parameters(corpus, final_rounds):
+    """One learner (fp32, momentum 0.9): "average" final rounds publish exactly what the learner
+    holds; an outer step there (the old behaviour) moves past it on momentum."""
+    from diloco_core.fragments import join_fragments
+    from diloco_core.simulator import Simulation
+
+    cfg = tiny_cfg("learners.num_learners=1", "sync.encoding=fp32", "token_budget=3072",
+                   f"outer.final_rounds={final_rounds}")
+    sim = Simulation(cfg, corpus.learner_streams[:1], corpus.heldout_stream)
+    sim.run()
+    published = join_fragments(sim.syncer.fragments)
+    held = sim.learners[0].train.params
+    gap = max(float(jnp.max(jnp.abs(published[k] - held[k]))) for k in held)
+    if final_rounds == "average":
+        assert gap < 1e-6
+    else:
+        assert gap > 1e-4
