@@ -44,3 +44,23 @@ def test_each_experiment_varies_what_it_studies():
     assert merge == {(m, r) for m in (2, 4, 8) for r in ("mean", "rda")}
     outages = [arm_config(a) for a in EXPERIMENTS[9].arms if "no failures" not in a.label]
     assert all(c.simulation.outages for c in outages)
+
+
+def test_a_stored_result_is_reused_only_while_the_code_that_computed_it_is_unchanged(tmp_path):
+    import json
+
+    from benchmarks.quality.experiments import DECOUPLED, Arm
+    from benchmarks.quality.runner import arm_path, code_hash, is_current, run_arm
+
+    arm = Arm("tiny", DECOUPLED, ("model.preset=tiny", "data.seq_len=32", "data.batch_size=4",
+                                  "simulation.eval_points=1", "simulation.eval_batches=1"),
+              tokens=4 * 8 * 128)
+    first = run_arm(arm, tmp_path)
+    assert first["code"] == code_hash() and is_current(first)
+    assert first["commit"]["commit"]                      # the commit that produced it
+    assert run_arm(arm, tmp_path) == first                # reused, not run again
+    path = arm_path(arm, tmp_path)
+    path.write_text(json.dumps({**first, "code": "older", "compute_seconds": -1}))
+    again = run_arm(arm, tmp_path)                        # stale: run again and replaced
+    assert again["code"] == code_hash() and again["compute_seconds"] >= 0
+    assert json.loads(path.read_text())["code"] == code_hash()

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.quality.experiments import EXPERIMENTS, HEADLINE_TOKENS, RUN_ORDER, Arm, Experiment
-from benchmarks.quality.runner import load_arm
+from benchmarks.quality.runner import is_current, load_arm
 
 REPO = Path(__file__).resolve().parents[2]
 OUT_DIR = REPO / "benchmarks" / "results" / "quality"
@@ -330,6 +330,20 @@ def _name(exp: Experiment) -> str:
     return f"exp{exp.number}_{exp.slug}"
 
 
+def provenance(exp: Experiment) -> str:
+    """Which commits computed the experiment's runs, and whether the code has changed since."""
+    records = [r for a in exp.arms if (r := load_arm(a)) is not None]
+    commits = sorted({(r.get("commit") or {}).get("commit", "")[:7] or "unrecorded"
+                      for r in records})
+    stale = sum(not is_current(r) for r in records)
+    line = f"Runs computed at commit {', '.join(commits)}."
+    if stale:
+        line += (f" **{stale} of {len(records)} runs are stale**: the simulator or model code "
+                 "changed since; `python benchmarks/quality_benchmarks.py "
+                 f"{exp.number}` runs them again.")
+    return line
+
+
 def section(exp: Experiment) -> str:
     """The experiment's markdown section: question, command, table, target verdict, plot."""
     rows, verdict = TABLES[exp.number](exp)
@@ -342,6 +356,7 @@ def section(exp: Experiment) -> str:
     if verdict:
         lines += [f"**Target:** {verdict['target']}. **Measured:** {verdict['measured']}. "
                   f"**{'Met' if verdict['met'] else 'Not met'}.**", ""]
+    lines += [provenance(exp), ""]
     lines += [f"![experiment {exp.number}](img/quality_{_name(exp)}.png)", ""]
     return "\n".join(lines)
 

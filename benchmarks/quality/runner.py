@@ -1,8 +1,11 @@
 """Running one arm on the reference simulator and keeping its figures.
 
 Each arm's result is a JSON file named by a hash of its full config and method, so an arm shared
-by two experiments runs once, and an interrupted sweep resumes where it stopped. Nothing is
-pickled: results are plain JSON figures, never parameters.
+by two experiments runs once, and an interrupted sweep resumes where it stopped. Each result
+also records `code`, a hash of the code that computes it (`diloco_core/` and the data loaders),
+and the commit: a stored result whose code hash is not the tree's is stale, and `run_arm` runs
+it again (a cache never outlives the code it caches); the reports say which results are stale.
+Nothing is pickled: results are plain JSON figures, never parameters.
 """
 
 import hashlib
@@ -15,7 +18,25 @@ from benchmarks.quality.experiments import DATA_PARALLEL, DECOUPLED, SYNCHRONOUS
 from diloco_core.config import ExperimentConfig
 from diloco_core.config_loading import config_from_mapping, config_to_mapping
 
-RUNS_DIR = Path(__file__).resolve().parents[1] / "results" / "quality" / "runs"
+REPO = Path(__file__).resolve().parents[2]
+RUNS_DIR = REPO / "benchmarks" / "results" / "quality" / "runs"
+# What an arm's figures depend on: the algorithm, the model, the simulator, the data.
+CODE = ("diloco_core/*.py", "resources/corpus.py", "resources/digits.py",
+        "resources/task_data.py", "benchmarks/quality/runner.py")
+
+
+def code_hash() -> str:
+    """A hash of the sources that compute an arm's figures."""
+    digest = hashlib.sha256()
+    for pattern in CODE:
+        for path in sorted(REPO.glob(pattern)):
+            digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def is_current(record: dict) -> bool:
+    """Whether a stored result was computed by the code in this tree."""
+    return record.get("code") == code_hash()
 
 
 def arm_config(arm: Arm) -> ExperimentConfig:
@@ -105,11 +126,11 @@ def _fragment_bytes(cfg: ExperimentConfig, final_params) -> int:
 def run_arm(arm: Arm, runs_dir: Path = RUNS_DIR, progress=None) -> dict:
     """Run one arm (or return its stored result) and write its figures as JSON."""
     stored = load_arm(arm, runs_dir)
-    if stored is not None:
+    if stored is not None and is_current(stored):
         return stored
     from diloco_core.baselines import run_data_parallel, run_synchronous_diloco
     from diloco_core.simulator import run_simulation
-    from pipelines.reporting import machine_info
+    from pipelines.reporting import code_revision, machine_info
 
     cfg = arm_config(arm)
     data = _data(cfg)
@@ -123,6 +144,8 @@ def run_arm(arm: Arm, runs_dir: Path = RUNS_DIR, progress=None) -> dict:
         "arm": {"label": arm.label, "method": arm.method, "seed": arm.seed,
                 "tokens": arm.tokens, "overrides": list(arm.overrides)},
         "key": arm_key(arm),
+        "code": code_hash(),
+        "commit": code_revision(),
         "machine": machine_info(),
         "compute_seconds": round(elapsed, 1),
         "config": config_to_mapping(cfg),
