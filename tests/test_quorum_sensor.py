@@ -206,6 +206,25 @@ def test_a_cursor_behind_the_store_recovers_and_requests_the_missing_merge(harne
     assert h.state()["decided"] and not h.tick().run_requests
 
 
+def test_a_round_opened_by_a_tick_that_failed_still_gets_its_partition(harness):
+    """A tick that wrote a round-open record and failed before returning added no partition:
+    the next tick adds it, and the round's merge run finds its partition."""
+    h = harness
+    _progress(h, ["learner-0", "learner-1"])
+    stale = h.cursor
+    from pipelines.round_control import RoundController
+    opened = RoundController(h.store).tick(None, now=h.now + 1).opened   # the failed tick
+    assert opened == [0] and h.instance.get_dynamic_partitions("rounds") == []
+    h.cursor = stale
+    h.tick()
+    assert h.instance.get_dynamic_partitions("rounds") == [round_key(0)]
+    h.offer("learner-0", 0)
+    h.offer("learner-1", 0)
+    result = h.tick()
+    assert [r.partition_key for r in result.run_requests] == [round_key(0)]
+    assert h.merged_rounds() == {round_key(0)}
+
+
 def test_a_malformed_offer_is_recorded_and_does_not_stop_the_sensor(harness):
     h = harness
     _progress(h, ["learner-0", "learner-1"])

@@ -131,8 +131,16 @@ def _decide_here(context: dg.SensorEvaluationContext, artifacts, cfg, cursor: di
     mirror["opened"] = max(mirror["opened"], latest)
     mirror["offers_from"] = max(mirror["offers_from"], latest + 1)
     mirror["offers"] = {}
-    partitions = ([rounds.build_add_request([round_key(r) for r in result.opened])]
-                  if result.opened else [])
+    # Every round up to the newest opened gets its partition, not only those opened by this
+    # tick: a tick that wrote a round-open record and then failed (a timeout in a slow store
+    # retry, a daemon restart) returned no partition request, and that round's merge run
+    # would fail on an unknown partition. The cursor moves only with the request.
+    since = cursor.get("partitions_upto")
+    if not isinstance(since, int):
+        since = latest - 4 * cfg.sync.num_fragments - 1   # a lost cursor: the recent rounds
+    added = sorted(set(range(max(since + 1, 0), latest + 1)) | set(result.opened))
+    cursor["partitions_upto"] = max(latest, since)
+    partitions = [rounds.build_add_request([round_key(r) for r in added])] if added else []
     reason = f"{why}; {result.reason}" if why else result.reason
     return dg.SensorResult(
         run_requests=requests, dynamic_partitions_requests=partitions,
