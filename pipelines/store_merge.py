@@ -68,6 +68,16 @@ class MergePlan:
         return cls(cfg, plan, tx, templates, shapes)
 
 
+def _merge_of_a_decided_round(store: ArtifactStore, round_index, fragment: int) -> bool:
+    if not isinstance(round_index, int) or isinstance(round_index, bool) or round_index < 0:
+        return False
+    try:
+        decision = store.get_decision(round_index)
+    except RejectedArtifact:
+        return False
+    return decision is not None and decision.get("fragment") == fragment
+
+
 def merge_from_store(store: ArtifactStore, round_index: int,
                      faults: "MergeFaults | None" = None,
                      merge_plan: MergePlan | None = None,
@@ -106,14 +116,17 @@ def merge_from_store(store: ArtifactStore, round_index: int,
             store.adopt_version(fragment, current.version + 1)
             return MergeOutcome(round_index, fragment, True, current.version + 1, pending,
                                 decision, True, already_committed=True)
-        if isinstance(pending_round, int) and pending_round < round_index:
-            # An earlier round's merge (another merger: the syncer and a fallback merge run
-            # during a hand-over) wrote its version and has not moved the pointer yet. It is
-            # the next version in round order: adopt it (never delete another merger's
-            # commit), then merge this round on top.
+        if _merge_of_a_decided_round(store, pending_round, fragment):
+            # Another merger (the syncer and a fallback merge run during a hand-over, or a
+            # second run of a partition) wrote a decided round's version and has not moved the
+            # pointer yet. Never delete another merger's commit: it would then move the
+            # pointer to a deleted version, or to this merge's content and report success.
+            # Adopt it. An earlier round's version is the next in round order: merge this
+            # round on top; a later round's means this round is skipped below.
             store.adopt_version(fragment, current.version + 1)
             current = store.load_global(fragment, outer_template=template)
         else:
+            # Not the merge of a decided round of this fragment (a broken or foreign write).
             store.discard_unreferenced(fragment, current.version + 1)
     committed_round = current.meta.get("round")
     if isinstance(committed_round, int) and committed_round > round_index:

@@ -9,6 +9,7 @@ from orchestration_harness import Harness
 
 from pipelines.round_control import round_key
 from resources.store import layout
+from resources.store.artifact_store import Conflict
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -153,6 +154,33 @@ def test_an_orphan_version_of_another_round_is_replaced_and_a_superseded_round_s
     assert out["meta"]["merged"].value is False
     assert "round 2 of this fragment was merged first" in out["meta"]["decision_reason"].value
     assert h.store.current_version(0) == 2
+
+
+def test_two_merges_of_one_fragment_never_delete_each_others_version(harness):
+    """Merge A (a later round of fragment 0) has written its version but not yet moved the
+    pointer when merge B (an earlier round, e.g. a UI re-materialization) runs: B adopts A's
+    version and skips its own older round; A's pointer move then finds its own version
+    current. Before, B deleted A's version and A moved the pointer to B's content (or to a
+    deleted version), both reporting success."""
+    from pipelines.store_merge import MergePlan, merge_from_store
+
+    h = harness
+    h.offer("learner-0", 0)
+    _decide(h, 0, ["learner-0"])
+    h.offer("learner-0", 1, seed=1)
+    _decide(h, 1, ["learner-0"])
+    plan = MergePlan.of(h.cfg)
+    g = h.store.load_global(0)
+    h.store.commit_global(0, 1, g.params, g.outer_state, {"round": 1, "marker": "A"},
+                          move_pointer=False)                  # merge A, mid-commit
+    outcome = merge_from_store(h.store, 0, merge_plan=plan)   # merge B, an earlier round
+    assert not outcome.committed and outcome.record["merged"] is False
+    assert h.store.current_version(0) == 1 and h.store.version_meta(0)["marker"] == "A"
+    h.store.adopt_version(0, 1)                                # A's own pointer move: a no-op
+    assert h.store.version_meta(0)["marker"] == "A"
+    # Nor can a pointer be moved to a version that is not committed.
+    with pytest.raises(Conflict, match="not committed"):
+        h.store.adopt_version(0, 2)
 
 
 def test_a_round_whose_every_contribution_is_refused_keeps_the_reasons(harness):

@@ -196,6 +196,11 @@ class ArtifactStore:
         if version != expected + 1:
             raise Conflict(f"fragment {fragment}: cannot move the pointer from version "
                            f"{current} to {version}")
+        manifest = f"{layout.version_dir(self.experiment, fragment, version)}/{layout.MANIFEST}"
+        if self.blobs.info(manifest) is None:
+            # Never point at a version that is not (or no longer) committed: every poll,
+            # restart and merge would fail from then on.
+            raise Conflict(f"fragment {fragment}: version {version} is not committed")
         try:
             self.blobs.write(key, _json_bytes({"version": version}),
                              if_generation=0 if info is None else info.generation)
