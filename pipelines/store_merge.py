@@ -145,6 +145,10 @@ def merge_from_store(store: ArtifactStore, round_index: int,
             refused[learner] = f"refused by the store: {err.reason}"
         except KeyError:
             refused[learner] = "admitted but no committed contribution was found"
+        except Exception as err:  # noqa: BLE001 - a learner's bytes must not sink the round
+            # Whatever a learner wrote is untrusted: anything unforeseen in reading it refuses
+            # that contribution with the reason; the other members' round goes on.
+            refused[learner] = f"unreadable: {type(err).__name__}: {str(err)[:200]}"
 
     def base_of(version: int):
         try:

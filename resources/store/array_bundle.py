@@ -12,6 +12,7 @@ their real dtype is recorded in the manifest, so plain numpy readers get the raw
 
 import hashlib
 import io
+import math
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -66,11 +67,13 @@ def decode_bundle(data: bytes, *, expected_sha256: str, expected_size: int,
         raise BadBundle(f"size {len(data)} != manifest size {expected_size} (truncated?)")
     if sha256(data) != expected_sha256:
         raise BadBundle("checksum mismatch: the object is not what the manifest committed")
+    _check_sizes(data, dtypes, shapes)
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
             raw = {name: npz[name] for name in npz.files}
-    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as err:
-        raise BadBundle(f"not a plain array bundle: {err}") from None
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError, MemoryError,
+            NotImplementedError) as err:
+        raise BadBundle(f"not a plain array bundle: {str(err)[:200]}") from None
     if set(raw) != set(dtypes):
         raise BadBundle(f"arrays {sorted(raw)} do not match the manifest's {sorted(dtypes)}")
     arrays = {}
@@ -87,3 +90,55 @@ def decode_bundle(data: bytes, *, expected_sha256: str, expected_size: int,
                             f"manifest says {shapes[name]}")
         arrays[name] = value
     return arrays
+
+
+HEADER_SLACK = 4096     # an .npy member's header, beyond its array's bytes
+
+
+def _declared_bytes(dtypes: Mapping[str, str], shapes: Mapping[str, list[int]]
+                    ) -> dict[str, int]:
+    out = {}
+    for name, dtype in dtypes.items():
+        shape = shapes.get(name) if isinstance(shapes, Mapping) else None
+        if (not isinstance(shape, list)
+                or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                           for d in shape)):
+            raise BadBundle(f"array {name!r}: bad shape {str(shape)[:80]}")
+        view = _VIEW_AS.get(dtype) or (dtype if dtype in _NATIVE else None)
+        if view is None:
+            raise BadBundle(f"array {name!r}: unsupported dtype {str(dtype)[:40]}")
+        out[name] = np.dtype(view).itemsize * math.prod(shape)
+    return out
+
+
+def _check_sizes(data: bytes, dtypes: Mapping[str, str], shapes: Mapping[str, list[int]]
+                 ) -> None:
+    """Bound what parsing may allocate by what the object holds, before parsing: the manifest's
+    arrays must fit in the object (np.savez stores them uncompressed), each member may inflate
+    to no more than its array, and each .npy header must declare the manifest's shape (a
+    260-byte header can declare 10^13 elements; a 379 KiB deflated member can inflate to GiB)."""
+    if not isinstance(dtypes, Mapping) or not isinstance(shapes, Mapping):
+        raise BadBundle("the manifest's dtypes and shapes must be objects")
+    declared = _declared_bytes(dtypes, shapes)
+    if sum(declared.values()) > len(data):
+        raise BadBundle(f"the manifest declares {sum(declared.values())} array bytes in a "
+                        f"{len(data)}-byte object")
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            for info in archive.infolist():
+                name = info.filename[:-4] if info.filename.endswith(".npy") else None
+                if name not in declared:
+                    raise BadBundle(f"unexpected member {info.filename[:80]!r}")
+                if info.file_size > declared[name] + HEADER_SLACK:
+                    raise BadBundle(f"member {name!r} inflates to {info.file_size} bytes, its "
+                                    f"array has {declared[name]}")
+                with archive.open(info) as member:
+                    version = np.lib.format.read_magic(member)
+                    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                                   else np.lib.format.read_array_header_2_0)
+                    shape, _, _ = read_header(member, max_header_size=HEADER_SLACK)
+                if list(shape) != list(shapes[name]):
+                    raise BadBundle(f"member {name!r} declares shape {list(shape)[:8]}, the "
+                                    f"manifest {shapes[name][:8]}")
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError, NotImplementedError) as err:
+        raise BadBundle(f"not a plain array bundle: {str(err)[:200]}") from None

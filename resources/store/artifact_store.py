@@ -17,6 +17,7 @@ code location only read and write small records and should not pay for it.
 import contextlib
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -481,6 +482,10 @@ class ArtifactStore:
         return deleted
 
 
+MAX_TENSORS = 100_000
+_OBJECT_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")
+
+
 def _check_contribution_manifest(key: str, m: Mapping[str, Any], round_index: int,
                                  learner: str) -> None:
     """Refuse manifests that lie about who and what they are, before reading any payload."""
@@ -498,9 +503,22 @@ def _check_contribution_manifest(key: str, m: Mapping[str, Any], round_index: in
     if not isinstance(m.get("clock"), int | float):
         raise bad(f"clock must be a number, got {m.get('clock')!r}")
     tensors = m.get("tensors")
-    if not isinstance(tensors, Sequence) or not tensors:
+    if not isinstance(tensors, list) or not tensors:
         raise bad("no tensors")
+    if len(tensors) > MAX_TENSORS:
+        raise bad(f"{len(tensors)} tensors (at most {MAX_TENSORS})")
+    objects = m.get("objects")
+    entry = objects.get("delta") if isinstance(objects, Mapping) else None
+    if not isinstance(entry, Mapping):
+        raise bad("objects.delta must describe the payload object")
+    name = entry.get("name")
+    if (not isinstance(name, str) or not _OBJECT_NAME.fullmatch(name)):
+        raise bad(f"objects.delta.name must be a plain file name, got {str(name)[:80]!r}")
+    if not isinstance(entry.get("size"), int) or not isinstance(entry.get("sha256"), str):
+        raise bad("objects.delta needs an integer size and a sha256")
     for t in tensors:
+        if not isinstance(t, Mapping) or not isinstance(t.get("name"), str):
+            raise bad("every tensor must be an object with a name")
         if t.get("encoding") not in ENCODINGS:
             raise bad(f"tensor {t.get('name')!r} has unknown encoding {t.get('encoding')!r}")
         shape = t.get("shape")
