@@ -156,7 +156,7 @@ class RoundDecision(_Record):
         "decided_by": _str(), "members": _NAMES, "late": _NAMES, "missing": _NAMES,
         "reason": _str(MAX_TEXT), "grace_seconds": _optional(_num(0.0)),
         "deadline": _optional(_TIME), "opened_at": _TIME, "quorum_at": _TIME,
-        "decided_at": _TIME, "arrivals": _map(_TIME), "live": _NAMES}
+        "decided_at": _TIME, "arrivals": _map(_TIME), "live": _NAMES, "declined": _NAMES}
 
     round: int
     fragment: int
@@ -173,6 +173,7 @@ class RoundDecision(_Record):
     quorum_at: float = 0.0
     arrivals: Mapping[str, float] = field(default_factory=dict)
     live: tuple[str, ...] = ()
+    declined: tuple[str, ...] = ()     # live, did not offer: nothing new (final rounds only)
 
 
 @dataclass(frozen=True)

@@ -259,7 +259,8 @@ class RoundController:
             missing=decision.missing, reason=decision.reason,
             grace_seconds=decision.grace_seconds, deadline=decision.deadline,
             opened_at=state["opened_at"], quorum_at=quorum_at, decided_at=now,
-            arrivals=dict(arrivals), live=tuple(live)).to_json()
+            arrivals=dict(arrivals), live=tuple(live),
+            declined=tuple(sorted(set(declined) - set(arrivals)))).to_json()
         self.guard()
         self.store.put_decision(r, record)
         if not state.get("final"):

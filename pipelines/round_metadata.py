@@ -9,8 +9,14 @@ import dagster as dg
 
 from resources.store.artifact_store import ArtifactStore
 
+WHY_NOT = {"late": "offered after the grace window closed", "missing": "did not offer",
+           "declined": "nothing new on this fragment since it last received it (final round)",
+           "not live": "no live heartbeat when the round was decided"}
 
-def _decision_table(record: dict, decision: dict) -> dg.TableMetadataValue:
+
+def _decision_table(record: dict, decision: dict, names: list[str]) -> dg.TableMetadataValue:
+    """One row per learner of the experiment: merged (weight, tokens, steps, norm), or why
+    not (rejected, late, missing, declined, not live)."""
     members = list(record.get("members", []))
     rows = []
     for i, name in enumerate(members):
@@ -23,12 +29,20 @@ def _decision_table(record: dict, decision: dict) -> dg.TableMetadataValue:
         rows.append(dg.TableRecord({"learner": name, "status": "rejected", "weight": 0.0,
                                     "tokens": 0, "steps": 0, "outer_grad_norm": 0.0,
                                     "reason": why}))
-    for status in ("late", "missing"):
-        for name in decision.get(status, []):
+    listed = set(members) | set(record.get("rejected", {}))
+    unlisted = [n for n in names if n not in listed and not any(
+        n in decision.get(s, []) for s in ("late", "missing", "declined"))]
+    for status, who in (("late", decision.get("late", [])),
+                        ("missing", decision.get("missing", [])),
+                        ("declined", decision.get("declined", [])),
+                        ("not live", unlisted)):
+        for name in who:
+            if name in listed:
+                continue
+            listed.add(name)
             rows.append(dg.TableRecord({"learner": name, "status": status, "weight": 0.0,
                                         "tokens": 0, "steps": 0, "outer_grad_norm": 0.0,
-                                        "reason": "offered after the grace window closed"
-                                        if status == "late" else "did not offer"}))
+                                        "reason": WHY_NOT[status]}))
     schema = dg.TableSchema(columns=[
         dg.TableColumn("learner", "string"), dg.TableColumn("status", "string"),
         dg.TableColumn("weight", "float"), dg.TableColumn("tokens", "int"),
@@ -37,15 +51,12 @@ def _decision_table(record: dict, decision: dict) -> dg.TableMetadataValue:
     return dg.MetadataValue.table(rows, schema)
 
 
-def _per_learner_series(artifacts, record: dict, round_index: int, parent_version: int
-                        ) -> dict[str, float]:
+def _per_learner_series(artifacts, names: list[str], record: dict, round_index: int,
+                        parent_version: int) -> dict[str, float]:
     """Numeric metadata with one stable key per learner, so that the asset page plots each
     learner over rounds: its merge weight (0 when it was not admitted), and for members the
     train loss it reported with its offer and its staleness (merged fragment versions it
     missed since its base)."""
-    from diloco_core.config_loading import config_from_mapping
-
-    names = config_from_mapping(artifacts.get_config()).learners.learner_names
     members = list(record.get("members", []))
     weights = dict(zip(members, record.get("weights", []), strict=False))
     series = {f"weight/{n}": round(float(weights.get(n, 0.0)), 4) for n in names}
@@ -73,9 +84,12 @@ def global_params_metadata(artifacts: ArtifactStore, record: dict, decision: dic
     cosine = ({"mean_pairwise_cosine": float(record["mean_cosine"])}
               if record.get("mean_cosine") is not None else {})
     parent_version = version - 1 if record.get("merged") else version
+    from diloco_core.config_loading import config_from_mapping
+
+    names = list(config_from_mapping(artifacts.get_config()).learners.learner_names)
     return {
         **cosine,
-        **_per_learner_series(artifacts, record, round_index, parent_version),
+        **_per_learner_series(artifacts, names, record, round_index, parent_version),
         "experiment": artifacts.experiment,
         "fragment": int(decision["fragment"]), "version": version,
         "parent_version": parent_version,
@@ -87,7 +101,7 @@ def global_params_metadata(artifacts: ArtifactStore, record: dict, decision: dic
         "weights": dg.MetadataValue.json(dict(zip(record.get("members", []),
                                                   record.get("weights", []), strict=True))),
         "decision_reason": dg.MetadataValue.text(record.get("reason", "")),
-        "decisions": _decision_table(record, decision),
+        "decisions": _decision_table(record, decision, names),
         "decided_by": str(decision.get("decided_by", "sensor")),
         "merged_by": str(record.get("merged_by", "run")),
         "grace_seconds": float(decision.get("grace_seconds") or 0.0),

@@ -181,11 +181,11 @@ def _scenario(h: Harness, decide) -> None:
     step()
 
 
-EXPECTED = [  # (round, fragment, final, members, missing)
-    (0, 0, False, ["learner-0", "learner-1"], ["learner-2"]),
-    (1, 1, False, ["learner-1", "learner-0"], []),
-    (2, 0, True, ["learner-0"], []),
-    (3, 1, True, ["learner-0", "learner-1"], []),
+EXPECTED = [  # (round, fragment, final, members, missing, declined)
+    (0, 0, False, ["learner-0", "learner-1"], ["learner-2"], []),
+    (1, 1, False, ["learner-1", "learner-0"], [], []),
+    (2, 0, True, ["learner-0"], [], ["learner-1"]),
+    (3, 1, True, ["learner-0", "learner-1"], [], []),
 ]
 
 
@@ -194,7 +194,8 @@ def _decided(h: Harness) -> list[tuple]:
     for r in range(6):
         d = h.store.get_decision(r)
         if d is not None:
-            out.append((d["round"], d["fragment"], d["final"], d["members"], d["missing"]))
+            out.append((d["round"], d["fragment"], d["final"], d["members"], d["missing"],
+                        d["declined"]))
     return out
 
 
@@ -225,6 +226,12 @@ def _play(store_dir: str, path: str) -> tuple:
         assert h.store.finished() is not None, path
         deciders = {h.store.get_decision(r)["decided_by"] for r in range(4)}
         assert deciders == ({"sensor"} if path == "sensor" else {"syncer-a0"})
+        if path == "sensor":
+            # The decision table in Dagster has a row for every learner, and says why.
+            table = h.merge_metadata(2)["decisions"].value.records
+            status = {row.data["learner"]: row.data["status"] for row in table}
+            assert status == {"learner-0": "merged", "learner-1": "declined",
+                              "learner-2": "not live"}
         return _decided(h), _merged_rounds(h), h.store.list_contributions(0)
 
 

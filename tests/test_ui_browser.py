@@ -211,7 +211,8 @@ def _decision_table(page: Page, shot) -> None:
     status = {c[0].replace("\n", ""): c[1] for c in cells}
     assert set(status) == {"learner-0", "learner-1"}, cells
     assert "merged" in status.values(), cells
-    assert set(status.values()) <= {"merged", "late", "missing", "rejected"}, cells
+    assert set(status.values()) <= {"merged", "late", "missing", "rejected", "declined",
+                                    "not live"}, cells
     page.scroll_to(page.visible_text("decision_reason")[0])
     shot("decisions")
 
