@@ -28,8 +28,17 @@ from diloco_core.moe import is_expert_stack
 FlatParams = dict[str, jax.Array]
 
 
+def _norm(x: jax.Array) -> jax.Array:
+    """L2 norm scaled by the largest magnitude first: the plain sum of squares overflows
+    float32 above ~1.8e19, and a finite outer gradient that large (a diverging learner, to be
+    screened out) must not turn the merge into NaN."""
+    peak = jnp.max(jnp.abs(x))
+    scale = jnp.where(peak > 0, peak, 1.0)
+    return scale * jnp.linalg.norm(x / scale)
+
+
 def _unit(x: jax.Array) -> jax.Array:
-    norm = jnp.linalg.norm(x)
+    norm = _norm(x)
     return jnp.where(norm > 0, x / jnp.where(norm > 0, norm, 1.0), jnp.zeros_like(x))
 
 
@@ -43,7 +52,7 @@ def weighted_mean(stack: jax.Array, weights: jax.Array) -> jax.Array:
 def radial_directional_average(stack: jax.Array, weights: jax.Array) -> jax.Array:
     """Weighted RDA over the leading axis (see the module docstring)."""
     flat = stack.reshape(stack.shape[0], -1)
-    norms = jnp.linalg.norm(flat, axis=1)
+    norms = jax.vmap(_norm)(flat)
     units = jax.vmap(_unit)(flat)
     radius = jnp.dot(weights, norms)
     direction = _unit(jnp.tensordot(weights, units, axes=1))
@@ -88,7 +97,10 @@ def _merge_fragment(grads: tuple[FlatParams, ...], weights: jax.Array,
 
 @jax.jit
 def _tree_norm(tree: FlatParams) -> jax.Array:
-    return jnp.sqrt(sum(jnp.sum(jnp.square(v.astype(jnp.float32))) for v in tree.values()))
+    values = [v.astype(jnp.float32) for v in tree.values()]
+    peak = jnp.max(jnp.stack([jnp.max(jnp.abs(v)) for v in values]))
+    scale = jnp.where(peak > 0, peak, 1.0)      # as in `_norm`: no overflow for huge values
+    return scale * jnp.sqrt(sum(jnp.sum(jnp.square(v / scale)) for v in values))
 
 
 def tree_norm(tree: Mapping[str, jax.Array]) -> float:

@@ -66,6 +66,18 @@ def test_rda_weighted_norms_and_zero_vector():
                                                                 jnp.array([0.5, 0.5])))))
 
 
+def test_rda_and_norms_of_huge_finite_outer_gradients_stay_finite():
+    # The same golden case as above scaled by 1e19: |g|^2 = 9e38 overflows float32 (max 3.4e38)
+    # when squared unscaled, which turned RDA into NaN before it was norm-screened.
+    big = 1e19
+    stack = jnp.array([[3.0 * big, 0.0], [0.0, 1.0 * big]], jnp.float32)
+    rda = radial_directional_average(stack, jnp.array([0.75, 0.25]))
+    np.testing.assert_allclose(rda / big, 2.5 * np.array([3.0, 1.0]) / np.sqrt(10), rtol=1e-5)
+    from diloco_core.merge import tree_norm
+    assert tree_norm({"a": stack[0], "b": stack[1]}) == pytest.approx(np.sqrt(10) * big,
+                                                                       rel=1e-5)
+
+
 def test_embeddings_take_the_mean_under_rda():
     grads = [{"embed": jnp.array([2.0, 0.0]), "w": jnp.array([2.0, 0.0])},
              {"embed": jnp.array([0.0, 2.0]), "w": jnp.array([0.0, 2.0])}]
