@@ -48,6 +48,7 @@ def main() -> None:
     from diloco_core.config_loading import config_from_mapping
     from resources.task_data import load_task_data
 
+    revision = code_revision()     # at the start: the code this process runs
     data = load_task_data(config_from_mapping({}))
     runs = []
     for tokens in args.tokens:
@@ -67,7 +68,7 @@ def main() -> None:
             "paired_difference_stderr": (statistics.stdev(diffs) / len(diffs) ** 0.5
                                          if len(diffs) > 1 else None),
             "average_better_in": sum(d < 0 for d in diffs), "seeds": len(diffs)}
-    record = {"benchmark": "final_rounds", "commit": code_revision(),
+    record = {"benchmark": "final_rounds", "commit": revision,
               "command": "python benchmarks/final_rounds.py " + " ".join(sys.argv[1:]),
               "machine": machine_info(), "runs": runs, "summary": summary}
     OUT.write_text(json.dumps(record, indent=1) + "\n")
