@@ -38,8 +38,10 @@ LATE_WINDOW = 2          # decided rounds still watched for late offers
 
 
 def round_key(round_index: int) -> str:
-    """The Dagster partition key of a round (zero-padded so keys sort as numbers)."""
-    return f"{round_index:05d}"
+    """The Dagster partition key of a round, zero-padded to 8 digits as in the store's layout,
+    so keys sort as numbers (5 digits sorted round 100,000 before 99,999: a week at one round
+    a second)."""
+    return f"{round_index:08d}"
 
 
 @dataclass

@@ -260,4 +260,4 @@ def test_offers_from_unknown_or_unsafe_names_are_ignored_not_merged(harness):
     decision = h.store.get_decision(0)
     assert decision["members"] == ["learner-0", "learner-1"]
     assert "learner-9" not in decision["late"]
-    assert h.merged_rounds() == {"00000"}
+    assert h.merged_rounds() == {round_key(0)}
