@@ -21,9 +21,16 @@ from diloco_core.config import ConfigError, ExperimentConfig, ModelConfig
 def parse_config_text(text: str, fmt: str) -> dict:
     """Parse YAML or TOML text into a mapping ("yaml" | "toml")."""
     if fmt == "toml":
-        return tomllib.loads(text)
+        try:
+            return tomllib.loads(text)
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError("<file>", f"not valid TOML: {err}") from None
     if fmt == "yaml":
-        loaded = yaml.safe_load(text)
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise ConfigError("<file>", f"not valid YAML: {' '.join(str(err).split())}"
+                              ) from None
         if loaded is None:
             return {}
         if not isinstance(loaded, Mapping):

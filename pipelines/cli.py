@@ -1,4 +1,4 @@
-"""The `diloco` command line.
+"""The `diloco` command line: simulate, run and inspect Decoupled DiLoCo training.
 
     diloco simulate [--config FILE] [--set field.path=value ...]   # the main job for now
     diloco config   [--config FILE] [--set ...]                    # validate and print a config
@@ -42,6 +42,29 @@ def load_config(path: str | None, overrides: list[str],
     return config_from_mapping(merge_mappings(overrides_to_mapping(base), mapping), overrides)
 
 
+def _number(kind: type, low: float, *, low_open: bool = False, multiple_of: int | None = None):
+    """An argparse type: a number of `kind` >= `low` (> with `low_open`), refused with a one-line
+    reason otherwise (argparse names the option)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value != value or value in (float("inf"), float("-inf")) or (
+                value <= low if low_open else value < low):
+            raise argparse.ArgumentTypeError(
+                f"must be {'>' if low_open else '>='} {low:g}, got {text}")
+        if multiple_of and value % multiple_of:
+            raise argparse.ArgumentTypeError(
+                f"must be a multiple of {multiple_of} (one slice), got {text}")
+        return value
+    return parse
+
+
+POSITIVE_INT = _number(int, 1)
+POSITIVE = _number(float, 0, low_open=True)
+
+
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML or TOML experiment config")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
@@ -80,6 +103,11 @@ def _cmd_goodput(args) -> int:
     from diloco_core.goodput import GoodputParams, goodput_with_ci
     from pipelines.reporting import plot_goodput
 
+    if args.min_quorum > args.learners:
+        print(f"diloco: --min-quorum ({args.min_quorum}) cannot exceed --learners "
+              f"({args.learners})", file=sys.stderr)
+        return 2
+
     def params(chips: int) -> GoodputParams:
         return GoodputParams(chips=chips - chips % 256, learners=args.learners,
                              min_quorum=args.min_quorum, mtbi_years=args.mtbi_years)
@@ -111,7 +139,8 @@ def _cmd_bandwidth(args) -> int:
     from diloco_core.model import param_count
     from pipelines.reporting import plot_utilisation
 
-    num_params = args.params or param_count(ModelConfig.from_preset(args.preset))
+    num_params = (args.params if args.params is not None
+                  else param_count(ModelConfig.from_preset(args.preset)))
     kwargs = dict(sites=args.sites, sync_period=args.sync_period,
                   num_fragments=args.fragments, overlap_steps=args.overlap,
                   step_seconds=args.step_seconds, bits=args.bits, dp_bits=args.dp_bits,
@@ -119,10 +148,11 @@ def _cmd_bandwidth(args) -> int:
     plans = plan_bandwidth(num_params, available_gbps=args.available_gbps, **kwargs)
     rows = [dataclasses.asdict(p) for p in plans.values()]
     plot = plot_utilisation(lambda gbps: plan_bandwidth(num_params, available_gbps=gbps,
-                                                        **kwargs), Path(args.plot))
+                                                        **kwargs),
+                            Path(args.plot)) if args.plot else None
     if args.json:
         print(json.dumps({"num_params": num_params, **kwargs, "plans": rows,
-                          "plot": str(plot)}, indent=2))
+                          "plot": str(plot) if plot else None}, indent=2))
         return 0
     print(f"{num_params / 1e9:.2f}B parameters, {args.sites} sites, H={args.sync_period}, "
           f"P={args.fragments}, tau={args.overlap}, {args.step_seconds}s/step")
@@ -130,7 +160,8 @@ def _cmd_bandwidth(args) -> int:
     for r in rows:
         util = "" if r["utilisation"] is None else f"{r['utilisation']:.3f}"
         print(f"{r['method']:<18}{r['average_gbps']:>12.3f}{r['peak_gbps']:>12.3f}{util:>13}")
-    print(f"plot: {plot}")
+    if plot:
+        print(f"plot: {plot}")
     return 0
 
 
@@ -180,8 +211,14 @@ def _cmd_status(args) -> int:
     from resources.store.resource import ArtifactStoreResource
 
     resource = ArtifactStoreResource(base_uri=args.store)
-    store = resource.store(args.experiment) if args.experiment else resource.active()
-    if store is None or store.get_config() is None:
+    try:
+        store = resource.store(args.experiment) if args.experiment else resource.active()
+        config = None if store is None else store.get_config()
+    except Exception as err:  # noqa: BLE001 - credentials, network, permissions: say which
+        print(f"diloco: cannot read the store {args.store}: {type(err).__name__}: "
+              f"{' '.join(str(err).split())[:300]}", file=sys.stderr)
+        return 2
+    if store is None or config is None:
         what = f"experiment {args.experiment!r}" if args.experiment else "active experiment"
         print(f"diloco: no {what} in the store {args.store} (launch the `train` job, or give "
               "--store / --experiment)", file=sys.stderr)
@@ -195,8 +232,26 @@ def _cmd_status(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="diloco", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        release = version("decoupled-diloco")
+    except PackageNotFoundError:
+        release = "unknown"
+    parser = argparse.ArgumentParser(
+        prog="diloco", description=__doc__.splitlines()[0],
+        epilog="Each command has its own --help. The orchestrated run (Dagster UI, daemon, "
+               "learner processes): `diloco demo`.")
+    parser.add_argument("--version", action="version", version=f"diloco {release}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_parser = sub.add_parser
+
+    def described(name: str, **kw) -> argparse.ArgumentParser:
+        # The one-line help doubles as the command's description in `diloco NAME --help`.
+        return add_parser(name, description=kw.get("help"),
+                          formatter_class=argparse.ArgumentDefaultsHelpFormatter, **kw)
+
+    sub.add_parser = described
 
     sim = sub.add_parser("simulate", help="run Decoupled DiLoCo and baselines in the reference "
                          "simulator (real model and data, simulated clock)")
@@ -252,11 +307,14 @@ def build_parser() -> argparse.ArgumentParser:
     cfg.set_defaults(func=_cmd_config)
 
     gp = sub.add_parser("goodput", help="goodput under chip failures at datacentre scale")
-    gp.add_argument("--chips", type=int, required=True)
-    gp.add_argument("--learners", type=int, default=8)
-    gp.add_argument("--min-quorum", type=int, default=1)
-    gp.add_argument("--mtbi-years", type=float, default=1.0)
-    gp.add_argument("--seeds", type=int, default=5)
+    gp.add_argument("--chips", type=_number(int, 1, multiple_of=256), required=True,
+                    help="chips in the whole run, a multiple of 256 (one slice)")
+    gp.add_argument("--learners", type=POSITIVE_INT, default=8, help="M")
+    gp.add_argument("--min-quorum", type=POSITIVE_INT, default=1, help="K")
+    gp.add_argument("--mtbi-years", type=POSITIVE, default=1.0,
+                    help="mean time between interruptions of one chip, in years")
+    gp.add_argument("--seeds", type=POSITIVE_INT, default=5,
+                    help="independent failure schedules (the 95%% CI comes from them)")
     gp.add_argument("--plot", default="runs/goodput.png", help="'' for no plot")
     gp.add_argument("--json", action="store_true")
     gp.set_defaults(func=_cmd_goodput)
@@ -264,17 +322,17 @@ def build_parser() -> argparse.ArgumentParser:
     bw = sub.add_parser("bandwidth", help="cross-site bandwidth: data-parallel vs DiLoCo vs "
                         "Decoupled DiLoCo")
     bw.add_argument("--preset", default="12b", help="model preset (ignored with --params)")
-    bw.add_argument("--params", type=float, help="parameter count, e.g. 12e9")
-    bw.add_argument("--sites", type=int, default=4)
-    bw.add_argument("--sync-period", type=int, default=24, help="H")
-    bw.add_argument("--fragments", type=int, default=24, help="P")
-    bw.add_argument("--overlap", type=int, default=2, help="tau")
-    bw.add_argument("--step-seconds", type=float, default=1.0)
-    bw.add_argument("--bits", type=float, default=16, help="outer-gradient bits per value")
-    bw.add_argument("--dp-bits", type=float, default=16, help="data-parallel gradient bits")
-    bw.add_argument("--download-bits", type=float, default=16)
-    bw.add_argument("--available-gbps", type=float, help="link speed per site")
-    bw.add_argument("--plot", default="runs/bandwidth.png")
+    bw.add_argument("--params", type=POSITIVE, help="parameter count, e.g. 12e9")
+    bw.add_argument("--sites", type=POSITIVE_INT, default=4)
+    bw.add_argument("--sync-period", type=POSITIVE_INT, default=24, help="H")
+    bw.add_argument("--fragments", type=POSITIVE_INT, default=24, help="P")
+    bw.add_argument("--overlap", type=_number(int, 0), default=2, help="tau")
+    bw.add_argument("--step-seconds", type=POSITIVE, default=1.0)
+    bw.add_argument("--bits", type=POSITIVE, default=16, help="outer-gradient bits per value")
+    bw.add_argument("--dp-bits", type=POSITIVE, default=16, help="data-parallel gradient bits")
+    bw.add_argument("--download-bits", type=POSITIVE, default=16)
+    bw.add_argument("--available-gbps", type=POSITIVE, help="link speed per site")
+    bw.add_argument("--plot", default="runs/bandwidth.png", help="'' for no plot")
     bw.add_argument("--json", action="store_true")
     bw.set_defaults(func=_cmd_bandwidth)
 
@@ -294,6 +352,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except TapeError as err:
         print(f"diloco: invalid fault tape: {err}", file=sys.stderr)
+        return 2
+    except ValueError as err:
+        # The core's own checks on a combination the options allow (e.g. P > H); set
+        # DILOCO_DEBUG=1 for the traceback.
+        if os.environ.get("DILOCO_DEBUG"):
+            raise
+        print(f"diloco {args.command}: {err}", file=sys.stderr)
         return 2
 
 

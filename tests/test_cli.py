@@ -1,4 +1,7 @@
+import contextlib
 import json
+
+import pytest
 
 from pipelines.cli import main
 
@@ -103,3 +106,36 @@ def test_simulate_the_digits_task_reports_accuracy(capsys, tmp_path):
     rows = json.loads(capsys.readouterr().out)["table"]
     assert [r["method"] for r in rows] == ["decoupled_diloco", "data_parallel"]
     assert all(0.0 <= r["accuracy"] <= 1.0 and "bits_per_byte" not in r for r in rows)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["goodput", "--chips", "0"], "argument --chips: must be >= 1"),
+    (["goodput", "--chips", "100"], "must be a multiple of 256"),
+    (["goodput", "--chips", "256", "--mtbi-years", "-1"], "--mtbi-years: must be > 0"),
+    (["goodput", "--chips", "256", "--seeds", "0"], "--seeds: must be >= 1"),
+    (["bandwidth", "--sites", "0"], "--sites: must be >= 1"),
+    (["bandwidth", "--params", "0"], "--params: must be > 0"),
+    (["bandwidth", "--fragments", "48", "--plot", ""], "multiple of num_fragments"),
+])
+def test_bad_arguments_get_one_line_errors_not_tracebacks(argv, message, capsys):
+    with contextlib.suppress(SystemExit):
+        assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_a_config_file_with_a_syntax_error_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("a: [1,\n")
+    assert main(["config", "--config", str(bad)]) == 2
+    assert "not valid YAML" in capsys.readouterr().err
+    toml = tmp_path / "bad.toml"
+    toml.write_text("a = \n")
+    assert main(["config", "--config", str(toml)]) == 2
+    assert "not valid TOML" in capsys.readouterr().err
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.startswith("diloco ")
