@@ -42,7 +42,7 @@ def load_config(path: str | None, overrides: list[str],
     return config_from_mapping(merge_mappings(overrides_to_mapping(base), mapping), overrides)
 
 
-def _number(kind: type, low: float, *, low_open: bool = False, multiple_of: int | None = None):
+def _number(kind: type, low: float, *, low_open: bool = False):
     """An argparse type: a number of `kind` >= `low` (> with `low_open`), refused with a one-line
     reason otherwise (argparse names the option)."""
     def parse(text: str):
@@ -54,9 +54,6 @@ def _number(kind: type, low: float, *, low_open: bool = False, multiple_of: int 
                 value <= low if low_open else value < low):
             raise argparse.ArgumentTypeError(
                 f"must be {'>' if low_open else '>='} {low:g}, got {text}")
-        if multiple_of and value % multiple_of:
-            raise argparse.ArgumentTypeError(
-                f"must be a multiple of {multiple_of} (one slice), got {text}")
         return value
     return parse
 
@@ -119,11 +116,14 @@ def _cmd_goodput(args) -> int:
     plot = plot_goodput(lambda chips: goodput_with_ci(params(chips), seeds=args.seeds),
                         Path(args.plot)) if args.plot else None
     if args.json:
-        print(json.dumps({**figures, "ci95": {k: result[k]["ci95"] for k in figures},
+        print(json.dumps({**figures, "chips": args.chips - args.chips % 256,
+                          "ci95": {k: result[k]["ci95"] for k in figures},
                           "plot": str(plot) if plot else None}, indent=2))
         return 0
-    print(f"{args.chips:,} chips, {args.learners} learners, MTBI {args.mtbi_years} years per "
-          f"chip, {args.seeds} seeds (mean ± 95% CI)")
+    used = args.chips - args.chips % 256
+    rounded = f" (rounded down to {used // 256:,} slices of 256)" if used != args.chips else ""
+    print(f"{used:,} chips{rounded}, {args.learners} learners, MTBI {args.mtbi_years} years "
+          f"per chip, {args.seeds} seeds (mean ± 95% CI)")
     for key in figures:
         print(f"  {key:<24}{100 * result[key]['mean']:6.1f}% ± {100 * result[key]['ci95']:.1f}")
     if plot:
@@ -307,8 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
     cfg.set_defaults(func=_cmd_config)
 
     gp = sub.add_parser("goodput", help="goodput under chip failures at datacentre scale")
-    gp.add_argument("--chips", type=_number(int, 1, multiple_of=256), required=True,
-                    help="chips in the whole run, a multiple of 256 (one slice)")
+    gp.add_argument("--chips", type=_number(int, 256), required=True,
+                    help="chips in the whole run, at least one 256-chip slice (rounded down "
+                         "to whole slices)")
     gp.add_argument("--learners", type=POSITIVE_INT, default=8, help="M")
     gp.add_argument("--min-quorum", type=POSITIVE_INT, default=1, help="K")
     gp.add_argument("--mtbi-years", type=POSITIVE, default=1.0,
