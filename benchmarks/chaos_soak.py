@@ -11,8 +11,10 @@ round), one after the other on this machine, same model, data, learners and toke
   synchronous + tape   the same, under the same tape
 
 The tape (`kill_loop_tape`, seeded) SIGKILLs learner processes at given steps (the learner
-supervisor relaunches them from their last checkpoint) and restarts the Dagster daemon and
-webserver at given seconds. The same steps fire in both methods.
+supervisor relaunches them from their last checkpoint), SIGKILLs the syncer service at given
+rounds (the quorum sensor decides and merges until the supervisor's relaunched syncer holds
+the lease again) and restarts the Dagster daemon and webserver at given seconds. The same
+steps and rounds fire in both methods.
 
 Figures per run: faults fired; rounds merged; uptime (share of time the global model kept
 advancing, stalls measured against the fault-free run's median gap between merges); K-up
@@ -68,17 +70,24 @@ def configs(budget: int):
     return {"decoupled": decoupled, "synchronous": sync}
 
 
-def make_tape(seed: int, budget: int, kills: int, restarts: list[tuple[str, float]]) -> dict:
+def make_tape(seed: int, budget: int, kills: int, restarts: list[tuple[str, float]],
+              syncer_kills: int = 0) -> dict:
     from diloco_core.fault_tape import kill_loop_tape
 
     steps = budget // (LEARNERS * TOKENS_PER_STEP)
+    # Rounds both methods reach: synchronous DiLoCo (P = 1) has one every H steps.
+    sync_rounds = steps // configs(budget)["synchronous"].sync.sync_period
     # Kills between 10% and 85% of each learner's steps: after the first merges, and early
     # enough that the relaunched learner has rounds left to rejoin in.
     tape = kill_loop_tape(seed, [f"learner-{i}" for i in range(LEARNERS)],
                           steps=int(0.85 * steps), kills=kills,
                           min_gap_steps=max(1, steps // 5), first_step=steps // 10,
                           restarts=restarts)
-    return tape.to_mapping()
+    mapping = tape.to_mapping()
+    mapping["faults"] += [{"id": f"syncer-kill-{r}", "kind": "syncer_kill", "at_round": r}
+                          for r in sorted({max(1, (i + 1) * sync_rounds // (syncer_kills + 1))
+                                           for i in range(syncer_kills)})]
+    return mapping
 
 
 def soak_run(cfg, tape_path: Path | None, workdir: Path) -> dict:
@@ -216,6 +225,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=int, default=600_000, help="tokens per run")
     parser.add_argument("--kills", type=int, default=8, help="learner SIGKILLs on the tape")
+    parser.add_argument("--syncer-kills", type=int, default=2,
+                        help="SIGKILLs of the syncer service on the tape")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--daemon-restart-at", type=float, default=120.0)
     parser.add_argument("--webserver-restart-at", type=float, default=200.0)
@@ -237,11 +248,12 @@ def main() -> None:
     # Stopped with SIGTERM (or SIGINT, which background jobs ignore): unwind, so that the
     # Dagster instance of the current run (its own process groups) is stopped too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    from pipelines.reporting import machine_info
+    from pipelines.reporting import code_revision, machine_info
 
+    revision = code_revision()     # at the start: the code the runs execute
     restarts = [("daemon_restart", args.daemon_restart_at),
                 ("webserver_restart", args.webserver_restart_at)]
-    tape = make_tape(args.seed, args.budget, args.kills, restarts)
+    tape = make_tape(args.seed, args.budget, args.kills, restarts, args.syncer_kills)
     cfgs = configs(args.budget)
     runs: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
@@ -258,6 +270,7 @@ def main() -> None:
     result = {
         "benchmark": "chaos_soak",
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "commit": revision,
         "machine": machine_info(),
         "command": "python benchmarks/chaos_soak.py " + " ".join(sys.argv[1:]),
         "config": {"overrides": SOAK, "token_budget": args.budget,
