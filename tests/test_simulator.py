@@ -115,8 +115,11 @@ def test_one_learner_with_outer_lr_1_and_no_momentum_is_plain_training(corpus):
 
 
 def test_full_quorum_single_fragment_no_overlap_is_synchronous_diloco(corpus):
+    # The last sync falls on the budget, so it is a final round: an outer step here, as in
+    # the plain loop below (the "average" final rounds are tested on their own).
     cfg = tiny_cfg("sync.min_quorum=3", "sync.num_fragments=1", "sync.overlap_steps=0",
-                   "sync.grace_gamma=0", "sync.encoding=fp32", "sync.merge_rule=mean")
+                   "sync.grace_gamma=0", "sync.encoding=fp32", "sync.merge_rule=mean",
+                   "outer.final_rounds=outer_step")
     result = run_simulation(cfg, corpus.learner_streams, corpus.heldout_stream)
     # An independent, plain synchronous DiLoCo loop on the same data.
     m, h = cfg.learners.num_learners, cfg.sync.sync_period
