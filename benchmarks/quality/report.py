@@ -333,10 +333,10 @@ def _name(exp: Experiment) -> str:
 def provenance(exp: Experiment) -> str:
     """Which commits computed the experiment's runs, and whether the code has changed since."""
     records = [r for a in exp.arms if (r := load_arm(a)) is not None]
-    commits = sorted({(r.get("commit") or {}).get("commit", "")[:7] or "unrecorded"
-                      for r in records})
+    commits = sorted({((r.get("commit") or {}).get("commit") or "")[:7] for r in records} - {""})
     stale = sum(not is_current(r) for r in records)
-    line = f"Runs computed at commit {', '.join(commits)}."
+    line = (f"Runs computed at commit {', '.join(commits)}." if commits else
+            "These runs predate results that record their commit.")
     if stale:
         line += (f" **{stale} of {len(records)} runs are stale**: the simulator or model code "
                  "changed since; `python benchmarks/quality_benchmarks.py "
