@@ -31,7 +31,11 @@ from diloco_core.fault_tape import TapeError
 def load_config(path: str | None, overrides: list[str],
                 base: Sequence[str] = ()) -> ExperimentConfig:
     """Defaults <- `base` overrides (e.g. the orchestrated defaults) <- file (YAML or TOML by
-    extension) <- --set overrides."""
+    extension) <- --set overrides.
+
+    A user who sets the number of learners but not a per-learner list (speeds, batch sizes,
+    regions, names) gets that list's default for the new M, not the base's list for its M:
+    `demo --set learners.num_learners=2` must not fail on four speeds nobody asked for."""
     mapping = {}
     if path:
         file = Path(path)
@@ -39,7 +43,14 @@ def load_config(path: str | None, overrides: list[str],
             raise ConfigError("--config", f"no such file: {path}")
         fmt = "toml" if file.suffix == ".toml" else "yaml"
         mapping = parse_config_text(file.read_text(), fmt)
-    return config_from_mapping(merge_mappings(overrides_to_mapping(base), mapping), overrides)
+    base_mapping = overrides_to_mapping(base)
+    user = merge_mappings(mapping, overrides_to_mapping(overrides))
+    chosen = user.get("learners") if isinstance(user.get("learners"), dict) else {}
+    if "num_learners" in chosen and isinstance(base_mapping.get("learners"), dict):
+        for per_learner in ("names", "regions", "speeds", "batch_sizes"):
+            if per_learner not in chosen:
+                base_mapping["learners"].pop(per_learner, None)
+    return config_from_mapping(merge_mappings(base_mapping, mapping), overrides)
 
 
 def _number(kind: type, low: float, *, low_open: bool = False):

@@ -139,3 +139,15 @@ def test_version(capsys):
     with pytest.raises(SystemExit):
         main(["--version"])
     assert capsys.readouterr().out.startswith("diloco ")
+
+
+def test_changing_the_number_of_learners_drops_the_launch_defaults_per_learner_lists():
+    from pipelines.cli import load_config
+    from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
+
+    assert len(load_config(None, [], base=ORCHESTRATED_DEFAULTS).learners.learner_speeds) == 4
+    cfg = load_config(None, ["learners.num_learners=2"], base=ORCHESTRATED_DEFAULTS)
+    assert cfg.learners.learner_speeds == (1.0, 1.0)
+    cfg = load_config(None, ["learners.num_learners=2", "learners.speeds=[1.0, 0.5]"],
+                      base=ORCHESTRATED_DEFAULTS)
+    assert cfg.learners.learner_speeds == (1.0, 0.5)
