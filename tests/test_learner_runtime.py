@@ -5,6 +5,7 @@ import dataclasses
 import os
 import threading
 import time
+from pathlib import Path
 
 import dagster as dg
 import numpy as np
@@ -246,3 +247,41 @@ def test_a_fragment_in_flight_is_not_offered_again_until_its_merge_arrives(tmp_p
         h.store.request_stop({"reason": "test"})
         thread.join(120)
         assert result["status"] == "done"
+
+
+@pytest.mark.slow
+def test_a_newer_attempts_heartbeat_is_never_overwritten_by_an_older_process(tmp_path):
+    """Real processes racing: attempts 0..3 of one learner each write heartbeats as fast as
+    they can, each started while the previous one runs. Once an attempt's heartbeat is in the
+    store, an older attempt's must never replace it (the write is conditional on what was
+    read), and every older process steps aside."""
+    import json
+    import subprocess
+    import sys
+
+    from resources.store.artifact_store import ArtifactStore
+    from resources.store.backends import open_blob_store
+
+    uri = str(tmp_path / "store")
+    store = ArtifactStore(open_blob_store(uri), "race")
+    racer = Path(__file__).with_name("heartbeat_racer.py")
+    procs, newest, reverted = [], -1, []
+    for attempt in range(4):
+        procs.append(subprocess.Popen([sys.executable, str(racer), uri, "race", str(attempt),
+                                       "30"], stdout=subprocess.PIPE, text=True))
+        # Watch until this attempt's first heartbeat is in, then 1.5 s of racing.
+        cap, until = time.monotonic() + 90, None
+        while time.monotonic() < (until or cap):
+            beat = store.get_heartbeat("learner-0")
+            if beat is not None:
+                if beat["attempt"] < newest:
+                    reverted.append((newest, beat["attempt"]))
+                newest = max(newest, beat["attempt"])
+                if until is None and newest == attempt:
+                    until = time.monotonic() + (0 if attempt == 0 else 1.5)
+    outcomes = [json.loads(p.communicate(timeout=60)[0]) for p in procs[:-1]]
+    procs[-1].kill()
+    procs[-1].wait()
+    assert newest == 3
+    assert not reverted, reverted[:5]
+    assert all((o["superseded_by"] or -1) > k for k, o in enumerate(outcomes)), outcomes

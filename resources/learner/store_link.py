@@ -161,11 +161,15 @@ class StoreLink:
         try:
             # Fencing: if a newer attempt of this learner has started (e.g. this one was
             # orphaned by a dead run worker), step aside instead of competing.
-            current = self.store.get_heartbeat(self.learner) or {}
+            # The write is conditional on the generation read, so a newer attempt's first
+            # heartbeat landing in between is never overwritten (it fails here, and the next
+            # try reads it and steps aside).
+            current, generation = self.store.heartbeat_generation(self.learner)
+            current = current or {}
             if int(current.get("attempt", -1)) > self.attempt:
                 self.superseded_by = int(current["attempt"])
                 return
-            self.store.put_heartbeat(self.learner, beat)
+            self.store.put_heartbeat(self.learner, beat, if_generation=generation)
         except Exception as err:  # noqa: BLE001 - the next heartbeat will try again
             self.log(f"heartbeat write failed, will retry: {err!r}")
             with self._lock:

@@ -379,11 +379,32 @@ class ArtifactStore:
     def get_round_open(self, round_index: int) -> dict | None:
         return self._read_record(layout.round_open(self.experiment, round_index), RoundOpen)
 
-    def put_heartbeat(self, learner: str, beat: Heartbeat | Mapping[str, Any]) -> None:
+    def put_heartbeat(self, learner: str, beat: Heartbeat | Mapping[str, Any],
+                      if_generation: int | None = None) -> None:
+        """Write a learner's heartbeat; with `if_generation` (from `heartbeat_generation`) only
+        if nobody wrote it since (`Conflict` otherwise): a learner fences itself off a newer
+        attempt's heartbeat without a read-then-write race."""
         if not isinstance(beat, Heartbeat):
             beat = Heartbeat.from_json(beat)
-        self.blobs.write(layout.heartbeat(self.experiment, learner),
-                         _json_bytes(beat.to_json()))
+        key = layout.heartbeat(self.experiment, learner)
+        try:
+            self.blobs.write(key, _json_bytes(beat.to_json()), if_generation=if_generation)
+        except PreconditionFailed:
+            raise Conflict(f"{learner}'s heartbeat was written concurrently") from None
+
+    def heartbeat_generation(self, learner: str) -> tuple[dict | None, int]:
+        """The heartbeat (None if absent or refused) and the generation it was read at (0: no
+        heartbeat yet), for a conditional `put_heartbeat`."""
+        key = layout.heartbeat(self.experiment, learner)
+        for _ in range(10):
+            info = self.blobs.info(key)
+            if info is None:
+                return None, 0
+            beat, _ = self.read_heartbeat(learner)
+            again = self.blobs.info(key)
+            if again is not None and again.generation == info.generation:
+                return beat, info.generation
+        raise Conflict(f"{learner}'s heartbeat keeps changing")
 
     def read_heartbeat(self, learner: str) -> tuple[dict | None, str | None]:
         """(the learner's validated heartbeat or None, why it was refused or None). A learner
