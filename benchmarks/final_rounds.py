@@ -51,15 +51,27 @@ def main() -> None:
     revision = code_revision()     # at the start: the code this process runs
     data = load_task_data(config_from_mapping({}))
     runs = []
+    command = "python benchmarks/final_rounds.py " + " ".join(sys.argv[1:])
     for tokens in args.tokens:
         for seed in args.seeds:
             for arm in ARMS:
                 runs.append(run_one(tokens, seed, arm, data))
                 print(json.dumps(runs[-1]), flush=True)
+                write(runs, revision, command)     # an interrupted sweep keeps what ran
+    print(json.dumps(write(runs, revision, command)["summary"], indent=1))
+
+
+def summarize(runs: list[dict]) -> dict:
+    """Per budget, over the seeds with both arms: the means and the paired difference."""
     summary = {}
-    for tokens in args.tokens:
-        pairs = {seed: {r["final_rounds"]: r["final_loss"] for r in runs
-                        if r["tokens"] == tokens and r["seed"] == seed} for seed in args.seeds}
+    for tokens in sorted({r["tokens"] for r in runs}):
+        pairs = {}
+        for r in runs:
+            if r["tokens"] == tokens:
+                pairs.setdefault(r["seed"], {})[r["final_rounds"]] = r["final_loss"]
+        pairs = {seed: p for seed, p in pairs.items() if set(p) == set(ARMS)}
+        if not pairs:
+            continue
         diffs = [p["average"] - p["outer_step"] for p in pairs.values()]
         summary[str(tokens)] = {
             "outer_step_mean": statistics.fmean(p["outer_step"] for p in pairs.values()),
@@ -68,11 +80,14 @@ def main() -> None:
             "paired_difference_stderr": (statistics.stdev(diffs) / len(diffs) ** 0.5
                                          if len(diffs) > 1 else None),
             "average_better_in": sum(d < 0 for d in diffs), "seeds": len(diffs)}
-    record = {"benchmark": "final_rounds", "commit": revision,
-              "command": "python benchmarks/final_rounds.py " + " ".join(sys.argv[1:]),
-              "machine": machine_info(), "runs": runs, "summary": summary}
+    return summary
+
+
+def write(runs: list[dict], revision: dict, command: str) -> dict:
+    record = {"benchmark": "final_rounds", "commit": revision, "command": command,
+              "machine": machine_info(), "runs": runs, "summary": summarize(runs)}
     OUT.write_text(json.dumps(record, indent=1) + "\n")
-    print(json.dumps(summary, indent=1))
+    return record
 
 
 if __name__ == "__main__":
