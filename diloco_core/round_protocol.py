@@ -70,6 +70,17 @@ def offer_choice(round_index: int, final: bool, last_answered: int, steps_on_fra
     return "offer"
 
 
+def past_the_overlap_bound(tokens_since_round_seen: int, step_tokens: int, cfg: ExperimentConfig
+                           ) -> bool:
+    """Rule 1, the learner's side, when it blocks on the overlap bound (synchronous DiLoCo):
+    it stops once it processed H/P + tau steps' worth of its own tokens since it saw the
+    newest round open. Tokens, as the syncer counts them: a learner that started from a peer's
+    AdamW state carries the peer's step counter but only its own tokens, and counting steps
+    here stopped it short of what the syncer waits for (a deadlock at K = M)."""
+    s = cfg.sync
+    return tokens_since_round_seen >= (s.round_interval_steps + s.overlap_steps) * step_tokens
+
+
 def budget_reached(tokens_total: Mapping[str, int], budget: int) -> bool:
     """Rule 4: STOP once the learners' tokens together reach the budget."""
     return sum(tokens_total.values()) >= budget

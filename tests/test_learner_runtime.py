@@ -201,6 +201,34 @@ def test_block_on_overlap_makes_a_barrier_at_every_sync(tmp_path):
         assert beat["training_seconds"] - beat["compute_seconds"] > 1.5  # the waits are idle
 
 
+def test_a_learner_started_from_a_peers_state_waits_on_its_own_tokens(tmp_path):
+    # A learner that starts from a peer's checkpoint carries the peer's step counter but only
+    # its own tokens. At the barrier it must have processed H/P steps' worth of its own tokens,
+    # as the syncer counts them; counting steps stopped it short, and with K = M no round
+    # ever opened (a deadlock seen in the chaos soak's synchronous run).
+    with dg.instance_for_test() as instance:
+        h = Harness(instance, str(tmp_path / "store"), FAST + [
+            "orchestration.block_on_overlap=true", "sync.overlap_steps=0",
+            "orchestration.round_timeout_seconds=5", "orchestration.checkpoint_every_steps=1"])
+        h.start()
+        interval = h.cfg.sync.round_interval_steps
+        _, first, _ = _start(h, "learner-1", max_steps=2 * interval)
+        _wait(lambda: (h.store.get_heartbeat("learner-1") or {}).get("checkpoint_step") or 0,
+              what="learner-1's first checkpoint")
+        runtime, thread, _ = _start(h, "learner-0", max_steps=10 * interval)
+        step_tokens = h.cfg.learner_step_tokens[0]
+        _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("tokens_total", 0)
+              >= interval * step_tokens, what="H/P steps of learner-0's own tokens")
+        time.sleep(1.0)
+        beat = h.store.get_heartbeat("learner-0")
+        assert beat["rejoined_from"].startswith("peer"), beat["rejoined_from"]
+        assert beat["tokens_total"] == interval * step_tokens      # no round: it waits here
+        assert beat["step"] > interval                              # the peer's counter
+        h.store.request_stop({"reason": "test", "final_left": 0})
+        thread.join(60)
+        first.join(60)
+
+
 @pytest.mark.slow
 def test_a_fragment_in_flight_is_not_offered_again_until_its_merge_arrives(tmp_path):
     # Counters run from the last receipt: a second offer of a fragment whose first offer has

@@ -33,7 +33,7 @@ from diloco_core.inner_step import InnerStep
 from diloco_core.learner import FragmentSync, LearnerSync
 from diloco_core.ledger import AttemptLedger
 from diloco_core.model import init_model
-from diloco_core.round_protocol import offer_choice
+from diloco_core.round_protocol import offer_choice, past_the_overlap_bound
 from diloco_core.simulator import learner_data
 from diloco_core.spmd import learner_mesh, place_state, shard_batch
 from resources.corpus import load_corpus
@@ -113,7 +113,8 @@ class LearnerRuntime:
         # held at the offer, when); and per fragment the newest round whose merge it received.
         self.in_flight: dict[int, tuple[int, int, float]] = {}
         self.received_round: dict[int, int] = {}
-        self.round_seen: tuple[int, int] = (-1, 0)
+        # The newest round seen open and this process's tokens when it saw it (None: not yet).
+        self.round_seen: tuple[int, int] | None = None
 
     # ---- start or rejoin ----------------------------------------------------------------------
     def _start_state(self) -> str:
@@ -361,8 +362,9 @@ class LearnerRuntime:
             return False
         s, step = self.cfg.sync, int(self.train.step)
         rnd = self.link.open_round
-        if rnd is not None and rnd["round"] > self.round_seen[0]:
-            self.round_seen = (rnd["round"], step)
+        newest = -1 if rnd is None else rnd["round"]
+        if self.round_seen is None or newest > self.round_seen[0]:
+            self.round_seen = (newest, self.tokens_total)
         patience = self.cfg.orchestration.round_timeout_seconds
         for r, (p, version, _, since) in list(self.awaiting.items()):
             # Answered when a newer version of the fragment arrived; given up after the round
@@ -371,7 +373,8 @@ class LearnerRuntime:
                 del self.awaiting[r]
         if any(step >= at + s.overlap_steps for _, _, at, _ in self.awaiting.values()):
             return True
-        return step - self.round_seen[1] >= s.round_interval_steps + s.overlap_steps
+        return past_the_overlap_bound(self.tokens_total - self.round_seen[1],
+                                      self.cfg.learner_step_tokens[self.index], self.cfg)
 
     def _checkpoint(self) -> None:
         step = int(self.train.step)
