@@ -229,8 +229,11 @@ def tamper_payload(store: ArtifactStore, round_index: int, learner: str, mode: s
 
         from resources.store.array_bundle import sha256
 
-        store.blobs.write(key, PICKLED_EMPTY_DICT)
-        entry.update(size=len(PICKLED_EMPTY_DICT), sha256=sha256(PICKLED_EMPTY_DICT))
+        # Padded to the original size (pickle.loads ignores what follows its STOP opcode), so
+        # it also passes the reader's size bound and reaches the refusal to parse a non-archive.
+        payload = PICKLED_EMPTY_DICT.ljust(int(entry["size"]), b"\0")
+        store.blobs.write(key, payload)
+        entry.update(size=len(payload), sha256=sha256(payload))
         directory = layout.contribution_dir(store.experiment, round_index, learner)
         store.blobs.write(f"{directory}/{layout.MANIFEST}", json.dumps(manifest).encode())
     else:

@@ -52,5 +52,7 @@ def test_defaults_layer_under_the_file_and_the_overrides(tmp_path):
     assert cfg.token_budget == 5000                     # the file beats the defaults
     assert cfg.sync.min_quorum == 1                     # --set beats the file
     assert cfg.sync.sync_period == 16                   # untouched defaults stay
+    # A per-learner list the user gives must still match the number of learners.
     with pytest.raises(ConfigError, match="learners.speeds"):
-        load_config(None, ["learners.num_learners=3"], base=ORCHESTRATED_DEFAULTS)
+        load_config(None, ["learners.num_learners=3", "learners.speeds=[1.0, 0.5]"],
+                    base=ORCHESTRATED_DEFAULTS)
