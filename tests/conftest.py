@@ -44,3 +44,19 @@ def postgres_url(postgres_cluster):
     from postgres_server import create_database, fresh_database_name
 
     return create_database(postgres_cluster, fresh_database_name())
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_dagster_instance_left_open():
+    """A Dagster instance entered and never exited (e.g. a schedule or sensor context built
+    without `with`) stays the process's current defs-state storage; once the instance is
+    collected, every later definitions load in the session fails with "Attempted to resolve
+    undefined DagsterInstance weakref" (a fresh-clone CI run failed on it, two modules
+    later). Fail the module that leaves one, and clear it so the rest of the run is not hit."""
+    yield
+    from dagster._core.storage.defs_state.base import DefsStateStorage, set_defs_state_storage
+
+    leaked = DefsStateStorage.get()
+    if leaked is not None:
+        set_defs_state_storage(None).__enter__()    # never exited: reset for the session
+        pytest.fail(f"a Dagster instance was left open in this module ({leaked!r})")

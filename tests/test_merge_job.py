@@ -281,11 +281,13 @@ def test_the_eval_schedule_evaluates_the_active_experiments_newest_merged_round(
     h = harness
 
     def evaluate():
-        context = dg.build_schedule_context(
-            instance=h.instance, resources={"store": h.resource},
-            scheduled_execution_time=datetime.datetime(2026, 11, 24, 1, 30,
-                                                       tzinfo=datetime.UTC))
-        return eval_latest_round(context)
+        # Entered with `with`: the context opens an instance from the ref, and left open that
+        # instance stays Dagster's current defs-state storage for the rest of the session.
+        with dg.build_schedule_context(
+                instance=h.instance, resources={"store": h.resource},
+                scheduled_execution_time=datetime.datetime(2026, 11, 24, 1, 30,
+                                                           tzinfo=datetime.UTC)) as context:
+            return eval_latest_round(context)
 
     assert isinstance(evaluate(), dg.SkipReason)          # nothing merged yet
     for r in range(2):
