@@ -242,6 +242,35 @@ def _cmd_status(args) -> int:
     return 0
 
 
+def _cmd_export(args) -> int:
+    from resources.model_export import ExportError, export_global
+    from resources.store.resource import ArtifactStoreResource
+
+    resource = ArtifactStoreResource(base_uri=args.store)
+    try:
+        store = resource.store(args.experiment) if args.experiment else resource.active()
+    except Exception as err:  # noqa: BLE001 - credentials, network, permissions: say which
+        print(f"diloco: cannot read the store {args.store}: {type(err).__name__}: "
+              f"{' '.join(str(err).split())[:300]}", file=sys.stderr)
+        return 2
+    if store is None:
+        print(f"diloco export: no active experiment in the store {args.store} (give "
+              "--experiment NAME)", file=sys.stderr)
+        return 2
+    formats = tuple(f.strip() for f in args.format.split(",") if f.strip())
+    try:
+        manifest = export_global(store, args.out, formats)
+    except ExportError as err:
+        print(f"diloco export: {err}", file=sys.stderr)
+        return 2
+    versions = ", ".join(f"f{f['fragment']} v{f['version']}" for f in manifest["fragments"])
+    print(f"exported {manifest['experiment']} ({manifest['num_params']:,} parameters; "
+          f"{versions}) to {args.out} as {', '.join(manifest['formats'])}")
+    print("load it with: from resources.model_export import load_exported; "
+          f"model = load_exported({str(args.out)!r})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -303,6 +332,19 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--rounds", type=int, default=5, help="how many recent decisions to show")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=_cmd_status)
+
+    ex = sub.add_parser("export", help="write an experiment's current global model as "
+                        "safetensors and an Orbax checkpoint, with its config (load it with "
+                        "resources.model_export.load_exported)")
+    ex.add_argument("--store", default=os.environ.get("DILOCO_STORE_URI", "runs/store"),
+                    help="the store: a directory or gs://bucket/prefix "
+                         "(default $DILOCO_STORE_URI, else runs/store)")
+    ex.add_argument("--experiment", help="default: the active experiment")
+    ex.add_argument("--out", required=True, metavar="DIR",
+                    help="a new or empty directory (an export never overwrites)")
+    ex.add_argument("--format", default="safetensors,orbax",
+                    help="comma-separated: safetensors, orbax")
+    ex.set_defaults(func=_cmd_export)
 
     man = sub.add_parser("manifests", help="the Pod or JobSet of every learner placed on GKE by "
                          "the deployment file, validated, as YAML (for review or kubectl "

@@ -1,26 +1,15 @@
 """Held-out evaluation of the current global parameters (all fragments, current versions)."""
 
-import functools
-
 import jax.numpy as jnp
 
-from diloco_core.config import ExperimentConfig
 from diloco_core.config_loading import config_from_mapping
-from diloco_core.data import heldout_batches
 from diloco_core.evaluation import evaluate, generate
 from diloco_core.model import make_model_def
-from resources.corpus import load_corpus
 from resources.store.artifact_store import ArtifactStore
+from resources.task_data import heldout_text_batches
 
 SAMPLE_PROMPT = b"def "
 SAMPLE_BYTES = 48
-
-
-@functools.lru_cache(maxsize=4)
-def _batches(cfg: ExperimentConfig, num_batches: int):
-    corpus = load_corpus(cfg.data.corpus, cfg.learners.num_learners, cfg.data.heldout_fraction)
-    return heldout_batches(corpus.heldout_stream, cfg.data.batch_size, cfg.data.seq_len,
-                           num_batches)
 
 
 def evaluate_global(store: ArtifactStore, num_batches: int | None = None,
@@ -32,7 +21,7 @@ def evaluate_global(store: ArtifactStore, num_batches: int | None = None,
     fragments = [store.load_global(p, version) for p in range(cfg.sync.num_fragments)]
     params = {k: jnp.asarray(v) for f in fragments for k, v in f.params.items()}
     model_def = make_model_def(cfg.model)
-    result = evaluate(model_def, params, _batches(cfg, num_batches))
+    result = evaluate(model_def, params, heldout_text_batches(cfg, num_batches))
     sample = generate(model_def, params, SAMPLE_PROMPT, SAMPLE_BYTES)
     return {"loss": result["loss"], "bits_per_byte": result["bits_per_byte"],
             "sample": (SAMPLE_PROMPT + sample).decode("utf-8", errors="replace"),

@@ -2,6 +2,7 @@
 description. Text reads the corpus (`corpus.py`); digits loads scikit-learn's images
 (`digits.py`)."""
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,3 +32,15 @@ def load_task_data(cfg: ExperimentConfig) -> TaskData:
     corpus = load_corpus(cfg.data.corpus, m, heldout)
     return TaskData(corpus.learner_streams, corpus.heldout_stream,
                     f"corpus {cfg.data.corpus!r}: {corpus.summary()}")
+
+
+@functools.lru_cache(maxsize=4)
+def heldout_text_batches(cfg: ExperimentConfig, num_batches: int) -> np.ndarray:
+    """The first `num_batches` held-out batches of a text run, int32 [N, B, L]: the same ones
+    for every evaluation of one config (round evals, the run summary, an exported model)."""
+    from diloco_core.data import heldout_batches
+    from resources.corpus import load_corpus
+
+    corpus = load_corpus(cfg.data.corpus, cfg.learners.num_learners, cfg.data.heldout_fraction)
+    return heldout_batches(corpus.heldout_stream, cfg.data.batch_size, cfg.data.seq_len,
+                           num_batches)
