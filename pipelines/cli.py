@@ -217,8 +217,9 @@ def _cmd_manifests(args) -> int:
     return print_manifests(cfg, deployment, args.attempt)
 
 
-def _cmd_status(args) -> int:
-    from pipelines.status_command import print_status, run_status, status_json
+def _open_experiment(args):
+    """The experiment named by --experiment (default: the active one) in --store, or None
+    after a one-line error naming the store and what is missing."""
     from resources.store.resource import ArtifactStoreResource
 
     resource = ArtifactStoreResource(base_uri=args.store)
@@ -228,11 +229,27 @@ def _cmd_status(args) -> int:
     except Exception as err:  # noqa: BLE001 - credentials, network, permissions: say which
         print(f"diloco: cannot read the store {args.store}: {type(err).__name__}: "
               f"{' '.join(str(err).split())[:300]}", file=sys.stderr)
-        return 2
+        return None
     if store is None or config is None:
         what = f"experiment {args.experiment!r}" if args.experiment else "active experiment"
         print(f"diloco: no {what} in the store {args.store} (launch the `train` job, or give "
               "--store / --experiment)", file=sys.stderr)
+        return None
+    return store
+
+
+def _add_store_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", default=os.environ.get("DILOCO_STORE_URI", "runs/store"),
+                        help="the store: a directory or gs://bucket/prefix "
+                             "(default $DILOCO_STORE_URI, else runs/store)")
+    parser.add_argument("--experiment", help="default: the active experiment")
+
+
+def _cmd_status(args) -> int:
+    from pipelines.status_command import print_status, run_status, status_json
+
+    store = _open_experiment(args)
+    if store is None:
         return 2
     status = run_status(store, last_rounds=args.rounds)
     if args.json:
@@ -244,18 +261,9 @@ def _cmd_status(args) -> int:
 
 def _cmd_export(args) -> int:
     from resources.model_export import ExportError, export_global
-    from resources.store.resource import ArtifactStoreResource
 
-    resource = ArtifactStoreResource(base_uri=args.store)
-    try:
-        store = resource.store(args.experiment) if args.experiment else resource.active()
-    except Exception as err:  # noqa: BLE001 - credentials, network, permissions: say which
-        print(f"diloco: cannot read the store {args.store}: {type(err).__name__}: "
-              f"{' '.join(str(err).split())[:300]}", file=sys.stderr)
-        return 2
+    store = _open_experiment(args)
     if store is None:
-        print(f"diloco export: no active experiment in the store {args.store} (give "
-              "--experiment NAME)", file=sys.stderr)
         return 2
     formats = tuple(f.strip() for f in args.format.split(",") if f.strip())
     try:
@@ -268,6 +276,18 @@ def _cmd_export(args) -> int:
           f"{versions}) to {args.out} as {', '.join(manifest['formats'])}")
     print("load it with: from resources.model_export import load_exported; "
           f"model = load_exported({str(args.out)!r})")
+    return 0
+
+
+def _cmd_stop(args) -> int:
+    import getpass
+
+    from pipelines.run_control import request_stop
+
+    store = _open_experiment(args)
+    if store is None:
+        return 2
+    print(request_stop(store, f"{getpass.getuser()} (diloco stop)", args.reason))
     return 0
 
 
@@ -325,10 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("status", help="rounds, learners (live, late, down, rejoining) and "
                         "the last merge decisions of a run, read from its store")
-    st.add_argument("--store", default=os.environ.get("DILOCO_STORE_URI", "runs/store"),
-                    help="the store: a directory or gs://bucket/prefix "
-                         "(default $DILOCO_STORE_URI, else runs/store)")
-    st.add_argument("--experiment", help="default: the active experiment")
+    _add_store_args(st)
     st.add_argument("--rounds", type=int, default=5, help="how many recent decisions to show")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=_cmd_status)
@@ -336,15 +353,19 @@ def build_parser() -> argparse.ArgumentParser:
     ex = sub.add_parser("export", help="write an experiment's current global model as "
                         "safetensors and an Orbax checkpoint, with its config (load it with "
                         "resources.model_export.load_exported)")
-    ex.add_argument("--store", default=os.environ.get("DILOCO_STORE_URI", "runs/store"),
-                    help="the store: a directory or gs://bucket/prefix "
-                         "(default $DILOCO_STORE_URI, else runs/store)")
-    ex.add_argument("--experiment", help="default: the active experiment")
+    _add_store_args(ex)
     ex.add_argument("--out", required=True, metavar="DIR",
                     help="a new or empty directory (an export never overwrites)")
     ex.add_argument("--format", default="safetensors,orbax",
                     help="comma-separated: safetensors, orbax")
     ex.set_defaults(func=_cmd_export)
+
+    sp = sub.add_parser("stop", help="end a run cleanly before its token budget: at its next "
+                        "tick the syncer writes STOP, the learners stop, the final rounds merge "
+                        "and the summary is written")
+    _add_store_args(sp)
+    sp.add_argument("--reason", default="", help="why (kept in the STOP record)")
+    sp.set_defaults(func=_cmd_stop)
 
     man = sub.add_parser("manifests", help="the Pod or JobSet of every learner placed on GKE by "
                          "the deployment file, validated, as YAML (for review or kubectl "

@@ -283,13 +283,21 @@ class RoundController:
         if state["stop"]:
             return
         tokens = self._tokens(beats)
+        total, P = sum(tokens.values()), final_rounds(self.cfg.sync.num_fragments)
         if budget_reached(tokens, self.cfg.token_budget):
-            total, P = sum(tokens.values()), final_rounds(self.cfg.sync.num_fragments)
-            self.guard()
-            self.store.request_stop({"reason": f"token budget reached ({total} >= "
-                                               f"{self.cfg.token_budget})",
-                                     "at": now, "tokens": total, "final_left": P})
-            state["stop"], state["final_left"] = True, P
+            reason = f"token budget reached ({total} >= {self.cfg.token_budget})"
+        elif (request := self.store.stop_request()) is not None:
+            # An operator's request ends the run the same way the budget does, so the final
+            # rounds still publish every learner's last progress.
+            who = str(request.get("requested_by") or "an operator")[:80]
+            why = str(request.get("reason") or "no reason given")[:200]
+            reason = f"stop requested by {who} ({why}) at {total} tokens"
+        else:
+            return
+        self.guard()
+        self.store.request_stop({"reason": reason, "at": now, "tokens": total,
+                                 "final_left": P})
+        state["stop"], state["final_left"] = True, P
 
     def _maybe_open(self, state: dict, result: TickResult, beats: Mapping[str, dict | None],
                     live: list[str], now: float) -> None:

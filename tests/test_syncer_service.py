@@ -236,3 +236,48 @@ def test_real_syncer_processes_race_for_the_lease(harness, tmp_path):
         if decision["decided_by"] == "syncer-a0":
             assert decision["decided_at"] < takeover_at + 1, decision
     assert any(h.store.get_decision(r)["decided_by"] == "syncer-a1" for r in range(last))
+
+
+def test_an_operators_stop_ends_the_run_through_the_final_rounds_before_the_budget(harness,
+                                                                                   capsys):
+    """`diloco stop` / the `stop` job: the syncer writes STOP at its next tick, as at the
+    budget, so the final rounds still merge every learner's last progress."""
+    from pipelines.cli import main
+
+    h = harness
+    service = _service_after_round_0(h)
+    result = h.defs.resolve_job_def("stop").execute_in_process(
+        instance=h.instance, run_config={"ops": {"request_run_stop": {"config": {
+            "reason": "capacity reclaimed"}}}})
+    assert result.success
+    assert h.store.stop_request()["reason"] == "capacity reclaimed"
+    assert h.store.stop_requested() is None           # a request, not yet STOP
+    tokens = sum(h.tokens.values())
+    assert tokens < h.cfg.token_budget
+    # A second request (here from the CLI) changes nothing and says why.
+    assert main(["stop", "--store", h.resource.base_uri]) == 0
+    assert "already requested" in capsys.readouterr().out
+
+    h.now += 1.0
+    service.step(now=h.now)
+    stop = h.store.stop_requested()
+    assert "stop requested by" in stop["reason"] and "capacity reclaimed" in stop["reason"]
+    assert stop["final_left"] == h.cfg.sync.num_fragments
+    final = []
+    for _ in range(10):
+        opened = h.store.latest_open_round()
+        if opened is not None and opened.get("final") and opened["round"] not in final:
+            final.append(opened["round"])
+            for name in NAMES:
+                h.offer(name, opened["round"])
+        h.now += 1.0
+        service.step(now=h.now)
+        if h.store.finished() is not None:
+            break
+    assert h.store.finished() is not None
+    assert final == [1, 2]                             # one final round per fragment
+    for r in final:
+        assert h.store.get_decision(r)["members"] == NAMES
+    assert {p: h.store.version_meta(p)["round"] for p in range(2)} == {0: 2, 1: 1}
+    assert main(["stop", "--store", h.resource.base_uri]) == 0
+    assert "already finished" in capsys.readouterr().out

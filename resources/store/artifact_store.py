@@ -463,6 +463,19 @@ class ArtifactStore:
     def stop_requested(self) -> dict | None:
         return self._read_json(layout.stop(self.experiment))
 
+    def put_stop_request(self, record: Mapping[str, Any]) -> bool:
+        """An operator asks to end the run before its budget (`diloco stop`, the `stop` job).
+        The round controller turns it into STOP at its next tick, so the run ends as at the
+        budget: final rounds, then the summary. Write-once: False if one was already made."""
+        try:
+            self._write_once(layout.stop_request(self.experiment), _json_bytes(dict(record)))
+        except Conflict:
+            return False
+        return True
+
+    def stop_request(self) -> dict | None:
+        return self._read_json(layout.stop_request(self.experiment))
+
     def mark_finished(self, record: Mapping[str, Any]) -> None:
         """The run's final rounds are decided and published (write-once; the first writer's
         record stands when the syncer and the sensor fallback both get there)."""

@@ -17,6 +17,7 @@
     experiments/{exp}/faults/tape.json                             the fault tape (write-once)
     experiments/{exp}/faults/fired/{fault}.json                    a fault that fired (write-once)
     experiments/{exp}/STOP                                         token budget reached
+    experiments/{exp}/STOP_REQUEST                                 an operator asked to stop
     experiments/{exp}/syncer/LEASE                                 who may decide and merge (moves)
     experiments/{exp}/FINISHED                                     final rounds done (write-once)
     experiments/{exp}/summary.json                                 the run summary
@@ -125,6 +126,10 @@ def fired_fault(exp: str, fault_id: str) -> str:
 
 def stop(exp: str) -> str:
     return f"{experiment(exp)}/STOP"
+
+
+def stop_request(exp: str) -> str:
+    return f"{experiment(exp)}/STOP_REQUEST"
 
 
 def syncer_lease(exp: str) -> str:
