@@ -191,6 +191,9 @@ WEIGHTINGS = ("tokens", "uniform")
 ENCODINGS = ("fp32", "bf16", "int8", "int4", "int2")
 ANCHORS = ("global", "base")
 SYNCER_MODES = ("service", "sensor")
+# Automatic rounds_per_partition keeps a run's round partitions at or under this, a tenth of
+# Dagster's advised ~100,000 per asset, so several experiments fit on one instance.
+ROUND_PARTITIONS_MAX = 10_000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -388,6 +391,13 @@ class OrchestrationConfig:
     # The syncer evaluates the global model after every this many merged rounds (0: once per
     # outer step, i.e. every P rounds); the sensor-run merges evaluate every round.
     eval_every_rounds: int = 0
+    # Rounds per Dagster partition of the round assets (0: automatic). Dagster advises at most
+    # ~100,000 partitions per asset, and at the paper's cadence (a fragment round every step)
+    # a month-long run makes millions of rounds: automatic keeps one partition per round while
+    # the run's expected rounds fit in ROUND_PARTITIONS_MAX, and otherwise groups whole outer
+    # steps (multiples of P rounds) so that they do. Each merge stays its own
+    # materialization, with its round in the metadata, inside its partition.
+    rounds_per_partition: int = 0
 
     def __post_init__(self):
         _require(isinstance(self.block_on_overlap, bool), "block_on_overlap",
@@ -404,7 +414,7 @@ class OrchestrationConfig:
                  f"must be a finite number >= 0, got {self.step_seconds_floor!r}")
         for name, low in (("checkpoint_every_steps", 1), ("max_restarts", 0),
                           ("rejoin_max_versions_behind", 0), ("eval_batches", 1),
-                          ("eval_every_rounds", 0)):
+                          ("eval_every_rounds", 0), ("rounds_per_partition", 0)):
             value = getattr(self, name)
             _require(isinstance(value, int) and not isinstance(value, bool) and value >= low,
                      name, f"must be an integer >= {low}, got {value!r}")
@@ -509,6 +519,26 @@ class ExperimentConfig:
     def total_learner_steps(self) -> int:
         """Inner steps per learner if all M learners step in lock-step until the budget."""
         return max(1, self.token_budget // sum(self.learner_step_tokens))
+
+    @property
+    def expected_rounds(self) -> int:
+        """Rounds until the budget if learners step together (a round opens every H/P steps),
+        plus the P final rounds."""
+        return (self.total_learner_steps // self.sync.round_interval_steps
+                + self.sync.num_fragments)
+
+    @property
+    def rounds_per_partition(self) -> int:
+        """Rounds in one Dagster partition of the round assets (see
+        `OrchestrationConfig.rounds_per_partition`)."""
+        chosen = self.orchestration.rounds_per_partition
+        if chosen:
+            return chosen
+        if self.expected_rounds <= ROUND_PARTITIONS_MAX:
+            return 1
+        outer_steps = math.ceil(self.expected_rounds / ROUND_PARTITIONS_MAX
+                                / self.sync.num_fragments)
+        return outer_steps * self.sync.num_fragments
 
     def replace(self, **changes) -> "ExperimentConfig":
         return dataclasses.replace(self, **changes)

@@ -44,6 +44,21 @@ def round_key(round_index: int) -> str:
     return f"{round_index:08d}"
 
 
+def partition_key(round_index: int, per_partition: int = 1) -> str:
+    """The Dagster partition of a round's assets (`cfg.rounds_per_partition` rounds each): the
+    round's own key, or the window of rounds holding it, e.g. "00000064-00000127"."""
+    if per_partition == 1:
+        return round_key(round_index)
+    start = round_index - round_index % per_partition
+    return f"{round_key(start)}-{round_key(start + per_partition - 1)}"
+
+
+def partition_rounds(key: str) -> range:
+    """The rounds a partition key holds (the inverse of `partition_key`)."""
+    first, _, last = key.partition("-")
+    return range(int(first), int(last or first) + 1)
+
+
 @dataclass
 class TickResult:
     state: dict

@@ -91,6 +91,9 @@ def global_params_metadata(artifacts: ArtifactStore, record: dict, decision: dic
         **cosine,
         **_per_learner_series(artifacts, names, record, round_index, parent_version),
         "experiment": artifacts.experiment,
+        # A partition may hold several rounds (orchestration.rounds_per_partition): each
+        # materialization names its own.
+        "round": round_index,
         "fragment": int(decision["fragment"]), "version": version,
         "parent_version": parent_version,
         "merged": bool(record.get("merged")) and finite,
@@ -116,7 +119,7 @@ def global_params_metadata(artifacts: ArtifactStore, record: dict, decision: dic
     }
 
 
-def _global_params_checks(record: dict, version: int, finite: bool) -> list[dict]:
+def global_params_checks(record: dict, version: int, finite: bool) -> list[dict]:
     outliers = {n: why for n, why in record.get("rejected", {}).items() if "norm" in why}
     return [
         {"check_name": "params_finite", "passed": bool(finite),
@@ -132,13 +135,14 @@ def global_params_events(artifacts: ArtifactStore, record: dict, decision: dict,
     """A merge run's results for its `global_params` partition."""
     yield dg.MaterializeResult(metadata=global_params_metadata(
         artifacts, record, decision, version, finite, seconds))
-    for check in _global_params_checks(record, version, finite):
+    for check in global_params_checks(record, version, finite):
         yield dg.AssetCheckResult(**check)
 
 
 def mirrored_global_params(artifacts: ArtifactStore, partition: str, record: dict,
-                           decision: dict, version: int) -> list:
-    """The same, as runless events for a round the syncer service merged."""
+                           decision: dict, version: int, with_checks: bool = True) -> list:
+    """The same, as runless events for a round the syncer service merged. Without
+    `with_checks` the caller holds the checks for its partition (`hold_checks`)."""
     finite = bool(record.get("finite", True))
     key = dg.AssetKey("global_params")
     events: list = [dg.AssetMaterialization(
@@ -146,15 +150,16 @@ def mirrored_global_params(artifacts: ArtifactStore, partition: str, record: dic
         description=f"merged by the syncer service: {record.get('reason', '')}"[:500],
         metadata=global_params_metadata(artifacts, record, decision, version, finite,
                                         float(record.get("merge_seconds") or 0.0)))]
-    for check in _global_params_checks(record, version, finite):
+    for check in global_params_checks(record, version, finite) if with_checks else []:
         events.append(dg.AssetCheckEvaluation(
             asset_key=key, check_name=check["check_name"], passed=check["passed"],
             severity=check["severity"], metadata=check["metadata"], partition=partition))
     return events
 
 
-def heldout_eval_metadata(result: dict) -> dict:
+def heldout_eval_metadata(result: dict, round_index: int) -> dict:
     return {
+        "round": round_index,
         "eval/loss": result["loss"], "eval/bits_per_byte": result["bits_per_byte"],
         "sample": dg.MetadataValue.md(f"```\n{result['sample']}\n```"),
         "versions": dg.MetadataValue.json(result["versions"]),
@@ -170,10 +175,54 @@ def eval_regression(result: dict, previous: dict | None) -> dict:
                          "previous_loss": previous["loss"] if previous else float("nan")}}
 
 
-def mirrored_eval(partition: str, result: dict, previous: dict | None) -> list:
+def mirrored_eval(partition: str, round_index: int, result: dict, previous: dict | None,
+                  with_check: bool = True) -> list:
     key = dg.AssetKey("heldout_eval")
-    check = eval_regression(result, previous)
-    return [dg.AssetMaterialization(asset_key=key, partition=partition,
-                                    description="evaluated by the syncer service",
-                                    metadata=heldout_eval_metadata(result)),
-            dg.AssetCheckEvaluation(asset_key=key, partition=partition, **check)]
+    events: list = [dg.AssetMaterialization(asset_key=key, partition=partition,
+                                            description="evaluated by the syncer service",
+                                            metadata=heldout_eval_metadata(result, round_index))]
+    if with_check:
+        events.append(dg.AssetCheckEvaluation(asset_key=key, partition=partition,
+                                              **eval_regression(result, previous)))
+    return events
+
+
+# Dagster keeps one runless check evaluation per (asset, check, partition): a second one raises
+# in the event log (a unique index), which would fail every later sensor tick. When a partition
+# holds several rounds, the mirror therefore holds each round's check results and evaluates the
+# partition's checks once, when all its rounds are mirrored: passed only if every round passed,
+# naming the rounds that did not.
+
+def hold_checks(held: dict, partition: str, asset: str, checks: list[dict],
+                round_index: int) -> None:
+    """Add one round's check results to its partition's pending evaluation (JSON state)."""
+    pending = held.setdefault(partition, {})
+    for check in checks:
+        entry = pending.setdefault(f"{asset}|{check['check_name']}", {
+            "severity": check["severity"].value, "rounds": 0, "failed": []})
+        entry["rounds"] += 1
+        if not check["passed"]:
+            entry["failed"].append(round_index)
+
+
+def release_checks(held: dict, upto: int | None, closed_upto: int) -> tuple[list, int]:
+    """Evaluate the held checks of every partition whose rounds all lie at or before `upto`
+    (None: every partition, the run is finished); returns the events and the last round of
+    the partitions evaluated so far (later results for them are dropped, not re-evaluated)."""
+    from pipelines.round_control import partition_rounds
+
+    events = []
+    for partition in sorted(held):
+        last = partition_rounds(partition)[-1]
+        if upto is not None and last > upto:
+            continue
+        for name, entry in held.pop(partition).items():
+            asset, check_name = name.split("|", 1)
+            events.append(dg.AssetCheckEvaluation(
+                asset_key=dg.AssetKey(asset), check_name=check_name, partition=partition,
+                passed=not entry["failed"],
+                severity=dg.AssetCheckSeverity(entry["severity"]),
+                metadata={"rounds_checked": entry["rounds"],
+                          "failed_rounds": dg.MetadataValue.json(entry["failed"][:100])}))
+        closed_upto = max(closed_upto, last)
+    return events, closed_upto

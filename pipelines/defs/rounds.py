@@ -12,9 +12,9 @@
 
 import dagster as dg
 
-from pipelines.defs.partitions import learners, round_x_learner, rounds
+from pipelines.defs.partitions import ROUND_TAG, learners, round_x_learner, rounds
 from pipelines.experiment_context import EXPERIMENT_TAG, run_store
-from pipelines.round_control import round_key
+from pipelines.round_control import partition_key, partition_rounds
 from pipelines.round_metadata import eval_regression, global_params_events, heldout_eval_metadata
 from resources.store.resource import ArtifactStoreResource
 
@@ -30,6 +30,24 @@ learner_checkpoint = dg.AssetSpec(
     kinds={"orbax"}, deps=["initial_params"],
     description="A learner's latest restorable Orbax checkpoint (params, AdamW state, data "
                 "position, fragment anchors). Recorded by the learner supervisor.")
+
+
+def run_round(context: dg.AssetExecutionContext) -> int:
+    """The round a run works on: its `diloco/round` tag (the sensor and the schedule set it),
+    else the partition's only round. A partition holding several rounds
+    (`orchestration.rounds_per_partition`) needs the tag to say which."""
+    held = partition_rounds(context.partition_key)
+    tag = context.run.tags.get(ROUND_TAG)
+    if tag is None:
+        if len(held) == 1:
+            return held[0]
+        raise dg.Failure(description=(
+            f"partition {context.partition_key} holds rounds {held[0]}-{held[-1]}: launch the "
+            f"run with the tag {ROUND_TAG}=<round> to say which"))
+    if not tag.isdigit() or int(tag) not in held:
+        raise dg.Failure(description=f"tag {ROUND_TAG}={tag[:20]!r} is not a round of "
+                                     f"partition {context.partition_key}")
+    return int(tag)
 
 
 def _merge_faults(artifacts, round_index: int, log):
@@ -59,7 +77,7 @@ def global_params(context: dg.AssetExecutionContext, store: ArtifactStoreResourc
     from pipelines.store_merge import MergeInputError, merge_from_store
 
     artifacts = run_store(context, store)
-    round_index = int(context.partition_key)
+    round_index = run_round(context)
     try:
         outcome = merge_from_store(artifacts, round_index, _merge_faults(artifacts, round_index,
                                                                          context.log.warning))
@@ -92,7 +110,7 @@ def heldout_eval(context: dg.AssetExecutionContext, config: EvalConfig,
     from resources.store.artifact_store import Conflict
 
     artifacts = run_store(context, store)
-    round_index = int(context.partition_key)
+    round_index = run_round(context)
     result = evaluate_global(artifacts, config.batches or None)
     try:
         artifacts.put_eval(round_index, result)
@@ -105,7 +123,7 @@ def heldout_eval(context: dg.AssetExecutionContext, config: EvalConfig,
         if previous is not None:
             break
     context.log.info(f"round {round_index}: held-out loss {result['loss']:.4f}")
-    yield dg.MaterializeResult(metadata=heldout_eval_metadata(result))
+    yield dg.MaterializeResult(metadata=heldout_eval_metadata(result, round_index))
     yield dg.AssetCheckResult(**eval_regression(result, previous))
 
 
@@ -135,12 +153,15 @@ def eval_latest_round(context: dg.ScheduleEvaluationContext, store: ArtifactStor
     merged = [r for r in merged if isinstance(r, int)]
     if not merged:
         return dg.SkipReason(f"{artifacts.experiment}: no merged round yet")
-    latest = round_key(max(merged))
-    if not context.instance.has_dynamic_partition(rounds.name, latest):
+    from diloco_core.config_loading import config_from_mapping
+
+    latest = max(merged)
+    key = partition_key(latest, config_from_mapping(config).rounds_per_partition)
+    if not context.instance.has_dynamic_partition(rounds.name, key):
         return dg.SkipReason(f"{artifacts.experiment}: round {latest} is not yet a partition")
     when = context.scheduled_execution_time
     stamp = when.strftime("%Y%m%dT%H%M") if when else "now"
     return dg.RunRequest(
-        partition_key=latest, run_key=f"eval:{artifacts.experiment}:{latest}:{stamp}",
-        tags={EXPERIMENT_TAG: artifacts.experiment},
+        partition_key=key, run_key=f"eval:{artifacts.experiment}:{latest}:{stamp}",
+        tags={EXPERIMENT_TAG: artifacts.experiment, ROUND_TAG: str(latest)},
         run_config={"ops": {"heldout_eval": {"config": {"batches": 16}}}})

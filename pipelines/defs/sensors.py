@@ -27,7 +27,7 @@ from pipelines.defs.summary import summary_job
 from pipelines.defs.syncer import syncer
 from pipelines.experiment_context import EXPERIMENT_TAG
 from pipelines.liveness import LIVE_STATUSES, observe, silent_for
-from pipelines.round_control import RoundController, round_key
+from pipelines.round_control import RoundController, partition_key
 from pipelines.round_mirror import fresh_mirror, mirror_tick
 from resources.store.resource import ArtifactStoreResource
 
@@ -36,7 +36,14 @@ IN_PROGRESS = {dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED,
                dg.DagsterRunStatus.CANCELING}
 
 
-def _offer_event(offer: dict) -> dg.AssetMaterialization:
+def _partitions_request(round_indices, per_partition: int) -> list:
+    """One request adding the partitions that hold these rounds (adding a key that exists
+    is a no-op, so a window of rounds is asked for again while its rounds open)."""
+    keys = sorted({partition_key(r, per_partition) for r in round_indices})
+    return [rounds.build_add_request(keys)] if keys else []
+
+
+def _offer_event(offer: dict, per_partition: int) -> dg.AssetMaterialization:
     metadata = {k: offer[k] for k in ("fragment", "base_version", "tokens", "steps", "nbytes",
                                       "learner_step", "staleness") if offer.get(k) is not None}
     metadata["encoding"] = offer.get("encoding") or ""
@@ -47,7 +54,7 @@ def _offer_event(offer: dict) -> dg.AssetMaterialization:
         metadata["train/loss"] = float(offer["train_loss"])
     return dg.AssetMaterialization(
         asset_key="learner_update",
-        partition=dg.MultiPartitionKey({"round": round_key(offer["round"]),
+        partition=dg.MultiPartitionKey({"round": partition_key(offer["round"], per_partition),
                                         "learner": offer["learner"]}),
         description="late: offered after its round was decided" if offer["late"] else None,
         metadata=metadata)
@@ -113,7 +120,9 @@ def _decide_here(context: dg.SensorEvaluationContext, artifacts, cfg, cursor: di
     result = RoundController(artifacts, cfg).tick(cursor.get("controller"))
     cursor["controller"] = result.state
     exp = artifacts.experiment
-    requests = [dg.RunRequest(job_name="merge_round", partition_key=round_key(d["round"]),
+    per_partition = cfg.rounds_per_partition
+    requests = [dg.RunRequest(job_name="merge_round",
+                              partition_key=partition_key(d["round"], per_partition),
                               run_key=f"merge:{exp}:{d['round']}",
                               tags={EXPERIMENT_TAG: exp, ROUND_TAG: str(d["round"]),
                                     FRAGMENT_TAG: str(d["fragment"]), MERGE_TAG: "1",
@@ -140,30 +149,56 @@ def _decide_here(context: dg.SensorEvaluationContext, artifacts, cfg, cursor: di
         since = latest - 4 * cfg.sync.num_fragments - 1   # a lost cursor: the recent rounds
     added = sorted(set(range(max(since + 1, 0), latest + 1)) | set(result.opened))
     cursor["partitions_upto"] = max(latest, since)
-    partitions = [rounds.build_add_request([round_key(r) for r in added])] if added else []
+    partitions = _partitions_request(added, per_partition)
     reason = f"{why}; {result.reason}" if why else result.reason
     return dg.SensorResult(
         run_requests=requests, dynamic_partitions_requests=partitions,
-        asset_events=[_offer_event(o) for o in result.offers if not o.get("foreign")],
+        asset_events=[_offer_event(o, per_partition) for o in result.offers
+                      if not o.get("foreign")],
         cursor=json.dumps(cursor),
         skip_reason=None if requests or partitions or result.offers else reason)
 
 
 def _mirror(artifacts, cfg, cursor: dict) -> dg.SensorResult:
     """The syncer service runs the rounds: record in Dagster what it did."""
-    from pipelines.round_metadata import mirrored_eval, mirrored_global_params
+    from pipelines.round_metadata import (
+        eval_regression,
+        global_params_checks,
+        hold_checks,
+        mirrored_eval,
+        mirrored_global_params,
+        release_checks,
+    )
 
     result = mirror_tick(artifacts, cfg, cursor.get("mirror"))
     cursor["mirror"] = result.state
-    events: list = [_offer_event(o) for o in result.offers if not o.get("foreign")]
+    per_partition = cfg.rounds_per_partition
+    single = per_partition == 1
+    # Several rounds per partition: their checks are held and evaluated once per partition.
+    held = cursor.setdefault("held_checks", {})
+    closed = int(cursor.get("checks_closed_upto", -1))
+    events: list = [_offer_event(o, per_partition) for o in result.offers
+                    if not o.get("foreign")]
     for round_index, record, decision, version in result.merges:
-        events += mirrored_global_params(artifacts, round_key(round_index), record, decision,
-                                         version)
+        key = partition_key(round_index, per_partition)
+        events += mirrored_global_params(artifacts, key, record, decision, version,
+                                         with_checks=single)
+        if not single and round_index > closed:
+            hold_checks(held, key, "global_params", global_params_checks(
+                record, version, bool(record.get("finite", True))), round_index)
     for round_index, evaluation, previous in result.evals:
-        events += mirrored_eval(round_key(round_index), evaluation, previous)
+        key = partition_key(round_index, per_partition)
+        events += mirrored_eval(key, round_index, evaluation, previous, with_check=single)
+        if not single and round_index > closed:
+            hold_checks(held, key, "heldout_eval", [eval_regression(evaluation, previous)],
+                        round_index)
+    if not single:
+        mirrored = min(result.state["fates"] - 1, result.state["evals"])
+        released, cursor["checks_closed_upto"] = release_checks(
+            held, None if result.finished else mirrored, closed)
+        events += released
     requests = [_summary_request(artifacts.experiment)] if result.finished else []
-    partitions = ([rounds.build_add_request([round_key(r) for r in result.opened])]
-                  if result.opened else [])
+    partitions = _partitions_request(result.opened, per_partition)
     return dg.SensorResult(
         run_requests=requests, dynamic_partitions_requests=partitions, asset_events=events,
         cursor=json.dumps(cursor),

@@ -1,0 +1,115 @@
+"""Round partitions that stay within Dagster's advised ~100,000 per asset at the paper's cadence:
+one partition per round for short runs, whole outer steps per partition for long ones, and every
+merge still its own materialization (with its round) inside its partition, on both paths."""
+
+import dagster as dg
+import pytest
+from orchestration_harness import Harness
+
+from diloco_core.config import ROUND_PARTITIONS_MAX
+from pipelines.cli import load_config
+from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
+from pipelines.round_control import partition_key, partition_rounds
+from pipelines.syncer_service import SyncerService
+
+pytestmark = pytest.mark.timeout(300)
+
+WINDOWS = ["00000000-00000001", "00000002-00000003"]
+PAIR = ["learner-0", "learner-1"]
+
+
+def test_partition_keys_name_their_rounds():
+    assert partition_key(7) == "00000007" and partition_rounds("00000007") == range(7, 8)
+    assert partition_key(130, 64) == "00000128-00000191"
+    assert list(partition_rounds(partition_key(130, 64))) == list(range(128, 192))
+    keys = [partition_key(r, 24) for r in (0, 23, 24, 99_999_999)]
+    assert keys == sorted(keys) and keys[0] == keys[1] != keys[2]
+
+
+def test_automatic_partitions_keep_a_month_at_the_papers_cadence_under_the_limit():
+    demo = load_config(None, [], base=ORCHESTRATED_DEFAULTS)
+    assert demo.rounds_per_partition == 1               # the demo: a partition per round
+    # A month of steps at one second each, a fragment round every step (H = P = 24).
+    month = 30 * 24 * 3600
+    paper = load_config(None, ["sync.sync_period=24", "sync.num_fragments=24",
+                               "sync.overlap_steps=1"])
+    paper = paper.replace(token_budget=month * sum(paper.learner_step_tokens))
+    assert paper.expected_rounds >= month
+    per = paper.rounds_per_partition
+    assert per % 24 == 0                                # whole outer steps
+    assert paper.expected_rounds / per <= ROUND_PARTITIONS_MAX
+    fixed = load_config(None, ["orchestration.rounds_per_partition=5"])
+    assert fixed.rounds_per_partition == 5
+
+
+def _events(h: Harness, asset: str) -> list[tuple[str, int]]:
+    records = h.instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset)), limit=100).records
+    return sorted((r.partition_key, r.asset_materialization.metadata["round"].value)
+                  for r in records)
+
+
+def _play(h: Harness, step) -> None:
+    """Four rounds, two learners offering each: `step` is one decider tick."""
+    for r in range(4):
+        for name in [*PAIR, "learner-2"]:
+            h.beat(name, 2)
+        step()
+        for name in PAIR:
+            h.offer(name, r)
+        step()
+
+
+@pytest.mark.parametrize("path", ["sensor", "service"])
+def test_two_rounds_per_partition_on_both_paths(tmp_path, path):
+    with dg.instance_for_test() as instance:
+        h = Harness(instance, str(tmp_path / "store"), overrides=[
+            f"orchestration.syncer={path}", "orchestration.rounds_per_partition=2"])
+        h.start()
+        if path == "service":
+            service = SyncerService(h.store, attempt=0, log=lambda _: None)
+            service.lease.clock = lambda: h.now
+            service.lease.acquire(4)
+
+            def step():
+                h.now += 1.0
+                service.step(now=h.now)
+            _play(h, step)
+            h.tick()                                    # the sensor mirrors what it did
+        else:
+            _play(h, lambda: h.tick())
+        for r in range(4):
+            assert h.store.version_meta(r % 2, r // 2 + 1)["round"] == r     # merged once
+        assert instance.get_dynamic_partitions("rounds") == WINDOWS
+        expected = [(WINDOWS[r // 2], r) for r in range(4)]
+        assert _events(h, "global_params") == expected
+        updates = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=dg.AssetKey("learner_update")), limit=100).records
+        assert sorted(r.partition_key for r in updates) == sorted(
+            f"{n}|{WINDOWS[r // 2]}" for r in range(4) for n in PAIR)
+        evals = _events(h, "heldout_eval")
+        if path == "sensor":
+            assert evals == expected                    # each merge run evaluates its round
+        else:
+            assert evals == [(WINDOWS[0], 1), (WINDOWS[1], 3)]   # once per outer step (P = 2)
+        # One params_finite evaluation per merge run (sensor path), or per partition once all
+        # its rounds are mirrored (service path: Dagster keeps one runless evaluation per
+        # partition, and a second would fail the sensor's every later tick).
+        history = instance.event_log_storage.get_asset_check_execution_history(
+            dg.AssetCheckKey(dg.AssetKey("global_params"), "params_finite"), limit=100)
+        if path == "sensor":
+            assert len(history) == 4
+        else:
+            assert sorted(c.partition for c in history) == WINDOWS
+        if path == "service":
+            h.tick()                                    # nothing new: nothing evaluated again
+            assert len(instance.event_log_storage.get_asset_check_execution_history(
+                dg.AssetCheckKey(dg.AssetKey("global_params"), "params_finite"),
+                limit=100)) == 2
+        if path == "sensor":
+            # A run on a window without the round tag cannot guess which round: it says so.
+            result = h.defs.resolve_job_def("evaluate_round").execute_in_process(
+                instance=instance, partition_key=WINDOWS[0], raise_on_error=False)
+            assert not result.success
+            failure = next(e for e in result.all_events if e.is_step_failure)
+            assert "diloco/round" in failure.step_failure_data.user_failure_data.description
