@@ -206,6 +206,9 @@ def _cmd_demo(args) -> int:
 
 def _cmd_manifests(args) -> int:
     from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
+    from resources.extras import require_extra
+
+    require_extra("k8s", "diloco manifests", ("kubernetes",))
     from pipelines.manifests_command import print_manifests
     from resources.compute.placement import load_deployment
 

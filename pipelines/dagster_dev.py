@@ -43,6 +43,10 @@ def check_postgres_url(url: str) -> str:
         _ = parts.port  # raises on a port that is not a number
     except ValueError as err:
         raise ValueError(f"bad port in the PostgreSQL URL {redact_url(url)}: {err}") from None
+    from resources.extras import require_extra
+
+    require_extra("postgres", "a Dagster instance on PostgreSQL", ("dagster_postgres",
+                                                                   "psycopg2"))
     return url
 
 

@@ -7,6 +7,9 @@ from diloco_core.image_data import Examples, split_examples
 
 
 def load_digits_examples() -> Examples:
+    from resources.extras import require_extra
+
+    require_extra("digits", "the digits task", ("sklearn",))
     from sklearn.datasets import load_digits  # heavy import, only for the digits task
 
     data = load_digits()

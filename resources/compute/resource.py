@@ -16,8 +16,6 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from resources.compute.gcs_channel import run_over_gcs
-from resources.compute.gke import JobSetProcess, run_gke_pod
 from resources.compute.local import (
     DEFAULT_XLA_FLAGS,
     SYNCER_MODULE,
@@ -57,10 +55,19 @@ class LearnerCompute(dg.ConfigurableResource):
         env = local_env(self.xla_flags, self.extra_env)
         if placement.backend == "local" and placement.channel == "local":
             return run_local(context, extras, env)
+        from resources.extras import require_extra
+
+        require_extra("gcp", f"region {region!r} (Pipes through a bucket)",
+                      ("dagster_gcp", "google.cloud.storage"))
+        from resources.compute.gcs_channel import run_over_gcs
+
         if placement.backend == "local":
             return run_over_gcs(context, placement, extras,
                                 lambda boot: LocalProcess({**env, **placement.extra_env,
                                                            **boot}))
+        require_extra("k8s", f"region {region!r} (GKE)", ("dagster_k8s", "kubernetes"))
+        from resources.compute.gke import JobSetProcess, run_gke_pod
+
         if placement.workload == "pod":
             return run_gke_pod(context, placement, extras, region)
         return run_over_gcs(

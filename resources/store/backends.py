@@ -19,6 +19,10 @@ def open_blob_store(uri: str) -> BlobStore:
     scheme = match.group(1).lower()
     rest = uri[match.end():]
     if scheme == "gs":
+        from resources.extras import require_extra
+
+        require_extra("gcp", f"the store {uri}", ("google.cloud.storage", "google_crc32c",
+                                                  "gcsfs"))
         from resources.store.gcs_blobs import GCSBlobStore
 
         bucket, _, prefix = rest.partition("/")

@@ -1,0 +1,82 @@
+"""A laptop install without the extras: the definitions load and the local path works, and a
+feature that needs an extra says which one in one line.
+
+An extra's absence cannot be produced in the suite's own environment (it installs them all),
+so these tests hide the extra's modules from the import system (`sys.modules[name] = None`
+makes `import name` fail as if it were not installed).
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pipelines.cli import main
+from resources.extras import MissingExtra
+
+GCP = ("google.cloud", "google_crc32c", "gcsfs", "dagster_gcp")
+K8S = ("dagster_k8s", "kubernetes")
+POSTGRES = ("dagster_postgres", "psycopg2")
+DIGITS = ("sklearn",)
+
+
+def _hide(monkeypatch, modules) -> None:
+    for name in modules:
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+def test_the_definitions_load_and_a_local_store_works_without_any_extra(tmp_path):
+    hidden = [*GCP, *K8S, *POSTGRES, *DIGITS]
+    # Not installed means no modules and no plugin registrations: Dagster loads every
+    # installed package's `dagster_dg_cli.registry_modules` entry point.
+    script = f"""
+import importlib.metadata, json, sys
+hidden = {hidden!r}
+for name in hidden:
+    sys.modules[name] = None
+_entry_points = importlib.metadata.entry_points
+importlib.metadata.entry_points = lambda **kw: [
+    e for e in _entry_points(**kw) if not e.value.split(".")[0].split(":")[0] in hidden]
+from pipelines.definitions import defs
+from resources.store.resource import ArtifactStoreResource
+loaded = defs()
+store = ArtifactStoreResource(base_uri={str(tmp_path / 'store')!r}).store("lean")
+store.put_config({{"name": "lean"}})
+leaked = sorted(m for m in {hidden!r} if sys.modules.get(m) is not None)
+print(json.dumps({{"jobs": sorted(j.name for j in loaded.jobs), "leaked": leaked,
+                   "config": store.get_config()}}))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert {"train", "learner", "syncer", "merge_round", "stop"} <= set(result["jobs"])
+    assert result["config"] == {"name": "lean"} and result["leaked"] == []
+
+
+def test_a_gs_store_without_the_gcp_extra_names_it(monkeypatch, capsys):
+    from resources.store.backends import open_blob_store
+
+    _hide(monkeypatch, GCP)
+    with pytest.raises(MissingExtra, match=r"pip install 'decoupled-diloco\[gcp\]'"):
+        open_blob_store("gs://bucket/prefix")
+    assert main(["status", "--store", "gs://bucket/prefix"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "'gcp' extra" in err
+
+
+def test_postgres_manifests_and_digits_name_their_extras(monkeypatch, capsys, tmp_path):
+    from pipelines.dagster_dev import check_postgres_url
+    from resources.digits import load_digits_examples
+
+    _hide(monkeypatch, [*POSTGRES, *K8S, *DIGITS])
+    with pytest.raises(MissingExtra, match="'postgres' extra"):
+        check_postgres_url("postgresql://u@localhost:5432/db")
+    with pytest.raises(MissingExtra, match="'digits' extra"):
+        load_digits_examples()
+    deployment = tmp_path / "deploy.yaml"
+    deployment.write_text("regions: {}\n")
+    assert main(["manifests", "--deployment", str(deployment)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "'k8s' extra" in err
