@@ -25,6 +25,9 @@ from pathlib import Path
 import yaml
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# Where Dagster's processes run: the checkout (relative paths as in the README), or, for an
+# installed package (no checkout around it), the directory the command was started from.
+SERVICE_DIR = REPO_ROOT if (REPO_ROOT / "pyproject.toml").exists() else Path.cwd()
 
 
 def check_postgres_url(url: str) -> str:
@@ -110,7 +113,7 @@ class Service:
     def start(self) -> None:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                self.argv, cwd=REPO_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                self.argv, cwd=SERVICE_DIR, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True)
 
     def alive(self) -> bool:
@@ -192,8 +195,13 @@ class DagsterDev:
     def _build_services(self) -> None:
         py = sys.executable
         if not self.split:
+            # The code location by module, written here rather than the checkout's
+            # workspace.yaml: an installed package has no checkout.
+            workspace = self.home / "workspace.yaml"
+            workspace.write_text(yaml.safe_dump({"load_from": [{"python_module": {
+                "module_name": "pipelines.definitions", "location_name": "diloco"}}]}))
             self.services = {"dev": Service("dev", [
-                py, "-m", "dagster", "dev", "-w", str(REPO_ROOT / "workspace.yaml"),
+                py, "-m", "dagster", "dev", "-w", str(workspace),
                 "-h", "127.0.0.1", "-p", str(self.port)], self.env, self.log_path)}
             return
         grpc_port = self.grpc_port = free_port()

@@ -4,7 +4,11 @@ from pathlib import Path
 
 import dagster as dg
 
+import pipelines.defs
+
 
 @dg.definitions
 def defs() -> dg.Definitions:
-    return dg.load_from_defs_folder(path_within_project=Path(__file__).parent)
+    # The defs module and the project root given outright, not discovered from a
+    # pyproject.toml: an installed package (site-packages) has none.
+    return dg.load_defs(pipelines.defs, project_root=Path(__file__).resolve().parent.parent)
