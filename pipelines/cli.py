@@ -82,7 +82,12 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
 def _cmd_config(args) -> int:
     import yaml
 
-    cfg = load_config(args.config, args.overrides)
+    base = ()
+    if args.orchestrated:
+        from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
+
+        base = ORCHESTRATED_DEFAULTS
+    cfg = load_config(args.config, args.overrides, base=base)
     print(yaml.safe_dump(config_to_mapping(cfg), sort_keys=False), end="")
     return 0
 
@@ -381,6 +386,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     cfg = sub.add_parser("config", help="validate a config and print it with every default")
     _add_config_args(cfg)
+    cfg.add_argument("--orchestrated", action="store_true",
+                     help="start from the orchestrated launch defaults, as `diloco demo` and "
+                          "the `train` job do (without it: the simulator's defaults)")
     cfg.set_defaults(func=_cmd_config)
 
     gp = sub.add_parser("goodput", help="goodput under chip failures at datacentre scale")

@@ -151,3 +151,20 @@ def test_changing_the_number_of_learners_drops_the_launch_defaults_per_learner_l
     cfg = load_config(None, ["learners.num_learners=2", "learners.speeds=[1.0, 0.5]"],
                       base=ORCHESTRATED_DEFAULTS)
     assert cfg.learners.learner_speeds == (1.0, 0.5)
+
+
+def test_config_orchestrated_shows_what_demo_and_train_run(capsys):
+    import yaml
+
+    from pipelines.cli import load_config
+    from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
+
+    assert main(["config", "--orchestrated", "--set", "sync.min_quorum=1"]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)
+    expected = load_config(None, ["sync.min_quorum=1"], base=ORCHESTRATED_DEFAULTS)
+    assert shown["sync"]["sync_period"] == expected.sync.sync_period
+    assert shown["learners"]["num_learners"] == expected.learners.num_learners
+    assert shown["sync"]["min_quorum"] == 1
+    assert main(["config"]) == 0
+    plain = yaml.safe_load(capsys.readouterr().out)
+    assert plain != shown
