@@ -398,10 +398,15 @@ class OrchestrationConfig:
     # steps (multiples of P rounds) so that they do. Each merge stays its own
     # materialization, with its round in the metadata, inside its partition.
     rounds_per_partition: int = 0
+    # A directory for TensorBoard event files of the per-round figures and evals (written by
+    # the syncer and the merge runs, one subdirectory per experiment); empty: none.
+    tensorboard_dir: str = ""
 
     def __post_init__(self):
         _require(isinstance(self.block_on_overlap, bool), "block_on_overlap",
                  f"must be true or false, got {self.block_on_overlap!r}")
+        _require(isinstance(self.tensorboard_dir, str) and len(self.tensorboard_dir) <= 1024,
+                 "tensorboard_dir", f"must be a path (or empty), got {self.tensorboard_dir!r}")
         _require(self.syncer in SYNCER_MODES, "syncer",
                  f"must be one of {', '.join(SYNCER_MODES)}, got {self.syncer!r}")
         for name in ("heartbeat_seconds", "poll_seconds", "learner_timeout_seconds",

@@ -119,6 +119,13 @@ def global_params_metadata(artifacts: ArtifactStore, record: dict, decision: dic
     }
 
 
+def round_scalars(metadata: dict) -> dict[str, float]:
+    """The plottable numbers of a round's metadata for an outside metrics sink: series keep
+    their own group ("weight/learner-0"), the rest go under "merge/" or "eval/"."""
+    return {(k if "/" in k else f"merge/{k}"): v for k, v in metadata.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
 def global_params_checks(record: dict, version: int, finite: bool) -> list[dict]:
     outliers = {n: why for n, why in record.get("rejected", {}).items() if "norm" in why}
     return [

@@ -26,8 +26,10 @@ from collections.abc import Callable
 from diloco_core.config_loading import config_from_mapping
 from pipelines.round_control import RoundController
 from pipelines.round_eval import evaluate_global
+from pipelines.round_metadata import global_params_metadata, round_scalars
 from pipelines.store_merge import MergeInputError, MergeOutcome, MergePlan, merge_from_store
 from resources.faults import MergeFaults, SyncerFaults, load_tape
+from resources.metrics_sink import open_sink
 from resources.store.artifact_store import ArtifactStore, Conflict
 from resources.store.lease import LeaseLost, LeaseRefused, SyncerLease
 
@@ -56,10 +58,19 @@ class SyncerService:
         self.last_eval_round: int | None = None
         self.merges_since_eval = 0
         self.state: dict | None = None
+        self.metrics = open_sink(self.cfg.orchestration.tensorboard_dir, store.experiment,
+                                 self.name, log)
 
     def run(self, max_seconds: float | None = None) -> dict:
         """Hold the lease and run rounds until the run is finished (or `max_seconds`, for
         tests); returns the final record (status: done, fenced, refused, stopped)."""
+        try:
+            return self._run(max_seconds)
+        finally:
+            if self.metrics is not None:
+                self.metrics.close()
+
+    def _run(self, max_seconds: float | None) -> dict:
         orch = self.cfg.orchestration
         started = time.monotonic()
         self.warm_up()
@@ -180,6 +191,10 @@ class SyncerService:
             published, decided = record.get("published_at"), record.get("decided_at")
             if published and decided:
                 self.decision_to_publish.append(published - decided)
+            if self.metrics is not None:     # after the commit: it never delays a publish
+                self.metrics.scalars(round_index, round_scalars(global_params_metadata(
+                    self.store, record, outcome.decision, outcome.version, outcome.finite,
+                    outcome.seconds)))
         elif not outcome.committed:
             self.not_merged += 1
             self.log(f"round {round_index} not merged: {record.get('reason')}")
@@ -196,6 +211,9 @@ class SyncerService:
         round_index = int(self.state["round"])
         with contextlib.suppress(Conflict):   # a fallback merge run evaluated this round
             self.store.put_eval(round_index, {**result, "by": "syncer"})
+        if self.metrics is not None:
+            self.metrics.scalars(round_index, {"eval/loss": result["loss"],
+                                               "eval/bits_per_byte": result["bits_per_byte"]})
         self.merges_since_eval = 0
         self.last_eval_round = round_index
 

@@ -15,7 +15,13 @@ import dagster as dg
 from pipelines.defs.partitions import ROUND_TAG, learners, round_x_learner, rounds
 from pipelines.experiment_context import EXPERIMENT_TAG, run_store
 from pipelines.round_control import partition_key, partition_rounds
-from pipelines.round_metadata import eval_regression, global_params_events, heldout_eval_metadata
+from pipelines.round_metadata import (
+    eval_regression,
+    global_params_events,
+    global_params_metadata,
+    heldout_eval_metadata,
+    round_scalars,
+)
 from resources.store.resource import ArtifactStoreResource
 
 learner_update = dg.AssetSpec(
@@ -48,6 +54,20 @@ def run_round(context: dg.AssetExecutionContext) -> int:
         raise dg.Failure(description=f"tag {ROUND_TAG}={tag[:20]!r} is not a round of "
                                      f"partition {context.partition_key}")
     return int(tag)
+
+
+def _to_metrics_sink(context: dg.AssetExecutionContext, artifacts, round_index: int,
+                     scalars) -> None:
+    """This run's figures for the experiment's TensorBoard sink, if it has one."""
+    from diloco_core.config_loading import config_from_mapping
+    from resources.metrics_sink import open_sink
+
+    logdir = config_from_mapping(artifacts.get_config()).orchestration.tensorboard_dir
+    sink = open_sink(logdir, artifacts.experiment, f"run-{context.run_id[:8]}",
+                     context.log.warning)
+    if sink is not None:
+        sink.scalars(round_index, scalars())
+        sink.close()
 
 
 def _merge_faults(artifacts, round_index: int, log):
@@ -89,6 +109,9 @@ def global_params(context: dg.AssetExecutionContext, store: ArtifactStoreResourc
                          f"{outcome.version}; not merging twice")
     else:
         context.log.info(f"round {round_index}: {record['reason']}")
+        _to_metrics_sink(context, artifacts, round_index, lambda: round_scalars(
+            global_params_metadata(artifacts, record, decision, outcome.version,
+                                   outcome.finite, outcome.seconds)))
     yield from global_params_events(artifacts, record, decision, outcome.version,
                                     outcome.finite, outcome.seconds)
 
@@ -123,6 +146,8 @@ def heldout_eval(context: dg.AssetExecutionContext, config: EvalConfig,
         if previous is not None:
             break
     context.log.info(f"round {round_index}: held-out loss {result['loss']:.4f}")
+    _to_metrics_sink(context, artifacts, round_index, lambda: {
+        "eval/loss": result["loss"], "eval/bits_per_byte": result["bits_per_byte"]})
     yield dg.MaterializeResult(metadata=heldout_eval_metadata(result, round_index))
     yield dg.AssetCheckResult(**eval_regression(result, previous))
 
