@@ -57,15 +57,15 @@ class ModelConfig:
     mixture-of-experts blocks when `n_experts` > 0 (`moe.py`).
     """
 
-    preset: str = "small"
+    preset: str = "small"  # model preset (diloco params lists them); its fields can be overridden
     family: str = "decoder"        # "decoder" (text) | "vit" (images)
     vocab_size: int = 256          # byte-level tokens (decoder only)
-    d_model: int = 128
-    n_layers: int = 6
-    n_heads: int = 4
+    d_model: int = 128             # width of the residual stream
+    n_layers: int = 6              # transformer blocks
+    n_heads: int = 4               # attention heads (d_model must divide evenly)
     d_ff: int = 512                # hidden width of the gated MLP (of each expert, with MoE)
     max_seq_len: int = 128         # rotary tables (decoder) / position embeddings (vit) cover this
-    rope_base: float = 10_000.0
+    rope_base: float = 10_000.0    # rotary position embedding base
     dtype: str = "float32"         # activation/compute dtype; params are always float32
     n_experts: int = 0             # 0: dense MLP blocks; E > 0: mixture of E experts per block
     experts_per_token: int = 2     # top-k routing (MoE only)
@@ -117,9 +117,9 @@ class DataConfig:
     """Where tokens come from and how they are packed."""
 
     corpus: str = "stdlib"         # "stdlib" (the interpreter's own library source) or a glob
-    seq_len: int = 128
+    seq_len: int = 128             # tokens per training sequence
     batch_size: int = 16           # sequences per learner step
-    heldout_fraction: float = 0.05
+    heldout_fraction: float = 0.05  # share of the corpus held out for evals
 
     def __post_init__(self):
         _require(isinstance(self.corpus, str) and self.corpus.strip() != "", "corpus",
@@ -135,12 +135,12 @@ class DataConfig:
 class InnerOptConfig:
     """Each learner's AdamW with linear warmup, cosine (or constant) decay and clipping."""
 
-    lr: float = 3e-3
-    b1: float = 0.9
-    b2: float = 0.95
-    eps: float = 1e-8
-    weight_decay: float = 0.1
-    warmup_steps: int = 20
+    lr: float = 3e-3               # peak inner learning rate
+    b1: float = 0.9                # AdamW beta1
+    b2: float = 0.95               # AdamW beta2
+    eps: float = 1e-8              # AdamW epsilon
+    weight_decay: float = 0.1      # AdamW decoupled weight decay
+    warmup_steps: int = 20         # linear warmup from 0 to lr
     schedule: str = "cosine"       # "cosine" | "constant"
     decay_steps: int = 0           # 0: derived from the token budget
     min_lr_ratio: float = 0.1      # cosine floor as a fraction of lr
@@ -168,9 +168,9 @@ class InnerOptConfig:
 class OuterOptConfig:
     """The syncer's SGD with Nesterov momentum, applied to the merged outer gradient."""
 
-    lr: float = 0.7
-    momentum: float = 0.9
-    nesterov: bool = True
+    lr: float = 0.7                # outer learning rate
+    momentum: float = 0.9          # outer momentum (one state per fragment)
+    nesterov: bool = True          # Nesterov momentum (else heavy ball)
     # The P final rounds after STOP: "average" publishes the weighted average of the learners'
     # fragments (outer lr 1, no momentum); "outer_step" treats them like any round. The final
     # rounds carry little new progress, so an outer step there is mostly momentum: measured
@@ -205,8 +205,8 @@ class SyncConfig:
     overlap_steps: int = 1         # tau: steps a fragment may be in flight before it must land
     min_quorum: int = 1            # K
     grace_gamma: float = 0.8       # gamma: share of the slack the grace window may use (0: none)
-    grace_min_seconds: float = 0.0
-    grace_max_seconds: float = math.inf
+    grace_min_seconds: float = 0.0  # floor of the grace window after quorum
+    grace_max_seconds: float = math.inf  # cap of the grace window
     ema_decay: float = 0.9         # running estimates of step / quorum / sync times
     merge_rule: str = "rda"        # rda (non-embedding tensors) + weighted mean (embeddings)
     weighting: str = "tokens"      # tokens: w = tokens^2 / steps; uniform: w = 1
@@ -332,9 +332,9 @@ class SimulationConfig:
     step_seconds: float = 1.0      # nominal inner-step time of a speed-1.0 learner
     step_jitter: float = 0.0       # relative std-dev of each step time (e.g. 0.1 = 10%)
     sync_seconds: float = 0.3      # merge + transfer latency from decision to delivery
-    outages: tuple[Outage, ...] = ()
+    outages: tuple[Outage, ...] = ()  # learner outages: {learner, start, end} seconds
     eval_points: int = 8           # held-out evals of the global params, evenly over the budget
-    eval_batches: int = 4
+    eval_batches: int = 4          # held-out batches per eval
 
     def __post_init__(self):
         _finite_positive(self.step_seconds, "step_seconds")
@@ -363,7 +363,7 @@ class OrchestrationConfig:
     # on a TPU slice); it keeps heartbeating through it for at most this long.
     compile_timeout_seconds: float = 1800.0
     restart_backoff_seconds: float = 5.0  # first relaunch delay; doubles per consecutive failure
-    restart_backoff_max_seconds: float = 60.0
+    restart_backoff_max_seconds: float = 60.0  # cap of the relaunch delay
     max_restarts: int = 20                # per learner, over the whole run
     rejoin_max_versions_behind: int = 2   # own checkpoint is fresh if no fragment is further behind
     round_timeout_seconds: float = 300.0  # a final round stops waiting for silent learners
@@ -387,7 +387,7 @@ class OrchestrationConfig:
     # 0.25 s: a decision waits at most that for the poll that sees its last offer; polling
     # faster cost the 2-core demo's learners a measurable share of a core.
     syncer_poll_seconds: float = 0.25
-    syncer_timeout_seconds: float = 20.0
+    syncer_timeout_seconds: float = 20.0  # lease unchanged this long: the sensor takes over
     # The syncer evaluates the global model after every this many merged rounds (0: once per
     # outer step, i.e. every P rounds); the sensor-run merges evaluate every round.
     eval_every_rounds: int = 0
@@ -442,8 +442,8 @@ class ExperimentConfig:
     """Everything one training run needs. Sub-configs validate themselves; cross-field checks
     live here."""
 
-    name: str = "diloco-demo"
-    seed: int = 0
+    name: str = "diloco-demo"      # names the experiment's storage prefix
+    seed: int = 0                  # model init, data order and simulated jitter
     # "text": next-byte prediction on the corpus (decoder family). "digits": classification of
     # scikit-learn's 8x8 handwritten digits (vit family); there a "token" is one image, so
     # token_budget, batch sizes and the merge weights count images.

@@ -29,9 +29,9 @@ from diloco_core.fault_tape import TapeError
 
 
 def load_config(path: str | None, overrides: list[str],
-                base: Sequence[str] = ()) -> ExperimentConfig:
+                base: Sequence[str] = (), form: dict | None = None) -> ExperimentConfig:
     """Defaults <- `base` overrides (e.g. the orchestrated defaults) <- file (YAML or TOML by
-    extension) <- --set overrides.
+    extension) <- `form` (the launchpad's typed fields a user filled in) <- --set overrides.
 
     A user who sets the number of learners but not a per-learner list (speeds, batch sizes,
     regions, names) gets that list's default for the new M, not the base's list for its M:
@@ -43,6 +43,7 @@ def load_config(path: str | None, overrides: list[str],
             raise ConfigError("--config", f"no such file: {path}")
         fmt = "toml" if file.suffix == ".toml" else "yaml"
         mapping = parse_config_text(file.read_text(), fmt)
+    mapping = merge_mappings(mapping, form or {})
     base_mapping = overrides_to_mapping(base)
     user = merge_mappings(mapping, overrides_to_mapping(overrides))
     chosen = user.get("learners") if isinstance(user.get("learners"), dict) else {}

@@ -35,24 +35,31 @@ ARTIFACTS = REPO_ROOT / "test-artifacts" / "ui"
 README_IMAGES = REPO_ROOT / "docs" / "img"
 EXPERIMENT = "ui-e2e"
 
-# What a person types into the launchpad: the orchestrated defaults, made small and fast.
+# What a person types into the launchpad: the orchestrated defaults, made small and fast,
+# mostly in the typed form (`experiment`: the browser validates each field's type as it is
+# typed) and a few as overrides (applied last).
 LAUNCH_YAML = f"""\
 ops:
   start_experiment:
     config:
+      experiment:
+        model:
+          preset: tiny
+        data:
+          seq_len: 32
+          batch_size: 4
+        learners:
+          num_learners: 2
+          speeds: [1.0, 1.0]
+        sync:
+          sync_period: 120
+          num_fragments: 2
+          min_quorum: 2
+          grace_min_seconds: 1
+        token_budget: 80000
       overrides:
         - name={EXPERIMENT}
-        - model.preset=tiny
-        - data.seq_len=32
-        - data.batch_size=4
-        - learners.num_learners=2
-        - "learners.speeds=[1.0, 1.0]"
         - orchestration.step_seconds_floor=0.1
-        - sync.sync_period=120
-        - sync.num_fragments=2
-        - sync.min_quorum=2
-        - sync.grace_min_seconds=1
-        - token_budget=80000
         - orchestration.eval_batches=1
         - orchestration.checkpoint_every_steps=60
         - orchestration.heartbeat_seconds=1

@@ -9,13 +9,21 @@ supervisor dispatches its learners and the quorum sensor starts opening rounds.
 import dagster as dg
 from pydantic import Field
 
+from pipelines.config_schema import form_model
 from pipelines.defs.partitions import learners
 from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS, require_orchestratable
 from resources.compute import LearnerCompute
 from resources.store.resource import ArtifactStoreResource
 
+ExperimentForm = form_model()
+
 
 class TrainingConfig(dg.Config):
+    experiment: ExperimentForm = Field(
+        default_factory=ExperimentForm,
+        description="Every field of the experiment config, typed; a field left empty keeps its "
+                    "default (in its description). Layered over the config file, under the "
+                    "overrides. Reference: docs/config.md")
     config_path: str | None = Field(
         default=None, description="YAML or TOML experiment config (default: embedded defaults)")
     overrides: list[str] = Field(
@@ -51,7 +59,10 @@ def start_experiment(context: dg.AssetExecutionContext, config: TrainingConfig,
 
     try:
         base = ORCHESTRATED_DEFAULTS if config.orchestrated_defaults else ()
-        cfg = load_config(config.config_path, list(config.overrides), base=base)
+        from pipelines.config_schema import form_to_mapping
+
+        cfg = load_config(config.config_path, list(config.overrides), base=base,
+                          form=form_to_mapping(config.experiment))
         require_orchestratable(cfg)
     except ConfigError as err:
         raise dg.Failure(description=f"invalid experiment config: {err}") from None
