@@ -137,6 +137,24 @@ class Harness:
                     break
         return result
 
+    def decider(self, path: str):
+        """One decider tick as a function: the quorum sensor's ("sensor"), or a syncer
+        service's ("service", attempt 0, holding the lease, which renews on this harness's
+        scripted clock so whether it moved between two ticks never depends on machine speed).
+        Returns (step, service or None)."""
+        if path != "service":
+            return (lambda: self.tick()), None
+        from pipelines.syncer_service import SyncerService
+
+        service = SyncerService(self.store, attempt=0, log=lambda _: None)
+        service.lease.clock = lambda: self.now
+        service.lease.acquire(4)
+
+        def step():
+            self.now += 1.0
+            service.step(now=self.now)
+        return step, service
+
     def state(self) -> dict:
         """The round controller's state in the sensor's cursor."""
         return json.loads(self.cursor)["controller"]

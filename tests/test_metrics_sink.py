@@ -8,8 +8,6 @@ import pytest
 from orchestration_harness import Harness
 from tensorboardX.proto.event_pb2 import Event
 
-from pipelines.syncer_service import SyncerService
-
 pytestmark = pytest.mark.timeout(300)
 NAMES = ["learner-0", "learner-1", "learner-2"]
 
@@ -37,17 +35,7 @@ def test_each_merge_and_eval_reaches_tensorboard(tmp_path, path):
         h = Harness(instance, str(tmp_path / "store"), overrides=[
             f"orchestration.syncer={path}", f"orchestration.tensorboard_dir={logdir}"])
         h.start()
-        if path == "service":
-            service = SyncerService(h.store, attempt=0, log=lambda _: None)
-            service.lease.clock = lambda: h.now
-            service.lease.acquire(4)
-
-            def step():
-                h.now += 1.0
-                service.step(now=h.now)
-        else:
-            def step():
-                h.tick()
+        step, service = h.decider(path)
         for r in range(2):
             for name in NAMES:
                 h.beat(name, 2)

@@ -10,7 +10,6 @@ from diloco_core.config import ROUND_PARTITIONS_MAX
 from pipelines.cli import load_config
 from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
 from pipelines.round_control import partition_key, partition_rounds
-from pipelines.syncer_service import SyncerService
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -66,18 +65,10 @@ def test_two_rounds_per_partition_on_both_paths(tmp_path, path):
         h = Harness(instance, str(tmp_path / "store"), overrides=[
             f"orchestration.syncer={path}", "orchestration.rounds_per_partition=2"])
         h.start()
+        step, _ = h.decider(path)
+        _play(h, step)
         if path == "service":
-            service = SyncerService(h.store, attempt=0, log=lambda _: None)
-            service.lease.clock = lambda: h.now
-            service.lease.acquire(4)
-
-            def step():
-                h.now += 1.0
-                service.step(now=h.now)
-            _play(h, step)
             h.tick()                                    # the sensor mirrors what it did
-        else:
-            _play(h, lambda: h.tick())
         for r in range(4):
             assert h.store.version_meta(r % 2, r // 2 + 1)["round"] == r     # merged once
         assert instance.get_dynamic_partitions("rounds") == WINDOWS
