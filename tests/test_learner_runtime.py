@@ -313,3 +313,28 @@ def test_a_newer_attempts_heartbeat_is_never_overwritten_by_an_older_process(tmp
     assert newest == 3
     assert not reverted, reverted[:5]
     assert all((o["superseded_by"] or -1) > k for k, o in enumerate(outcomes)), outcomes
+
+
+def test_a_replaced_attempt_writes_no_offer(harness):
+    """A zombie (attempt 0, still running after its learner was relaunched as attempt 1)
+    must not offer: its progress would count twice when attempt 1 offers the same steps from
+    its checkpoint. The link reads the heartbeat before each offer, not only at its own next
+    heartbeat."""
+    from resources.learner.store_link import StoreLink
+
+    h = harness
+    P = h.cfg.sync.num_fragments
+    logs: list[str] = []
+    zombie = StoreLink(h.store, "learner-0", P, [0] * P, 60.0, logs.append, attempt=0)
+    h.store.put_heartbeat("learner-0", {"learner": "learner-0", "status": "training",
+                                        "time": h.now, "attempt": 1, "step": 0,
+                                        "tokens_total": 0})      # the relaunched process
+    zombie.offer(h.contribution("learner-0", 0), {"attempt": 0})
+    zombie.close()
+    assert h.store.contribution_manifest(0, "learner-0") is None
+    assert zombie.superseded_by == 1
+    assert any("dropped" in m and "replaced attempt 0" in m for m in logs), logs
+    current = StoreLink(h.store, "learner-0", P, [0] * P, 60.0, logs.append, attempt=1)
+    current.offer(h.contribution("learner-0", 0), {"attempt": 1})
+    current.close()
+    assert h.store.contribution_manifest(0, "learner-0")["extra"]["attempt"] == 1

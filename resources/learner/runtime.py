@@ -377,6 +377,10 @@ class LearnerRuntime:
                                       self.cfg.learner_step_tokens[self.index], self.cfg)
 
     def _checkpoint(self) -> None:
+        if self.link.fenced():
+            self.log(f"{self.name} attempt {self.attempt}: not checkpointing, attempt "
+                     f"{self.link.superseded_by} has replaced it")
+            return
         step = int(self.train.step)
         meta = {"learner": self.name, "step": step, "tokens_total": self.tokens_total,
                 "data": self.data.state(), "versions": [f.version for f in self.sync.fragments],

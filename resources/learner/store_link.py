@@ -83,6 +83,19 @@ class StoreLink:
         with self._lock:
             return self._stop
 
+    def fenced(self) -> bool:
+        """Whether a newer attempt of this learner has started (read from the store now, not
+        at the last heartbeat): a process that was replaced (a zombie: its run worker died,
+        or it hung past its timeout and came back) must write nothing more of its own, not
+        an offer (its progress would count twice when the new attempt offers the same steps
+        from its checkpoint) and not a checkpoint (the new attempt may be restoring it)."""
+        if self.superseded_by is None:
+            current = self.store.get_heartbeat(self.learner) or {}
+            attempt = current.get("attempt")
+            if isinstance(attempt, int) and attempt > self.attempt:
+                self.superseded_by = attempt
+        return self.superseded_by is not None
+
     def close(self, timeout: float = 60.0) -> None:
         """Flush every queued upload, then stop the thread."""
         self._outbox.put(("close", None))
@@ -121,6 +134,14 @@ class StoreLink:
                 if record is not None:
                     self._put_record(record)
                     self._pending[0] = (kind, (contribution, extra, after_put, None))
+                # After the write-ahead record (its claim then reads as an offer not stored,
+                # and the ledger still balances), before the offer.
+                if self.fenced():
+                    self.log(f"offer to round {contribution.round} dropped: attempt "
+                             f"{self.superseded_by} of {self.learner} has replaced attempt "
+                             f"{self.attempt}")
+                    self._pending.pop(0)
+                    continue
                 self.bytes_up += self.store.put_contribution(contribution, extra)
                 if after_put is not None:
                     after_put(self.store)
