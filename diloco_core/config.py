@@ -364,7 +364,11 @@ class OrchestrationConfig:
     compile_timeout_seconds: float = 1800.0
     restart_backoff_seconds: float = 5.0  # first relaunch delay; doubles per consecutive failure
     restart_backoff_max_seconds: float = 60.0  # cap of the relaunch delay
-    max_restarts: int = 20                # per learner, over the whole run
+    # Launches of one learner (or of the syncer) within restart_window_seconds; past it the
+    # supervisor waits for the oldest to leave the window. Per window, so that a week of
+    # preemptions never exhausts it while a crash loop is still held to this rate.
+    max_restarts: int = 20
+    restart_window_seconds: float = 3600.0  # the window max_restarts counts launches in
     rejoin_max_versions_behind: int = 2   # own checkpoint is fresh if no fragment is further behind
     round_timeout_seconds: float = 300.0  # a final round stops waiting for silent learners
     eval_batches: int = 4                 # held-out batches per round eval
@@ -412,6 +416,7 @@ class OrchestrationConfig:
         for name in ("heartbeat_seconds", "poll_seconds", "learner_timeout_seconds",
                      "compile_timeout_seconds", "restart_backoff_seconds",
                      "restart_backoff_max_seconds", "round_timeout_seconds",
+                     "restart_window_seconds",
                      "syncer_poll_seconds", "syncer_timeout_seconds"):
             _finite_positive(getattr(self, name), name)
         _require(self.step_seconds_floor >= 0 and math.isfinite(self.step_seconds_floor),

@@ -4,7 +4,7 @@ import dagster as dg
 import pytest
 from orchestration_harness import Harness
 
-from pipelines.defs.sensors import supervise_tick
+from pipelines.defs.sensors import _relaunch_blocked, supervise_tick
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -84,3 +84,27 @@ def test_checkpoints_are_recorded_once_per_new_step(harness):
     again = _tick(h, h.now, cursor=first.cursor)
     assert not again.asset_events
 
+
+
+def test_the_restart_budget_is_per_time_window(tmp_path):
+    """max_restarts launches per restart_window_seconds: a crash loop is held to that rate,
+    and launches that have left the window (a week of preemptions) no longer count."""
+    with dg.instance_for_test() as instance:
+        h = Harness(instance, str(tmp_path / "store"), [
+            "orchestration.restart_backoff_seconds=1", "orchestration.max_restarts=2",
+            "orchestration.restart_window_seconds=600"])
+        h.start()
+        for _ in range(3):                                  # three launches, all failed
+            h.instance.report_run_failed(_learner_run(h, "learner-0",
+                                                      dg.DagsterRunStatus.NOT_STARTED))
+        records = h.instance.get_run_records(
+            filters=dg.RunsFilter(tags={"diloco/learner": "learner-0"}))
+        oldest = min(r.create_timestamp.timestamp() for r in records)
+        result = _tick(h, oldest + 100)
+        assert "learner-0" not in [r.tags["diloco/learner"] for r in result.run_requests]
+        why = _relaunch_blocked(sorted(records, key=lambda r: -r.storage_id),
+                                h.cfg.orchestration, oldest + 100)
+        assert why.startswith("3 launches in the last 600s (max_restarts 2)"), why
+        later = _tick(h, oldest + 601)                      # the oldest left the window
+        (relaunch,) = [r for r in later.run_requests if r.tags["diloco/learner"] == "learner-0"]
+        assert relaunch.run_config["ops"]["run_learner"]["config"]["attempt"] == 3

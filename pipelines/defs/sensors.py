@@ -282,10 +282,16 @@ def supervise_tick(context: dg.SensorEvaluationContext, store: ArtifactStoreReso
 
 def _relaunch_blocked(records: list[dg.RunRecord], orch, now: float) -> str | None:
     """Why a process whose runs are `records` (newest first, none in progress) is not to be
-    launched again now: out of restarts, or within the backoff of
-    `restart_backoff_seconds x 2^(consecutive failures - 1)` (capped). None: launch it."""
-    if len(records) > orch.max_restarts:
-        return f"gave up after {len(records)} launches"
+    launched again now: `max_restarts` launches within the last `restart_window_seconds`, or
+    within the backoff of `restart_backoff_seconds x 2^(consecutive failures - 1)` (capped).
+    None: launch it."""
+    window = orch.restart_window_seconds
+    recent = sorted(r.create_timestamp.timestamp() for r in records
+                    if r.create_timestamp.timestamp() > now - window)
+    if len(recent) > orch.max_restarts:
+        wait = recent[len(recent) - orch.max_restarts - 1] + window - now
+        return (f"{len(recent)} launches in the last {window:.0f}s (max_restarts "
+                f"{orch.max_restarts}); the next in {wait:.0f}s")
     failures = 0
     for rec in records:
         if rec.dagster_run.status != dg.DagsterRunStatus.FAILURE:
