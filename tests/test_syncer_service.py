@@ -281,3 +281,23 @@ def test_an_operators_stop_ends_the_run_through_the_final_rounds_before_the_budg
     assert {p: h.store.version_meta(p)["round"] for p in range(2)} == {0: 2, 1: 1}
     assert main(["stop", "--store", h.resource.base_uri]) == 0
     assert "already finished" in capsys.readouterr().out
+
+
+def test_a_tick_replayed_after_its_cursor_was_lost_does_not_wedge_the_sensor(harness):
+    """The daemon killed after a tick's events were stored but before its cursor was: the next
+    tick mirrors the same rounds again. Dagster refuses a second runless check evaluation per
+    partition, which failed every later tick (seen in a fresh-clone CI run's instance
+    restart); the mirror skips the evaluations the instance already holds."""
+    h = harness
+    service = _service_after_round_0(h)
+    _round(h, service, 1)
+    before = h.cursor
+    h.tick()                                             # mirrors rounds 0 and 1
+    h.cursor = before                                    # ... and its cursor is lost
+    h.tick()                                             # the same rounds again: no error
+    checks = h.instance.event_log_storage.get_asset_check_execution_history(
+        dg.AssetCheckKey(dg.AssetKey("global_params"), "params_finite"), limit=10)
+    assert sorted(c.partition for c in checks) == [round_key(0), round_key(1)]
+    _round(h, service, 2)
+    h.tick()                                             # and the sensor goes on
+    assert round_key(2) in h.merged_rounds()

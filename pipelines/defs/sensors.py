@@ -99,7 +99,7 @@ def quorum_tick(context: dg.SensorEvaluationContext, store: ArtifactStoreResourc
         if cursor.get("mode") == "fallback":
             context.log.info("the syncer service holds a live lease again: mirroring it")
         cursor["mode"] = "mirror"
-        return _mirror(artifacts, cfg, cursor)
+        return _mirror(context.instance, artifacts, cfg, cursor)
     why = (f"the syncer's lease has not moved for {silent:.0f}s (timeout {timeout:.0f}s)"
            if not releasing else "the syncer released its lease")
     if cursor.get("mode") != "fallback":
@@ -159,7 +159,26 @@ def _decide_here(context: dg.SensorEvaluationContext, artifacts, cfg, cursor: di
         skip_reason=None if requests or partitions or result.offers else reason)
 
 
-def _mirror(artifacts, cfg, cursor: dict) -> dg.SensorResult:
+def _not_yet_evaluated(instance: dg.DagsterInstance, events: list) -> list:
+    """`events` without the runless check evaluations the instance already holds. Dagster keeps
+    one per (asset, check, partition) and raises on a second; a tick whose events were stored
+    but whose cursor was not (the daemon killed in between) mirrors the same rounds again,
+    and without this every later tick failed the same way: the sensor was dead for good."""
+    from dagster._core.event_api import PartitionKeyFilter
+
+    kept = []
+    for event in events:
+        if isinstance(event, dg.AssetCheckEvaluation):
+            key = dg.AssetCheckKey(event.asset_key, event.check_name)
+            history = instance.event_log_storage.get_asset_check_execution_history(
+                key, limit=20, partition_filter=PartitionKeyFilter(key=event.partition))
+            if any(record.run_id == "" for record in history):
+                continue
+        kept.append(event)
+    return kept
+
+
+def _mirror(instance: dg.DagsterInstance, artifacts, cfg, cursor: dict) -> dg.SensorResult:
     """The syncer service runs the rounds: record in Dagster what it did."""
     from pipelines.round_metadata import (
         eval_regression,
@@ -197,6 +216,7 @@ def _mirror(artifacts, cfg, cursor: dict) -> dg.SensorResult:
         released, cursor["checks_closed_upto"] = release_checks(
             held, None if result.finished else mirrored, closed)
         events += released
+    events = _not_yet_evaluated(instance, events)
     requests = [_summary_request(artifacts.experiment)] if result.finished else []
     partitions = _partitions_request(result.opened, per_partition)
     return dg.SensorResult(
