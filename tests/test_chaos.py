@@ -131,14 +131,18 @@ def test_a_slowed_learner_only_costs_its_own_contribution(chaos):
     offers = sorted((m["learner_step"], m["clock"]) for r in range(len(s["rounds"]) + 2)
                     if (m := store.contribution_manifest(r, "learner-2")) is not None)
 
-    def rate(lo, hi):
+    def rate(*spans):
         inside = [(a, b) for a, b in zip(offers, offers[1:], strict=False)
-                  if lo <= a[0] and b[0] <= hi]
-        assert inside, f"no two offers between steps {lo} and {hi}: {offers}"
+                  if any(lo <= a[0] and b[0] <= hi for lo, hi in spans)]
+        assert inside, f"no two offers within steps {spans}: {offers}"
         return (sum(b[0] - a[0] for a, b in inside)
                 / sum(b[1] - a[1] for a, b in inside))
 
-    assert rate(SLOW_AT, SLOW_AT + SLOW_STEPS) < 0.6 * rate(SLOW_AT + SLOW_STEPS + 40, 10**6)
+    # Its normal pace: after the store errors (steps 80-140, which slow it too) and before the
+    # slow window, and after the window. Only after the window was too little on a machine
+    # where it reached the budget some 30 steps past it (a fresh-clone CI run).
+    normal = rate((140, SLOW_AT), (SLOW_AT + SLOW_STEPS, 10**6))
+    assert rate((SLOW_AT, SLOW_AT + SLOW_STEPS)) < 0.6 * normal
 
 
 def test_store_errors_are_retried_and_nothing_is_lost(chaos):
