@@ -101,6 +101,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     args = parser.parse_args()
     from pipelines.reporting import code_revision, machine_info
+    from pipelines.run_summary import latency_by_merger
 
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
@@ -132,6 +133,16 @@ def main() -> None:
                 ledger["tokens"].get("superseded_on_receipt", 0.0) / processed
                 if processed else None),
             "merged_by": demo["merged_by"],
+            # Each percentile with the merges behind it: the service's own merges, and the
+            # merge runs of the sensor's fallback (e.g. before the syncer holds its lease).
+            "decision_to_publish_by_merger": latency_by_merger(
+                demo["rounds"], "decision_to_publish_seconds"),
+            "quorum_to_publish_by_merger": latency_by_merger(
+                demo["rounds"], "quorum_to_publish_seconds"),
+            "rounds": [{k: r.get(k) for k in ("round", "decided_by", "merged_by",
+                                              "quorum_to_publish_seconds",
+                                              "decision_to_publish_seconds")}
+                       for r in demo["rounds"] if r.get("merged")],
             "peak_rss_mib": peak_mb,
             "failures_injected": demo["failures_injected"],
             "learners_rejoined": demo["learners_rejoined"],
@@ -153,6 +164,10 @@ def main() -> None:
           f"{d['decision_to_publish_median_seconds']:.3f}s p90 "
           f"{d['decision_to_publish_p90_seconds']:.3f}s, superseded on receipt "
           f"{d['superseded_on_receipt_fraction']:.1%}, peak RSS {d['peak_rss_mib']:.0f} MiB")
+    for kind, dist in d["decision_to_publish_by_merger"].items():
+        p90 = "-" if dist["p90"] is None else f"{dist['p90']:.3f}s"
+        print(f"  decision->published, merged by {kind}: {dist['count']} rounds, median "
+              f"{dist['median']:.3f}s, p90 {p90}")
     print(f"reference simulator: {reference['wall_seconds']:.0f}s wall, "
           f"{reference['tokens_per_second']:.0f} tok/s, loss {reference['final_heldout_loss']:.3f}")
     print(f"throughput demo / reference: {result['throughput_ratio_demo_to_reference']:.2f}; "

@@ -78,6 +78,14 @@ def build_summary(store: ArtifactStore, eval_batches: int | None = None) -> dict
             merge_record = merge
         entry["rejected"] = merge_record.get("rejected", {})
         entry["published_at"] = (merge or {}).get("published_at")
+        if merge is not None:
+            # Who merged it and how long it took, per round: a latency percentile is only
+            # explained by the rounds behind it (e.g. merge runs while no syncer held a lease).
+            entry["merged_by"] = merge.get("merged_by")
+            for name, since in (("quorum_to_publish_seconds", "quorum_at"),
+                                ("decision_to_publish_seconds", "decided_at")):
+                if merge.get("published_at") and merge.get(since):
+                    entry[name] = merge["published_at"] - merge[since]
     beats = {n: store.get_heartbeat(n) or {} for n in names}
     training = sum(b.get("training_seconds", 0.0) for b in beats.values())
     compute = sum(b.get("compute_seconds", 0.0) for b in beats.values())
@@ -121,6 +129,17 @@ def build_summary(store: ArtifactStore, eval_batches: int | None = None) -> dict
         **resilience_report(store, cfg, merges, ledger),
         "rounds": rounds,
     }
+
+
+def latency_by_merger(rounds: list[dict], key: str) -> dict[str, dict]:
+    """A latency's distribution per merger kind ("syncer": the service, "run": the sensor's
+    fallback merge runs), from the per-round summary entries."""
+    kinds: dict[str, list[float]] = {}
+    for r in rounds:
+        if r.get(key) is not None:
+            kind = "syncer" if str(r.get("merged_by", "")).startswith("syncer") else "run"
+            kinds.setdefault(kind, []).append(r[key])
+    return {kind: _distribution(values) for kind, values in sorted(kinds.items())}
 
 
 def _distribution(values: list[float]) -> dict:
