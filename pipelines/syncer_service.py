@@ -20,6 +20,7 @@ programs kept warm: decision to published is the merge itself, not a run launch.
 """
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable
 
@@ -73,7 +74,6 @@ class SyncerService:
     def _run(self, max_seconds: float | None) -> dict:
         orch = self.cfg.orchestration
         started = time.monotonic()
-        self.warm_up()
         try:
             self.lease.acquire(orch.syncer_timeout_seconds, self.log)
         except LeaseRefused as err:
@@ -81,11 +81,12 @@ class SyncerService:
             self.log(f"syncer attempt {self.attempt}: refused: {err}")
             return self.record()
         self.log(f"syncer attempt {self.attempt} holds the lease (epoch "
-                 f"{self.lease.held.record['epoch']}); polling every "
+                 f"{self.lease.held.record['epoch']}); compiling, then polling every "
                  f"{orch.syncer_poll_seconds}s")
         self.status = "syncing"
         next_report = time.monotonic() + PROGRESS_SECONDS
         try:
+            self._warm_up_holding_the_lease()
             while True:
                 reason = self.step()
                 if self.state.get("finished"):
@@ -114,6 +115,36 @@ class SyncerService:
             self.lease.release()
         return self.record()
 
+    def _warm_up_holding_the_lease(self) -> None:
+        """Compile while holding the lease, renewed once a second from a thread. The rounds
+        that come meanwhile wait seconds for this syncer, where the sensor's fallback (which
+        takes over from a syncer without a live lease) would merge each with a run launch and
+        a fresh process's compilation (about 20 s each, measured: the demo's first rounds); a
+        second syncer is refused at once instead of after compiling. `LeaseLost` if another
+        syncer took the lease meanwhile."""
+        done, lost = threading.Event(), []
+
+        def keep() -> None:
+            while not done.wait(1.0):
+                try:
+                    self.lease.renew()
+                except LeaseLost as err:
+                    lost.append(err)
+                    return
+                except OSError as err:   # a store hiccup: the next second tries again
+                    self.log(f"syncer: lease renewal failed, will retry: {err!r}")
+
+        keeper = threading.Thread(target=keep, name="syncer-lease-keeper", daemon=True)
+        keeper.start()
+        try:
+            self.warm_up()
+        finally:
+            done.set()
+            keeper.join()
+        if lost:
+            raise lost[0]
+        self.lease.renew(force=True)
+
     def step(self, now: float | None = None) -> str:
         """One poll: renew the lease, tick the round controller, merge what it decided,
         evaluate when due. `LeaseLost` (before any write) if another syncer took over."""
@@ -130,9 +161,8 @@ class SyncerService:
 
     def warm_up(self) -> None:
         """Compile the merge of every fragment for every number of members (decode, RDA,
-        outer step) and the eval before
-        taking the lease, on synthetic contributions: the first real rounds then publish in
-        milliseconds instead of waiting on XLA, and compiling never holds a lease unrenewed."""
+        outer step) and the eval, on synthetic contributions: the first real rounds then
+        publish in milliseconds instead of waiting on XLA."""
         import jax.numpy as jnp
         import numpy as np
 
