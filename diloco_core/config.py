@@ -171,6 +171,11 @@ class OuterOptConfig:
     lr: float = 0.7                # outer learning rate
     momentum: float = 0.9          # outer momentum (one state per fragment)
     nesterov: bool = True          # Nesterov momentum (else heavy ball)
+    # Outer steps over which each fragment's momentum ramps linearly from 0 to `momentum` (0:
+    # full momentum from the first step). A fragment's first steps then move by about lr times
+    # the learners' average instead of compounding an unsettled momentum buffer, which matters
+    # when a run has only tens of outer steps per fragment.
+    momentum_warmup_steps: int = 0
     # The P final rounds after STOP: "average" publishes the weighted average of the learners'
     # fragments (outer lr 1, no momentum); "outer_step" treats them like any round. The final
     # rounds carry little new progress, so an outer step there is mostly momentum: measured
@@ -180,6 +185,9 @@ class OuterOptConfig:
     def __post_init__(self):
         _finite_positive(self.lr, "lr")
         _in_unit(self.momentum, "momentum", low_open=False, high_open=True)
+        _require(isinstance(self.momentum_warmup_steps, int) and self.momentum_warmup_steps >= 0,
+                 "momentum_warmup_steps",
+                 f"must be an integer >= 0, got {self.momentum_warmup_steps!r}")
         _require(self.final_rounds in FINAL_ROUND_STEPS, "final_rounds",
                  f"must be one of {FINAL_ROUND_STEPS}, got {self.final_rounds!r}")
 
@@ -268,10 +276,16 @@ class LearnersConfig:
     # "replicated" (a full copy per device) or "fsdp" (each array split across the devices:
     # ~1/N of the params and AdamW state per device, for models that do not fit replicated).
     sharding: str = "replicated"
+    # Share of the token budget trained data-parallel (one lock-step AdamW step on all the
+    # learners' batches together) before the learners fork from its parameters and AdamW state;
+    # 0: the learners start apart from the first step. Reference simulator only for now.
+    warm_start_fraction: float = 0.0
 
     def __post_init__(self):
         _require(isinstance(self.num_learners, int) and self.num_learners >= 1, "num_learners",
                  f"must be an integer >= 1, got {self.num_learners!r}")
+        _in_unit(self.warm_start_fraction, "warm_start_fraction", low_open=False,
+                 high_open=True)
         _require(self.sharding in ("replicated", "fsdp"), "sharding",
                  f"must be one of replicated, fsdp, got {self.sharding!r}")
         for name in ("names", "regions", "speeds", "batch_sizes"):
@@ -493,6 +507,10 @@ class ExperimentConfig:
             _require(patches <= self.model.max_seq_len, "model.max_seq_len",
                      f"must be >= the {patches} patches of an image, got "
                      f"{self.model.max_seq_len}")
+        _require(not (self.learners.warm_start_fraction and self.simulation.outages),
+                 "learners.warm_start_fraction",
+                 "cannot be combined with simulation.outages (the data-parallel phase does not "
+                 "model failures)")
         last_end: dict[int, float] = {}
         for i, outage in sorted(enumerate(self.simulation.outages), key=lambda x: x[1].start):
             _require(outage.learner < m, f"simulation.outages[{i}].learner",

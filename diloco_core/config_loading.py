@@ -7,6 +7,7 @@ path, before anything is computed. Reading the file itself is the caller's job (
 import dataclasses
 import json
 import math
+import re
 import tomllib
 import types
 import typing
@@ -40,6 +41,15 @@ def parse_config_text(text: str, fmt: str) -> dict:
 
 
 _INFINITY = ("inf", "+inf", "infinity", "+infinity")
+# YAML 1.1 (PyYAML) reads exponent literals without a dot, such as `6e-3` or `1e6`, as strings;
+# a user writing `inner.lr=6e-3` means the number.
+_EXPONENT_LITERAL = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def _exponent_literal(value: Any) -> float | None:
+    if isinstance(value, str) and _EXPONENT_LITERAL.fullmatch(value.strip()):
+        return float(value)
+    return None
 
 
 def _coerce(value: Any, annotation: Any, path: str) -> Any:
@@ -62,6 +72,7 @@ def _coerce(value: Any, annotation: Any, path: str) -> Any:
             raise ConfigError(path, f"must be true or false, got {value!r}")
         return value
     if annotation is int:
+        value = v if (v := _exponent_literal(value)) is not None else value
         if isinstance(value, bool) or not isinstance(value, int):
             if isinstance(value, float) and value.is_integer():
                 return int(value)
@@ -70,6 +81,7 @@ def _coerce(value: Any, annotation: Any, path: str) -> Any:
     if annotation is float:
         if isinstance(value, str) and value.strip().lower() in _INFINITY:
             return math.inf  # how strict JSON (config_to_mapping) spells an unbounded setting
+        value = v if (v := _exponent_literal(value)) is not None else value
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(path, f"must be a number, got {value!r}")
         return float(value)

@@ -5,6 +5,10 @@ expects, so `optax.sgd(lr, momentum, nesterov=True)` moves Theta towards the lea
 b <- mu*b + Delta; Theta <- Theta - lr*(Delta + mu*b). With lr=1 and mu=0, Theta becomes the
 (weighted) learner average. Each fragment keeps its own momentum and steps only when it merges;
 one optimizer over the whole tree would decay every fragment's momentum at every merge.
+
+With `momentum_warmup_steps = W` the momentum of a fragment's n-th outer step (n from 0) is
+mu * min(n / W, 1), injected by `optax.inject_hyperparams`, whose step count lives in the
+fragment's own optimizer state (so it survives a syncer restart with the rest of the state).
 """
 
 from collections.abc import Mapping
@@ -18,8 +22,12 @@ FlatParams = dict[str, jax.Array]
 
 
 def build_outer_optimizer(cfg: OuterOptConfig) -> optax.GradientTransformation:
-    return optax.sgd(learning_rate=cfg.lr, momentum=cfg.momentum or None,
-                     nesterov=cfg.nesterov and cfg.momentum > 0)
+    nesterov = cfg.nesterov and cfg.momentum > 0
+    if cfg.momentum_warmup_steps == 0 or cfg.momentum == 0:
+        return optax.sgd(learning_rate=cfg.lr, momentum=cfg.momentum or None, nesterov=nesterov)
+    momentum = optax.linear_schedule(0.0, cfg.momentum, cfg.momentum_warmup_steps)
+    return optax.inject_hyperparams(optax.sgd, static_args=("nesterov",))(
+        learning_rate=cfg.lr, momentum=momentum, nesterov=nesterov)
 
 
 def outer_step(tx: optax.GradientTransformation, global_fragment: Mapping[str, jax.Array],

@@ -46,7 +46,7 @@ from diloco_core.image_data import ExampleIterator, Examples
 from diloco_core.inner_step import InnerStep, TrainState
 from diloco_core.learner import LearnerSync
 from diloco_core.model import init_model, is_embedding
-from diloco_core.objectives import batch_tokens
+from diloco_core.objectives import batch_tokens, concat_batches
 from diloco_core.outer import build_outer_optimizer
 from diloco_core.quorum import Estimates
 from diloco_core.round_protocol import (
@@ -196,11 +196,13 @@ class Simulation:
 
     # ---- the run --------------------------------------------------------------------------
     def run(self) -> SimulationResult:
+        if self.cfg.learners.warm_start_fraction:
+            self._warm_start()
         for outage in self.cfg.simulation.outages:
             self._push(outage.start, "down", outage.learner)
             self._push(outage.end, "up", outage.learner)
         for learner in self.learners:
-            self._schedule_step(learner, 0.0)
+            self._schedule_step(learner, self.now)
         while self.events and not self.finished:
             t, _, kind, payload = heapq.heappop(self.events)
             self._advance_clock(t)
@@ -210,6 +212,41 @@ class Simulation:
                                "(a learner is down forever and the quorum cannot be met)")
         self._finish()
         return self._result()
+
+    def _warm_start(self) -> None:
+        """`learners.warm_start_fraction`: train data-parallel (every step one AdamW update on
+        all the learners' next batches, in lock-step: it lasts as long as the slowest) until
+        that share of the budget, then fork: every learner continues from its parameters, AdamW
+        state and step count (so the inner schedule goes on where it was), and the global
+        parameters restart from them with a fresh outer state. Each learner keeps reading its
+        own shard, so the data stays disjoint across the fork."""
+        target = int(self.cfg.learners.warm_start_fraction * self.cfg.token_budget)
+        state = self.inner.init(join_fragments(self.syncer.fragments))
+        t = 0.0
+        while self.tokens < target:
+            durations = [self._step_seconds(learner) for learner in self.learners]
+            parts = [learner.data.next() for learner in self.learners]
+            state, _ = self.inner.step(state, concat_batches(parts))
+            step_time = max(durations)
+            for learner, duration, part in zip(self.learners, durations, parts, strict=True):
+                learner.stats.steps += 1
+                learner.stats.tokens += batch_tokens(part)
+                learner.stats.busy_seconds += duration
+                learner.stats.idle_seconds += step_time - duration
+                self.tokens += batch_tokens(part)
+            t += step_time
+            if self.progress:
+                self.progress(self.tokens, self.cfg.token_budget)
+        self._advance_clock(t)
+        self.syncer = SyncerState.start(split_params(state.params, self.plan), self.tx)
+        for learner in self.learners:
+            learner.train = TrainState(params=_copy(state.params),
+                                       opt_state=_copy(state.opt_state), step=state.step,
+                                       tokens=jnp.asarray(learner.stats.tokens, jnp.int32))
+            learner.sync = LearnerSync.start(learner.name, list(self.syncer.fragments),
+                                             list(self.syncer.versions))
+        while self.next_eval_tokens <= self.tokens:
+            self.next_eval_tokens += self.eval_interval_tokens
 
     def _on_step(self, t: float, index: int, generation: int, duration: float) -> None:
         learner = self.learners[index]

@@ -34,8 +34,14 @@ ORCHESTRATED_DEFAULTS = [
 
 def require_orchestratable(cfg: ExperimentConfig) -> None:
     """Refuse, before anything starts, what only the simulator runs: the learner processes read
-    the text corpus, so the digits task is simulator-only (`diloco simulate`)."""
+    the text corpus, so the digits task is simulator-only (`diloco simulate`); the learners have
+    no data-parallel phase to warm-start from (it would need a lock-step all-reduce between
+    them)."""
     if cfg.task != "text":
         raise ConfigError("task", f"{cfg.task!r} runs on the in-process simulator only "
                                   f"(diloco simulate --set task={cfg.task} ...); orchestrated "
                                   "training (train job, diloco demo) is 'text'")
+    if cfg.learners.warm_start_fraction:
+        raise ConfigError("learners.warm_start_fraction",
+                          "runs on the in-process simulator only (diloco simulate); orchestrated "
+                          "learners start apart, so it must be 0")

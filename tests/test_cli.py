@@ -86,13 +86,18 @@ def test_goodput_json(capsys, tmp_path):
     assert (tmp_path / "g.png").stat().st_size > 1000
 
 
-def test_demo_refuses_the_simulator_only_digits_task(capsys, tmp_path):
+@pytest.mark.parametrize("overrides, message", [
+    (["task=digits", "model.preset=vit-digits"],
+     "task: 'digits' runs on the in-process simulator only"),
+    (["learners.warm_start_fraction=0.25"],
+     "learners.warm_start_fraction: runs on the in-process simulator only"),
+])
+def test_demo_refuses_what_only_the_simulator_runs(capsys, tmp_path, overrides, message):
     workdir = tmp_path / "demo"
-    code = main(["demo", "--set", "task=digits", "--set", "model.preset=vit-digits",
+    code = main(["demo", *(a for o in overrides for a in ("--set", o)),
                  "--workdir", str(workdir)])
     assert code == 2
-    err = capsys.readouterr().err
-    assert "task: 'digits' runs on the in-process simulator only" in err
+    assert message in capsys.readouterr().err
     assert not workdir.exists()
 
 

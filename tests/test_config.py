@@ -42,6 +42,8 @@ def test_defaults_are_valid_and_match_the_paper_where_it_speaks():
     (["token_budget=10"], "token_budget", "smaller than one learner step"),
     (["sync.nonsense=1"], "sync.nonsense", "unknown field"),
     (["sync.min_quorum=two"], "sync.min_quorum", "must be an integer"),
+    (["token_budget=1.5e0"], "token_budget", "must be an integer"),
+    (["outer.momentum_warmup_steps=-1"], "outer.momentum_warmup_steps", ">= 0"),
     (["simulation.outages=[{learner: 9, start: 1, end: 2}]"], "simulation.outages[0].learner",
      "< learners.num_learners"),
     (["simulation.outages=[{learner: 0, start: 5, end: 2}]"], "simulation.outages[0].end",
@@ -54,6 +56,13 @@ def test_bad_values_name_the_field(overrides, field, reason):
         config_from_mapping({}, overrides)
     assert err.value.field == field
     assert reason in str(err.value)
+
+
+def test_exponent_literals_are_numbers():
+    # PyYAML (YAML 1.1) reads `6e-3` and `1e6`, without a dot, as strings.
+    cfg = config_from_mapping({}, ["inner.lr=6e-3", "token_budget=2e6", "outer.lr=1E0"])
+    assert (cfg.inner.lr, cfg.token_budget, cfg.outer.lr) == (0.006, 2_000_000, 1.0)
+    assert isinstance(cfg.token_budget, int)
 
 
 def test_yaml_and_toml_round_trip_and_overrides():

@@ -4,6 +4,7 @@ The "model" here is a single linear weight vector with constant init, so every n
 worked out on paper; the derivations are in the comments.
 """
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -99,6 +100,28 @@ def test_two_nesterov_outer_steps_by_hand():
     np.testing.assert_allclose(theta["w"], [0.81], rtol=1e-6)
     theta, state = outer_step(tx, theta, state, {"w": jnp.array([0.1])})
     np.testing.assert_allclose(theta["w"], [0.634], rtol=1e-6)
+
+
+def test_momentum_warmup_ramps_each_fragments_momentum_from_zero():
+    # lr 0.5, mu 0.9 reached after W = 2 outer steps; Theta0 = 1, g = 0.2, 0.1, 0.1.
+    # Step 0, mu 0:    b = 0.2;                 update = 0.2;                Theta = 0.9.
+    # Step 1, mu 0.45: b = 0.45*0.2 + 0.1 = 0.19; update = 0.1 + 0.45*0.19 = 0.1855;
+    #                  Theta = 0.9 - 0.09275 = 0.80725.
+    # Step 2, mu 0.9:  b = 0.9*0.19 + 0.1 = 0.271; update = 0.1 + 0.9*0.271 = 0.3439;
+    #                  Theta = 0.80725 - 0.17195 = 0.6353.
+    tx = build_outer_optimizer(OuterOptConfig(lr=0.5, momentum=0.9, momentum_warmup_steps=2))
+    theta = {"w": jnp.array([1.0])}
+    state = tx.init(theta)
+    for g, expected in ((0.2, 0.9), (0.1, 0.80725), (0.1, 0.6353)):
+        theta, state = outer_step(tx, theta, state, {"w": jnp.array([g])})
+        np.testing.assert_allclose(theta["w"], [expected], rtol=1e-6)
+    # The ramp's position is part of the fragment's state: a copy rebuilt from its leaves (as
+    # the store restores it) takes the same next step.
+    leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(state)]
+    restored = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(tx.init(theta)), leaves)
+    a, _ = outer_step(tx, theta, state, {"w": jnp.array([0.1])})
+    b, _ = outer_step(tx, theta, restored, {"w": jnp.array([0.1])})
+    np.testing.assert_array_equal(a["w"], b["w"])
 
 
 def _contribution(learner, theta_m, global_value, tokens=64, steps=2, base_version=0):

@@ -10,11 +10,13 @@ import pytest
 
 from diloco_core.baselines import run_data_parallel, run_synchronous_diloco, synchronous_config
 from diloco_core.config_loading import config_from_mapping
+from diloco_core.fragments import join_fragments
 from diloco_core.inner_step import InnerStep
 from diloco_core.merge import weighted_mean
 from diloco_core.model import init_model
+from diloco_core.objectives import concat_batches
 from diloco_core.outer import build_outer_optimizer, outer_step
-from diloco_core.simulator import learner_data, run_simulation
+from diloco_core.simulator import Simulation, learner_data, run_simulation
 from resources.corpus import load_corpus
 
 TINY = {
@@ -292,3 +294,41 @@ def test_average_final_rounds_publish_the_learners_own_parameters(corpus, final_
         assert gap < 1e-6
     else:
         assert gap > 1e-4
+
+
+def test_warm_start_forks_every_learner_from_a_data_parallel_phase(corpus):
+    cfg = tiny_cfg("learners.warm_start_fraction=0.5", "simulation.step_jitter=0.1")
+    sim = Simulation(cfg, corpus.learner_streams, corpus.heldout_stream)
+    sim._warm_start()
+    # By hand: 12 lock-step AdamW steps on the three learners' batches together (half of
+    # 3 x 24 x 128 tokens), on the learners' own seeded shards, on the run's inner schedule.
+    model_def, params = init_model(cfg.model, cfg.seed)
+    inner = InnerStep(model_def, cfg.inner, cfg.total_learner_steps)
+    state = inner.init(params)
+    data = [learner_data(cfg, i, s) for i, s in enumerate(corpus.learner_streams)]
+    for _ in range(12):
+        state, _ = inner.step(state, concat_batches([d.next() for d in data]))
+    assert sim.tokens == 3 * 12 * 128 and sim.now > 0
+    for learner in sim.learners:
+        _assert_trees_equal(learner.train.params, state.params)
+        assert int(learner.train.step) == 12 and learner.stats.steps == 12
+        # Each learner's next batch is the one after its warm-start batches: no data re-read.
+        np.testing.assert_array_equal(learner.data.next(), data[learner.index].next())
+    _assert_trees_equal(dict(join_fragments(sim.syncer.fragments)), state.params)
+
+    result = run_simulation(cfg, corpus.learner_streams, corpus.heldout_stream)
+    _assert_time_accounts_for_wall(result)
+    assert result.tokens_processed >= cfg.token_budget
+    assert sum(s.tokens for s in result.learners) == result.tokens_processed
+    assert result.merges and all(m.merged for m in result.merges[:2])
+
+
+def test_warm_start_refuses_outages_it_would_not_model():
+    from diloco_core.config import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        tiny_cfg("learners.warm_start_fraction=0.25",
+                 "simulation.outages=[{learner: 0, start: 1, end: 2}]")
+    assert err.value.field == "learners.warm_start_fraction"
+    with pytest.raises(ConfigError, match=r"must be in \[0, 1\)"):
+        tiny_cfg("learners.warm_start_fraction=1.0")
