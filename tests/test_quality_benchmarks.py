@@ -64,3 +64,19 @@ def test_a_stored_result_is_reused_only_while_the_code_that_computed_it_is_uncha
     again = run_arm(arm, tmp_path)                        # stale: run again and replaced
     assert again["code"] == code_hash() and again["compute_seconds"] >= 0
     assert json.loads(path.read_text())["code"] == code_hash()
+
+
+def test_the_code_hash_covers_what_the_simulator_imports_and_only_that():
+    from benchmarks.quality.runner import REPO, code_files
+
+    files = {str(p.relative_to(REPO)) for p in code_files()}
+    # Reached through imports, including function-level ones (the vision model, the digits
+    # loader) and modules imported only by other imported modules (the round protocol).
+    for needed in ("diloco_core/simulator.py", "diloco_core/syncer.py", "diloco_core/outer.py",
+                   "diloco_core/round_protocol.py", "diloco_core/vit.py", "resources/corpus.py",
+                   "resources/digits.py", "benchmarks/quality/runner.py"):
+        assert needed in files, needed
+    # What no arm runs does not stale the stored results.
+    for unrelated in ("diloco_core/spmd.py", "diloco_core/goodput.py", "diloco_core/bandwidth.py",
+                      "resources/learner/runtime.py"):
+        assert unrelated not in files, unrelated
