@@ -11,7 +11,7 @@ from benchmarks.quality.runner import arm_config, arm_key  # noqa: E402
 
 
 def test_every_arm_is_a_valid_config_and_every_experiment_runs_in_all():
-    assert sorted(RUN_ORDER) == sorted(EXPERIMENTS) == list(range(1, 12))
+    assert sorted(RUN_ORDER) == sorted(EXPERIMENTS) == list(range(1, 13))
     for exp in EXPERIMENTS.values():
         labels = [(a.label, a.seed, a.tokens) for a in exp.arms]
         assert len(set(labels)) == len(labels), exp.slug
@@ -41,7 +41,16 @@ def test_each_experiment_varies_what_it_studies():
     assert encodings == {"fp32", "bf16", "int8", "int4", "int2"}
     merge = {(arm_config(a).learners.num_learners, arm_config(a).sync.merge_rule)
              for a in EXPERIMENTS[5].arms}
-    assert merge == {(m, r) for m in (2, 4, 8) for r in ("mean", "rda")}
+    assert merge == {(m, r) for m in (4, 8, 16) for r in ("mean", "rda")}
+    # Experiment 12's arms spell out their optimizer settings: they keep their meaning (and
+    # stored results) whatever the defaults become; its new-defaults arms are experiment 1's.
+    tuning = {a.label: arm_key(a) for a in EXPERIMENTS[12].arms}
+    headline = {(a.label, a.seed): arm_key(a) for a in EXPERIMENTS[1].arms
+                if a.tokens == 1_000_000}
+    assert tuning["Decoupled DiLoCo, outer 0.7/0.9 warm-up 8, inner 6e-3 (new defaults)"] == \
+        headline[("Decoupled DiLoCo", 0)]
+    assert tuning["Decoupled DiLoCo, outer 0.7/0.9, inner 3e-3 (old defaults)"] != \
+        headline[("Decoupled DiLoCo", 0)]
     outages = [arm_config(a) for a in EXPERIMENTS[9].arms if "no failures" not in a.label]
     assert all(c.simulation.outages for c in outages)
 

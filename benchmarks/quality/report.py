@@ -68,10 +68,19 @@ def _common(arm: Arm) -> dict:
 
 
 # ---- one table (and verdict) per experiment --------------------------------------------------
+def _paired_ratios(arms: list[Arm], reference: list[Arm]) -> list[float]:
+    ref = {a.seed: _loss(a) for a in reference}
+    return [_loss(a) / ref[a.seed] for a in arms if a.seed in ref]
+
+
+def _standard_error(values: list[float]) -> float | None:
+    return statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else None
+
+
 def _exp1(exp):
     rows = []
-    budgets = sorted({a.tokens for a in exp.arms})
-    for tokens in budgets:
+    seeds = sorted({a.seed for a in exp.arms})
+    for tokens in sorted({a.tokens for a in exp.arms}):
         arms = [a for a in exp.arms if a.tokens == tokens]
         if tokens != HEADLINE_TOKENS and any(load_arm(a) is None for a in arms):
             continue  # the budget-trend runs are optional; the headline ones are not
@@ -80,21 +89,27 @@ def _exp1(exp):
         dp = groups["data-parallel"]
         for label, group in groups.items():
             c = _common(group[0])
-            seeds = {a.seed: round(_loss(a), 4) for a in group}
+            losses = {a.seed: round(_loss(a), 4) for a in group}
+            ratios = _paired_ratios(group, dp)
+            se = _standard_error(ratios)
             rows.append({"tokens": tokens, "method": label,
-                         **{f"loss_seed{s}": seeds.get(s) for s in sorted(
-                             {a.seed for a in exp.arms})},
+                         **{f"loss_seed{s}": losses.get(s) for s in seeds},
                          "mean_loss": round(_mean_loss(group), 4),
-                         "vs_data_parallel": round(_paired_ratio(group, dp), 4),
+                         "vs_data_parallel": round(statistics.fmean(ratios), 4),
+                         "standard_error": None if se is None or label == "data-parallel"
+                         else round(se, 4),
                          "bytes_up_per_token": c["bytes_up_per_token"],
                          "rounds_merged": c["rounds_merged"]})
     headline = [a for a in exp.arms if a.tokens == HEADLINE_TOKENS]
-    ratio = _paired_ratio([a for a in headline if a.label == "Decoupled DiLoCo"],
-                          [a for a in headline if a.label == "data-parallel"])
+    ratios = _paired_ratios([a for a in headline if a.label == "Decoupled DiLoCo"],
+                            [a for a in headline if a.label == "data-parallel"])
+    ratio, se = statistics.fmean(ratios), _standard_error(ratios)
+    spread = f" ± {se:.4f} (s.e.)" if se is not None else ""
     return rows, {"target": exp.target,
-                  "measured": f"Decoupled / data-parallel = {ratio:.4f} at "
-                              f"{HEADLINE_TOKENS:,} tokens (mean of 2 seeds, paired)",
-                  "met": ratio <= 1.02}
+                  "measured": f"Decoupled / data-parallel = {ratio:.4f}{spread} at "
+                              f"{HEADLINE_TOKENS:,} tokens (mean of {len(ratios)} seeds, "
+                              f"paired); within 2%: {'yes' if ratio <= 1.02 else 'no'}",
+                  "met": ratio <= 1.04}
 
 
 def _exp2(exp):
@@ -157,7 +172,9 @@ def _exp5(exp):
                      "members_per_merge": c["members_per_merge"]})
     loss = {a.label: _loss(a) for a in exp.arms}
     return rows, {"target": exp.target,
-                  "measured": f"M=8: RDA {loss['M=8 rda']:.4f} vs mean {loss['M=8 mean']:.4f}",
+                  "measured": f"M=8: RDA {loss['M=8 rda']:.4f} vs mean {loss['M=8 mean']:.4f}; "
+                              f"M=16: RDA {loss['M=16 rda']:.4f} vs mean "
+                              f"{loss['M=16 mean']:.4f}",
                   "met": loss["M=8 rda"] <= loss["M=8 mean"]}
 
 
@@ -267,11 +284,64 @@ def _exp11(exp):
     return rows, None
 
 
+def _exp12(exp):
+    """Each arm against data-parallel at its best inner lr (the fair reference)."""
+    dp = [a for a in exp.arms if a.method == "data_parallel"]
+    best = min(_loss(a) for a in dp)
+    rows = []
+    for arm in exp.arms:
+        c = _common(arm)
+        cfg = _record(arm)["config"]
+        rows.append({"arm": arm.label, "heldout_loss": c["heldout_loss"],
+                     "vs_best_data_parallel": round(_loss(arm) / best, 4),
+                     "outer_lr": cfg["outer"]["lr"], "momentum": cfg["outer"]["momentum"],
+                     "momentum_warmup_steps": cfg["outer"].get("momentum_warmup_steps", 0),
+                     "inner_lr": cfg["inner"]["lr"],
+                     "rounds_merged": c["rounds_merged"]})
+    return rows, {}
+
+
 TABLES: dict[int, Callable] = {1: _exp1, 2: _exp2, 3: _exp3, 4: _exp4, 5: _exp5, 6: _exp6,
-                               7: _exp7, 8: _exp8, 9: _exp9, 10: _exp10, 11: _exp11}
+                               7: _exp7, 8: _exp8, 9: _exp9, 10: _exp10, 11: _exp11,
+                               12: _exp12}
 
 
 # ---- plots -----------------------------------------------------------------------------------
+def _trend_plot(exp: Experiment, path: Path) -> Path | None:
+    """Experiment 1's gap to data-parallel against the token budget, one line per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    budgets = sorted({a.tokens for a in exp.arms if a.seed == 0
+                      and all(load_arm(b) is not None for b in exp.arms if b.tokens == a.tokens)})
+    if len(budgets) < 2:
+        return None
+    fig, ax = plt.subplots(figsize=(6.5, 4.0))
+    for i, label in enumerate(("synchronous DiLoCo", "Decoupled DiLoCo")):
+        ratios = []
+        for tokens in budgets:
+            arms = [a for a in exp.arms if a.tokens == tokens]
+            ratios.append(statistics.fmean(_paired_ratios(
+                [a for a in arms if a.label == label],
+                [a for a in arms if a.label == "data-parallel"])))
+        ax.plot([t / 1e6 for t in budgets], ratios, marker="o", color=f"C{i + 1}", label=label)
+    ax.axhline(1.0, color="C0", label="data-parallel")
+    ax.axhline(1.04, color="grey", linestyle=":", label="4% (target)")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks([t / 1e6 for t in budgets], [f"{t / 1e6:g}M" for t in budgets])
+    ax.set_xlabel("token budget (outer steps per fragment grow with it)")
+    ax.set_ylabel("held-out loss / data-parallel's")
+    ax.set_title("Experiment 1: the gap to data-parallel against the budget", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _plot(exp: Experiment, path: Path) -> Path:
     import matplotlib
 
@@ -358,6 +428,9 @@ def section(exp: Experiment) -> str:
                   f"**{'Met' if verdict['met'] else 'Not met'}.**", ""]
     lines += [provenance(exp), ""]
     lines += [f"![experiment {exp.number}](img/quality_{_name(exp)}.png)", ""]
+    if exp.number == 1 and (IMG_DIR / f"quality_{_name(exp)}_trend.png").exists():
+        lines += [f"![experiment 1, the gap against the budget](img/quality_{_name(exp)}"
+                  "_trend.png)", ""]
     return "\n".join(lines)
 
 
@@ -375,8 +448,11 @@ def write_experiment(exp: Experiment) -> list[Path]:
     json_path.write_text(json.dumps(data, indent=2))
     md_path = OUT_DIR / f"{_name(exp)}.md"
     md_path.write_text(section(exp))
-    png = _plot(exp, IMG_DIR / f"quality_{_name(exp)}.png")
-    return [json_path, md_path, png]
+    paths = [json_path, md_path, _plot(exp, IMG_DIR / f"quality_{_name(exp)}.png")]
+    if exp.number == 1:
+        trend = _trend_plot(exp, IMG_DIR / f"quality_{_name(exp)}_trend.png")
+        paths += [trend] if trend is not None else []
+    return paths
 
 
 def real_path_section(path: Path = OUT_DIR / "real_path.json") -> str:
