@@ -7,6 +7,7 @@ import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -76,6 +77,11 @@ def test_global_versions_pointer_and_outer_state(store):
     for k in frag:
         np.testing.assert_array_equal(got.params[k], np.asarray(moved[k]))
     assert type(got.outer_state) is type(state)
+    # Scalar leaves (the momentum warm-up's step count) come back as scalars, values intact.
+    for a, b in zip(jax.tree_util.tree_leaves(got.outer_state), jax.tree_util.tree_leaves(state),
+                    strict=True):
+        assert np.shape(a) == np.shape(b)
+        np.testing.assert_array_equal(a, np.asarray(b))
     old = store.load_global(0, version=0)
     np.testing.assert_array_equal(old.params["a/kernel"], np.asarray(frag["a/kernel"]))
     with pytest.raises(Conflict, match="cannot move the pointer from version 1 to 3"):

@@ -50,7 +50,8 @@ def encode_bundle(arrays: Mapping[str, np.ndarray]) -> Bundle:
             array = array.view(_VIEW_AS[dtype])
         elif dtype not in _NATIVE:
             raise TypeError(f"array {name!r} has unsupported dtype {dtype}")
-        stored[name] = np.ascontiguousarray(array)
+        # ascontiguousarray turns a 0-d array (an optimizer's step count) into shape (1,).
+        stored[name] = np.ascontiguousarray(array).reshape(array.shape)
         dtypes[name] = dtype
         shapes[name] = list(array.shape)
     buffer = io.BytesIO()
