@@ -12,7 +12,12 @@ Its state (params, AdamW moments) is placed in one of two ways (`learners.shardi
   the forward/backward pass needs it and reduce-scatters its gradient; the update itself runs
   on the local shard. Memory per device drops by ~N at the cost of more collective traffic.
 Nothing else in the learner changes: contributions, merges and checkpoints see ordinary jax
-arrays (np.asarray / device_get assemble the full value).
+arrays (`host_value` assembles the full value).
+
+A learner on a multi-host slice is one JAX program in several processes (`jax.distributed`,
+one per host): its mesh is over `jax.devices()`, every device of every process. The same
+functions place its state and batches (each process transfers only the shards its own devices
+hold) and the same jitted step runs; `host_value` gathers an array that spans processes.
 """
 
 from collections.abc import Sequence
@@ -50,7 +55,9 @@ def shard_batch(batch, mesh: Mesh):
         if x.shape[0] % size:
             raise ValueError(f"batch size {x.shape[0]} is not divisible by the {size} devices "
                              "of the learner's mesh")
-        return jax.device_put(x, sharding)
+        # Each process hands over only the rows its own devices hold (on a multi-host mesh
+        # the others' devices are not addressable from here).
+        return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
 
     return jax.tree.map(put, batch)
 
@@ -78,6 +85,19 @@ def fsdp(tree, mesh: Mesh):
     size = mesh.shape[DATA_AXIS]
     return jax.tree.map(
         lambda x: jax.device_put(x, NamedSharding(mesh, fsdp_spec(np.shape(x), size))), tree)
+
+
+def host_value(x) -> np.ndarray:
+    """The full value of an array as numpy, wherever its shards live: a plain copy when this
+    process holds all of it (or a full replica), else gathered from every process of the
+    learner (a collective: every process must call it)."""
+    if not isinstance(x, jax.Array) or x.is_fully_addressable:
+        return np.asarray(x)
+    if x.is_fully_replicated:
+        return np.asarray(x.addressable_data(0))
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 def place_state(tree, mesh: Mesh, mode: str = "replicated"):

@@ -93,7 +93,7 @@ def test_two_nesterov_outer_steps_by_hand():
     #         Theta1 = 1 - 0.5*0.38 = 0.81.
     # Step 2: b2 = 0.9*0.2 + 0.1 = 0.28; update = 0.1 + 0.9*0.28 = 0.352;
     #         Theta2 = 0.81 - 0.5*0.352 = 0.634.
-    tx = build_outer_optimizer(OuterOptConfig(lr=0.5, momentum=0.9))
+    tx = build_outer_optimizer(OuterOptConfig(lr=0.5, momentum=0.9, momentum_warmup_steps=0))
     theta = {"w": jnp.array([1.0])}
     state = tx.init(theta)
     theta, state = outer_step(tx, theta, state, {"w": jnp.array([0.2])})
