@@ -269,3 +269,74 @@ def test_a_gke_learner_is_submitted_watched_and_deleted_as_its_jobset():
     process.terminate()                                 # deletes its Jobs and pods with it
     assert api.calls[-1] == ("delete", "diloco", name, "Foreground")
     assert name in process.describe() and "gke_my-project_us-east5_c1" in process.describe()
+
+
+class _Log:
+    def __init__(self):
+        self.lines = []
+
+    def info(self, m):
+        self.lines.append(("info", m))
+
+    warning = error = info
+
+
+def _jobset(api):
+    from resources.compute.gke import JobSetProcess
+
+    placement = deployment_from_mapping({"regions": {"us-east5": GKE}}).placement("us-east5")
+    return JobSetProcess(placement, experiment="exp", learner="east5", region="us-east5",
+                         attempt=0, env={}, api=api)
+
+
+class _FlakyApi(_RecordingJobSetApi):
+    """The API server failing `failures` polls in a row (e.g. a 403 after a credential
+    rotation, a network partition), then answering with the status it is given."""
+
+    def __init__(self, failures, error=None):
+        super().__init__()
+        self.failures = failures
+        self.error = error or RuntimeError("503 Service Unavailable")
+
+    def get_namespaced_custom_object(self, *args):
+        if self.failures:
+            self.failures -= 1
+            raise self.error
+        return super().get_namespaced_custom_object(*args)
+
+
+def test_a_watcher_that_cannot_poll_its_jobset_deletes_it_before_failing():
+    from resources.compute.gcs_channel import wait_for_exit
+
+    api = _FlakyApi(failures=100)
+    with pytest.raises(RuntimeError, match="503"):
+        wait_for_exit(_jobset(api), _Log(), poll_seconds=0, failures_tolerated=3)
+    assert [c[0] for c in api.calls] == ["create", "delete"]   # not left on the slice
+
+    # A few failed polls in a row are ridden out: the learner goes on, nothing is deleted.
+    api = _FlakyApi(failures=3)
+    api.status = {"terminalState": "Completed"}
+    log = _Log()
+    assert wait_for_exit(_jobset(api), log, poll_seconds=0, failures_tolerated=3) == 0
+    assert "delete" not in [c[0] for c in api.calls]
+    assert sum("retrying" in m for _, m in log.lines) == 3
+
+    # Interrupted (the run cancelled): stopped, and the interrupt goes on.
+    api = _FlakyApi(failures=1, error=KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        wait_for_exit(_jobset(api), _Log(), poll_seconds=0)
+    assert api.calls[-1][0] == "delete"
+
+
+def test_a_failed_delete_is_reported_and_the_original_error_still_raised():
+    from resources.compute.gcs_channel import wait_for_exit
+
+    class _Undeletable(_FlakyApi):
+        def delete_namespaced_custom_object(self, *args, **kwargs):
+            raise RuntimeError("403 Forbidden")
+
+    log = _Log()
+    with pytest.raises(RuntimeError, match="503"):
+        wait_for_exit(_jobset(_Undeletable(failures=100)), log, poll_seconds=0,
+                      failures_tolerated=0)
+    assert any("could not stop" in m and "403" in m for _, m in log.lines)

@@ -59,6 +59,44 @@ def channel_env(placement: RegionPlacement, bootstrap: dict[str, str]) -> dict[s
     return {**bootstrap, CHANNEL_ENV: "gcs", INTERVAL_ENV: str(placement.pipes_interval_seconds)}
 
 
+# Consecutive failed polls (an API error, a network blip) tolerated before the run gives up on
+# the learner; it then stops it, so that no workload keeps a TPU slice without a run watching.
+POLL_FAILURES_TOLERATED = 5
+
+
+def wait_for_exit(process: RemoteProcess, log, poll_seconds: float,
+                  failures_tolerated: int = POLL_FAILURES_TOLERATED) -> int:
+    """Poll `process` until it exits and return its status. Whatever ends the wait early
+    (the run interrupted, polling failing `failures_tolerated + 1` times in a row, any other
+    error) stops the process first, then propagates: a learner is never left running on its
+    compute with nothing watching it."""
+    failures = 0
+    try:
+        while True:
+            try:
+                code = process.poll()
+            except Exception as err:  # noqa: BLE001 - any API error counts as a failed poll
+                failures += 1
+                if failures > failures_tolerated:
+                    raise
+                log.warning(f"[pipes] polling {process.describe()} failed ({err!r}); "
+                            f"retrying ({failures}/{failures_tolerated})")
+                time.sleep(poll_seconds)
+                continue
+            failures = 0
+            if code is not None:
+                return code
+            time.sleep(poll_seconds)
+    except BaseException as why:
+        log.info(f"[pipes] stopping {process.describe()}: {why!r}")
+        try:
+            process.terminate()
+        except Exception as err:  # noqa: BLE001 - report, but raise what ended the wait
+            log.error(f"[pipes] could not stop {process.describe()} ({err!r}); delete it by "
+                      "hand")
+        raise
+
+
 def run_over_gcs(context: dg.OpExecutionContext, placement: RegionPlacement, extras: dict,
                  launch: RemoteLauncher, poll_seconds: float = 2.0
                  ) -> dg.PipesClientCompletedInvocation:
@@ -70,13 +108,7 @@ def run_over_gcs(context: dg.OpExecutionContext, placement: RegionPlacement, ext
         process = launch(channel_env(placement, session.get_bootstrap_env_vars()))
         context.log.info(f"learner started: {process.describe()} (Pipes over "
                          f"gs://{placement.bucket})")
-        try:
-            while (code := process.poll()) is None:
-                time.sleep(poll_seconds)
-        except (dg.DagsterExecutionInterruptedError, KeyboardInterrupt):
-            context.log.info(f"[pipes] run interrupted; stopping {process.describe()}")
-            process.terminate()
-            raise
+        code = wait_for_exit(process, context.log, poll_seconds)
         if code != 0:
             raise dg.Failure(description=f"learner {process.describe()} failed with status "
                                          f"{code}")
