@@ -338,3 +338,40 @@ def test_a_replaced_attempt_writes_no_offer(harness):
     current.offer(h.contribution("learner-0", 0), {"attempt": 1})
     current.close()
     assert h.store.contribution_manifest(0, "learner-0")["extra"]["attempt"] == 1
+
+
+def test_a_checkpoint_slower_than_the_learner_timeout_keeps_the_heartbeat_alive(tmp_path):
+    # learner_timeout 1 s, a save that takes 2.5 s: without heartbeats during the save the
+    # supervisor would take the learner for hung and end it in the middle of its checkpoint.
+    with dg.instance_for_test() as instance:
+        h = Harness(instance, str(tmp_path / "store"),
+                    [*FAST, "orchestration.learner_timeout_seconds=1"])
+        h.start()
+        runtime = LearnerRuntime(h.store, "learner-0", 0, log=lambda m: None, max_steps=4)
+        real_save, saving = runtime.checkpoints.save, threading.Event()
+
+        def slow_save(*args, **kwargs):
+            saving.set()
+            time.sleep(2.5)
+            real_save(*args, **kwargs)
+            saving.clear()
+
+        runtime.checkpoints.save = slow_save
+        thread = threading.Thread(target=runtime.run, daemon=True)
+        thread.start()
+        _wait(saving.is_set, what="the checkpoint at step 4")
+        seen, gaps, last = set(), [], time.monotonic()
+        while saving.is_set():
+            beat = h.store.get_heartbeat("learner-0") or {}
+            if beat.get("time") not in seen:
+                seen.add(beat.get("time"))
+                gaps.append(time.monotonic() - last)
+                last = time.monotonic()
+                during = beat
+            time.sleep(0.05)
+        assert len(seen) >= 5, seen                  # a fresh heartbeat every ~0.2 s
+        assert max(gaps[1:]) < 1.0, gaps             # never silent for a learner timeout
+        assert during["status"] == "training" and during["step"] == 4
+        h.store.request_stop({"reason": "test"})
+        thread.join(30)
+        assert not thread.is_alive() and runtime.checkpoint_step == 4

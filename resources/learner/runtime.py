@@ -388,7 +388,14 @@ class LearnerRuntime:
                 "fragment_tokens": [f.tokens for f in self.sync.fragments],
                 "last_offered": self.last_offered}
         state = {"train": self.train, "anchors": [f.anchor for f in self.sync.fragments]}
-        self.checkpoints.save(step, jax.device_get(state), meta)
+        # A save blocks the loop until it is durable (minutes for a large model on GCS): keep
+        # heartbeats going meanwhile, or the supervisor would end the learner as hung. Bounded
+        # like the compile's, so a save that truly hangs still goes silent.
+        orch = self.cfg.orchestration
+        with CompileBeacon(self.link.heartbeat, self.heartbeat_record(), orch.heartbeat_seconds,
+                           orch.compile_timeout_seconds, self._clock, status=self.status,
+                           doing="checkpointing"):
+            self.checkpoints.save(step, jax.device_get(state), meta)
         self.checkpoint_step = step
 
     def heartbeat_record(self) -> dict:
