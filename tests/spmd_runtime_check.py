@@ -2,7 +2,13 @@
 `learners.sharding=fsdp`, against a local store set up as the `train` job does (without
 Dagster, to stay light). It trains, offers, takes a merged fragment, checkpoints, stops and
 restores; prints what test_spmd.py checks as JSON. Then runtimes whose batch does not split
-across the 4 devices must be refused at construction."""
+across the 4 devices must be refused at construction.
+
+    python tests/spmd_runtime_check.py [STORE_DIR]            # the above, on 4 devices
+    python tests/spmd_runtime_check.py STORE_DIR --shrunk     # then: relaunched on 2 devices
+
+`--shrunk` is the same learner after losing half its slice: a new attempt on 2 devices restores
+its 4-device FSDP checkpoint onto the smaller mesh, trains on, and offers the next round."""
 
 import json
 import os
@@ -11,7 +17,8 @@ import tempfile
 import threading
 import time
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+SHRUNK = "--shrunk" in sys.argv
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={2 if SHRUNK else 4}"
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402
@@ -24,6 +31,7 @@ from diloco_core.model import init_model  # noqa: E402
 from diloco_core.outer import build_outer_optimizer  # noqa: E402
 from diloco_core.spmd import fsdp_spec  # noqa: E402
 from resources.learner.runtime import LearnerRuntime  # noqa: E402
+from resources.store import layout  # noqa: E402
 from resources.store.artifact_store import ArtifactStore  # noqa: E402
 from resources.store.backends import open_blob_store  # noqa: E402
 
@@ -118,12 +126,45 @@ def refusal(root: str, name: str, overrides: list[str], learner: str) -> dict | 
     return None
 
 
+def continue_on_fewer_devices(root: str) -> dict:
+    """Attempt 2 of learner-0, on 2 devices: restore, 4 more steps, offer round 1."""
+    store = ArtifactStore(open_blob_store(root), "spmd-fsdp")
+    # The first part ended its process with the run's stop record; this run goes on.
+    store.blobs.delete(layout.stop(store.experiment))
+    runtime = LearnerRuntime(store, "learner-0", 2, log=lambda m: None, max_steps=12)
+    restored_from = runtime._start_state()
+    restored = {"from": restored_from, "step": int(runtime.train.step),
+                "placement": placement(runtime)}
+    runtime = LearnerRuntime(store, "learner-0", 2, log=lambda m: None, max_steps=12)
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(runtime.run()), daemon=True)
+    thread.start()
+    beat = lambda: store.get_heartbeat("learner-0") or {}  # noqa: E731
+    wait(lambda: beat().get("step", 0) >= 12, "4 more steps")
+    store.open_round(1, {"fragment": 1, "opened_at": time.time(), "final": False})
+    wait(lambda: store.list_contributions(1) == ["learner-0"], "an offer")
+    store.request_stop({"reason": "test"})
+    thread.join(60)
+    offer = store.load_contribution(1, "learner-0")
+    return {"devices": jax.device_count(), "restored": restored,
+            "result": {k: result.get(k) for k in ("status", "step", "loss")},
+            "offer": {"steps": offer.steps, "tokens": offer.tokens},
+            "tokens_per_step": runtime.cfg.tokens_per_learner_step,
+            "after_run": placement(runtime)}
+
+
 if __name__ == "__main__":
-    with tempfile.TemporaryDirectory() as root:
-        report = {"devices": jax.device_count(), **train_offer_merge_restore(root),
-                  "uneven_data": refusal(root, "uneven-data", ["data.batch_size=6"],
-                                         "learner-0"),
-                  "uneven_learner": refusal(root, "uneven-learner",
-                                            ["learners.batch_sizes=[4, 6, 4]"], "learner-1")}
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    if SHRUNK:
+        report = continue_on_fewer_devices(args[0])
+    else:
+        with tempfile.TemporaryDirectory() as scratch:
+            root = args[0] if args else scratch
+            report = {"devices": jax.device_count(), **train_offer_merge_restore(root),
+                      "uneven_data": refusal(root, "uneven-data", ["data.batch_size=6"],
+                                             "learner-0"),
+                      "uneven_learner": refusal(root, "uneven-learner",
+                                                ["learners.batch_sizes=[4, 6, 4]"],
+                                                "learner-1")}
     print(json.dumps(report))
     sys.stdout.flush()

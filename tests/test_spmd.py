@@ -66,8 +66,8 @@ def test_sharded_inner_step_matches_the_single_device_one(preset):
 
 
 @pytest.mark.slow   # a fresh interpreter with 4 host devices, ~10 s
-def test_a_learner_runtime_trains_merges_and_restores_fsdp_sharded_on_4_devices():
-    r = _run("spmd_runtime_check.py")
+def test_a_learner_runtime_trains_merges_and_restores_fsdp_sharded_on_4_devices(tmp_path):
+    r = _run("spmd_runtime_check.py", str(tmp_path))
     assert r["devices"] == 4
     assert r["result"]["status"] == "done" and r["result"]["step"] == 8
     assert r["result"]["offers"] == 1 and r["result"]["received"] == 1
@@ -86,3 +86,18 @@ def test_a_learner_runtime_trains_merges_and_restores_fsdp_sharded_on_4_devices(
     assert r["uneven_data"]["field"] == "data.batch_size"
     assert "batch of 6 sequences is not divisible by the 4 devices" in r["uneven_data"]["message"]
     assert r["uneven_learner"]["field"] == "learners.batch_sizes[1]"
+
+    # The learner loses half its slice: its next attempt runs on 2 devices, restores the
+    # 4-device FSDP checkpoint onto the smaller mesh (halves instead of quarters), trains on
+    # and offers, its offer counting the tokens it processed.
+    shrunk = _run("spmd_runtime_check.py", str(tmp_path), "--shrunk")
+    assert shrunk["devices"] == 2
+    assert shrunk["restored"]["from"].startswith("own") and shrunk["restored"]["step"] == 8
+    for placed in (shrunk["restored"]["placement"], shrunk["after_run"]):
+        rows, cols = placed["shape"]
+        assert placed["devices"] == [2] * 4
+        assert placed["shard_shapes"] == [[[rows // 2, cols]]] * 4
+        assert placed["misplaced"] == []
+    assert shrunk["result"]["status"] == "done" and shrunk["result"]["step"] == 12
+    assert np.isfinite(shrunk["result"]["loss"])
+    assert shrunk["offer"]["tokens"] == shrunk["offer"]["steps"] * shrunk["tokens_per_step"]
