@@ -321,3 +321,43 @@ def test_dagster_resource_opens_the_store(tmp_path):
     assert store.get_config() == {"name": "exp-2"}
     with pytest.raises(InvalidName):
         ArtifactStoreResource(base_uri=str(tmp_path), experiment="../up").store()
+
+
+def test_ledger_claims_are_sealed_in_segments_and_read_back_whole(store):
+    from resources.store.artifact_store import CLAIMS_PER_SEGMENT
+
+    def record(claims):
+        return {"learner": "learner-0", "attempt": 3, "status": "training", "final": False,
+                "ledger": {"processed": 7, "unclaimed": [0], "superseded": [0],
+                           "claims": claims}}
+
+    claims = [[r, r % 4, 100 + r] for r in range(2 * CLAIMS_PER_SEGMENT + 600)]
+    key = layout.attempt(EXP, "learner-0", 3)
+    for n in (700, 2 * CLAIMS_PER_SEGMENT + 600, len(claims)):   # the run goes on
+        store.put_attempt_record("learner-0", 3, record(claims[:n]))
+        stored = json.loads(store.blobs.read(key))
+        # What is rewritten every heartbeat is only the tail: bounded however long the run.
+        assert len(stored["ledger"]["claims"]) < CLAIMS_PER_SEGMENT
+        assert stored["ledger"]["claim_segments"] == n // CLAIMS_PER_SEGMENT
+        assert len(store.blobs.read(key)) < 48 * 1024
+        (back,) = store.attempt_records("learner-0")
+        assert back == record(claims[:n])       # whole again, in order
+    # A fresh store object (another process, e.g. the run summary) reads the same.
+    again = ArtifactStore(store.blobs, EXP)
+    assert again.attempt_records("learner-0") == [record(claims)]
+    again.put_attempt_record("learner-0", 3, record(claims))   # a retried write: no conflict
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"claim_segments": 10**9}, "claim_segments must be an integer"),
+    ({"claim_segments": "2"}, "claim_segments must be an integer"),
+    ({"claim_segments": 1}, "claim segment 0 is missing or malformed"),
+    ({"claim_segments": 0, "claims": "x"}, "claim_segments must be an integer"),
+])
+def test_a_forged_claim_segment_count_is_refused_with_the_reason(store, change, reason):
+    key = layout.attempt(EXP, "learner-1", 0)
+    ledger = {"processed": 0, "unclaimed": [0], "superseded": [0], "claims": [], **change}
+    store.blobs.write(key, json.dumps({"learner": "learner-1", "attempt": 0,
+                                       "ledger": ledger}).encode())
+    with pytest.raises(RejectedArtifact, match=reason):
+        store.attempt_records("learner-1")

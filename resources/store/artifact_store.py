@@ -37,6 +37,11 @@ DEFAULT_MAX_OBJECT_BYTES = 4 * 2**30
 # JSON records (manifests, decisions, heartbeats, summaries) are small; a larger one is refused
 # before it is parsed.
 MAX_RECORD_BYTES = 16 * 2**20
+# A learner's ledger claims (one per offer) are kept as sealed segments of this many claims plus
+# a live tail, so the attempt record it rewrites every heartbeat stays under ~40 KiB however
+# long the run (the whole list was 370 KiB after 10,000 offers, rewritten every beat).
+CLAIMS_PER_SEGMENT = 1024
+MAX_CLAIM_SEGMENTS = 100_000    # 100M offers by one process: beyond that a record is refused
 
 
 class Conflict(RuntimeError):
@@ -72,6 +77,7 @@ class ArtifactStore:
         self.blobs = blobs
         self.experiment = check_name("experiment", experiment)
         self.max_object_bytes = max_object_bytes
+        self._sealed: set[tuple[str, int, int]] = set()   # claim segments this process wrote
 
     # ---- write-once primitives ----------------------------------------------------------------
     def _write_once(self, key: str, data: bytes) -> None:
@@ -419,9 +425,53 @@ class ArtifactStore:
         return self.read_heartbeat(learner)[0]
 
     def put_attempt_record(self, learner: str, attempt: int, record: Mapping[str, Any]) -> None:
-        """A learner process's own record (its token ledger); rewritten as it progresses."""
+        """A learner process's own record (its token ledger); rewritten as it progresses.
+
+        The ledger's claims are append-only: every full run of `CLAIMS_PER_SEGMENT` of them is
+        sealed once into its own write-once object (before the record that drops them from
+        its tail), and the record keeps only the tail and the number of sealed segments."""
+        record = dict(record)
+        ledger = record.get("ledger")
+        if isinstance(ledger, Mapping) and isinstance(ledger.get("claims"), list):
+            claims, size = ledger["claims"], CLAIMS_PER_SEGMENT
+            sealed = len(claims) // size
+            for k in range(sealed):
+                if (learner, attempt, k) not in self._sealed:
+                    self._write_once(layout.claim_segment(self.experiment, learner, attempt, k),
+                                     _json_bytes({"claims": claims[k * size:(k + 1) * size]}))
+                    self._sealed.add((learner, attempt, k))
+            record["ledger"] = {**ledger, "claims": claims[sealed * size:],
+                                "claim_segments": sealed}
         self.blobs.write(layout.attempt(self.experiment, learner, attempt),
-                         _json_bytes(dict(record)))
+                         _json_bytes(record))
+
+    def _with_sealed_claims(self, key: str, learner: str, record: dict) -> dict:
+        """The record with its ledger's claims whole again (sealed segments, then the tail).
+        A learner writes both: a bad segment count or a missing or malformed segment refuses
+        the record, naming why."""
+        ledger = record.get("ledger")
+        if not isinstance(ledger, dict) or "claim_segments" not in ledger:
+            return record
+        count, tail = ledger["claim_segments"], ledger.get("claims")
+        if (isinstance(count, bool) or not isinstance(count, int)
+                or not 0 <= count <= MAX_CLAIM_SEGMENTS or not isinstance(tail, list)):
+            raise RejectedArtifact(key, f"claim_segments must be an integer in [0, "
+                                        f"{MAX_CLAIM_SEGMENTS}] with a claims list, got "
+                                        f"{str(count)[:40]}")
+        attempt = record.get("attempt")
+        if isinstance(attempt, bool) or not isinstance(attempt, int) or not 0 <= attempt < 10**5:
+            raise RejectedArtifact(key, f"attempt must be an integer in [0, 99999], got "
+                                        f"{str(attempt)[:40]}")
+        claims: list = []
+        for k in range(count):
+            segment_key = layout.claim_segment(self.experiment, learner, attempt, k)
+            segment = self._read_json(segment_key)
+            part = None if segment is None else segment.get("claims")
+            if not isinstance(part, list) or len(part) != CLAIMS_PER_SEGMENT:
+                raise RejectedArtifact(key, f"claim segment {k} is missing or malformed")
+            claims.extend(part)
+        ledger = {k: v for k, v in ledger.items() if k != "claim_segments"}
+        return {**record, "ledger": {**ledger, "claims": claims + tail}}
 
     def attempt_records(self, learner: str) -> list[dict]:
         """Every process's record of this learner, oldest attempt first."""
@@ -429,7 +479,7 @@ class ArtifactStore:
         for key in self.blobs.list(layout.attempts_prefix(self.experiment, learner)):
             record = self._read_json(key)
             if record is not None:
-                records.append(record)
+                records.append(self._with_sealed_claims(key, learner, record))
         return sorted(records, key=lambda r: int(r.get("attempt", 0)))
 
     # ---- fault injection (chaos runs) ---------------------------------------------------------

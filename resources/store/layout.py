@@ -112,6 +112,12 @@ def attempt(exp: str, learner: str, attempt_index: int) -> str:
     return f"{attempts_prefix(exp, learner)}a{_index(attempt_index, 'attempt'):05d}.json"
 
 
+def claim_segment(exp: str, learner: str, attempt_index: int, segment: int) -> str:
+    """A sealed, write-once run of one attempt's ledger claims (see `put_attempt_record`)."""
+    return (f"{experiment(exp)}/learners/{check_name('learner', learner)}/claims/"
+            f"a{_index(attempt_index, 'attempt'):05d}/s{_index(segment, 'segment'):06d}.json")
+
+
 def fault_tape(exp: str) -> str:
     return f"{experiment(exp)}/faults/tape.json"
 
