@@ -45,12 +45,70 @@ def _send_generation_headers() -> None:
                 methods[method] = download
 
 
+def _enforce_generation_preconditions() -> None:
+    """Make uploads and deletes honour `ifGenerationMatch` / `ifGenerationNotMatch` (412 when
+    not met), as real GCS does; the emulator ignores them, so no test could reach a lost race
+    on GCS. Check and write happen under one lock, like GCS's atomic conditional write."""
+    import threading
+    from http import HTTPStatus
+
+    from gcp_storage_emulator import server
+    from gcp_storage_emulator.exceptions import NotFound
+    from gcp_storage_emulator.handlers import objects
+
+    if getattr(objects.insert, "enforces_preconditions", False):
+        return
+    lock = threading.Lock()
+
+    def met(request, storage, object_id) -> bool:
+        match = request.query.get("ifGenerationMatch")
+        not_match = request.query.get("ifGenerationNotMatch")
+        if not match and not not_match:
+            return True
+        try:
+            current = int(storage.get_file_obj(request.params["bucket_name"], object_id)
+                          ["generation"])
+        except NotFound:
+            current = 0   # GCS: generation 0 means "no live object"
+        return not ((match and int(match[0]) != current)
+                    or (not_match and int(not_match[0]) == current))
+
+    def conditional(original, object_id_of):
+        def handler(request, response, storage, *args, **kwargs):
+            with lock:
+                object_id = object_id_of(request)
+                if object_id is not None and not met(request, storage, object_id):
+                    response.status = HTTPStatus.PRECONDITION_FAILED
+                    response.json({"error": {"code": 412, "message": "conditionNotMet"}})
+                    return None
+                return original(request, response, storage, *args, **kwargs)
+        handler.enforces_preconditions = True
+        return handler
+
+    def uploaded_name(request):
+        if "name" in request.query:
+            return request.query["name"][0]
+        data = request.data
+        return data["meta"].get("name") if isinstance(data, dict) and "meta" in data else None
+
+    replaced = {objects.insert: conditional(objects.insert, uploaded_name),
+                objects.delete: conditional(objects.delete,
+                                            lambda request: request.params["object_id"])}
+    for original, handler in replaced.items():
+        setattr(objects, original.__name__, handler)
+    for _, methods in server.HANDLERS:
+        for method, handler in methods.items():
+            if handler in replaced:
+                methods[method] = replaced[handler]
+
+
 @contextmanager
 def gcs_emulator() -> Iterator[str]:
     """Start the server, point google-cloud-storage and TensorStore at it, yield its URL."""
     from gcp_storage_emulator.server import create_server
 
     _send_generation_headers()
+    _enforce_generation_preconditions()
     port = _free_port()
     server = create_server("127.0.0.1", port, in_memory=True, default_bucket=BUCKET)
     server.start()

@@ -25,13 +25,6 @@ from resources.store.names import InvalidName
 EXP = "exp-1"
 
 
-def enforces_preconditions(store) -> bool:
-    """The loopback GCS server ignores ifGenerationMatch (real GCS enforces it): conflicts are
-    asserted on the local backend, and for GCS `test_gcs_conditional_writes` checks that every
-    create-only write and pointer move sends its precondition and handles a 412."""
-    return not store.blobs.uri.startswith("gs://")
-
-
 @pytest.fixture(params=["local", "gcs"])
 def store(request, tmp_path):
     if request.param == "local":
@@ -57,9 +50,8 @@ def test_config_is_write_once_and_idempotent(store):
     assert store.get_config() is None
     store.put_config({"name": EXP, "seed": 0})
     store.put_config({"name": EXP, "seed": 0})          # same again: fine
-    if enforces_preconditions(store):
-        with pytest.raises(Conflict):
-            store.put_config({"name": EXP, "seed": 1})
+    with pytest.raises(Conflict):
+        store.put_config({"name": EXP, "seed": 1})
     assert store.get_config() == {"name": EXP, "seed": 0}
 
 
@@ -86,9 +78,8 @@ def test_global_versions_pointer_and_outer_state(store):
     np.testing.assert_array_equal(old.params["a/kernel"], np.asarray(frag["a/kernel"]))
     with pytest.raises(Conflict, match="cannot move the pointer from version 1 to 3"):
         store.commit_global(0, 3, moved, state)
-    if enforces_preconditions(store):
-        with pytest.raises(Conflict):                    # same version, different content
-            store.commit_global(0, 1, frag, state)
+    with pytest.raises(Conflict):                    # same version, different content
+        store.commit_global(0, 1, frag, state)
     assert store.current_version(1) is None
 
 
@@ -108,9 +99,8 @@ def test_contribution_round_trip_listing_and_idempotence(store):
     assert back.nbytes == c.nbytes
     for name in c.delta:
         np.testing.assert_array_equal(decode(back.delta[name]), decode(c.delta[name]))
-    if enforces_preconditions(store):
-        with pytest.raises(Conflict):
-            store.put_contribution(_contribution(shift=0.5))  # different content, same round
+    with pytest.raises(Conflict):
+        store.put_contribution(_contribution(shift=0.5))  # different content, same round
 
 
 def _delta_key(store, round_index, learner):
@@ -222,9 +212,8 @@ def test_decisions_evals_summary_and_checkpoint_location(store):
                 "decided_at": 10.0}
     store.put_decision(3, decision)
     store.put_decision(3, decision)             # the same record again: a retry, accepted
-    if enforces_preconditions(store):
-        with pytest.raises(Conflict):
-            store.put_decision(3, {**decision, "members": []})
+    with pytest.raises(Conflict):
+        store.put_decision(3, {**decision, "members": []})
     assert store.get_decision(3)["reason"] == "quorum"
     store.put_eval(3, {"loss": 2.5})
     assert store.get_eval(3) == {"loss": 2.5} and store.get_eval(4) is None
