@@ -15,6 +15,7 @@ runs too), on wall-clock time. What this module adds is how the store shows them
 - Offers to an already-decided round are late: recorded, never merged into it.
 """
 
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -35,6 +36,9 @@ from pipelines.liveness import live_learners, observe
 from resources.store.artifact_store import ArtifactStore, Conflict, RejectedArtifact
 
 LATE_WINDOW = 2          # decided rounds still watched for late offers
+# An operator's stop request (`diloco stop`) is read at most this often: the syncer ticks every
+# fraction of a second, and a stop may take a tick or two longer, not a read of the store each.
+STOP_REQUEST_POLL_SECONDS = 2.0
 
 
 def round_key(round_index: int) -> str:
@@ -142,6 +146,7 @@ class RoundController:
         # The sensor reports each offer to Dagster; the syncer service only needs arrivals
         # (and skips the two reads per offer that describing it costs).
         self.describe_offers = describe_offers
+        self._stop_request_read_at = -math.inf
 
     def tick(self, state: dict | None, now: float | None = None) -> TickResult:
         now = time.time() if now is None else now
@@ -301,7 +306,8 @@ class RoundController:
         total, P = sum(tokens.values()), final_rounds(self.cfg.sync.num_fragments)
         if budget_reached(tokens, self.cfg.token_budget):
             reason = f"token budget reached ({total} >= {self.cfg.token_budget})"
-        elif (request := self.store.stop_request()) is not None:
+        elif (now - self._stop_request_read_at >= STOP_REQUEST_POLL_SECONDS
+              and (request := self._read_stop_request(now)) is not None):
             # An operator's request ends the run the same way the budget does, so the final
             # rounds still publish every learner's last progress.
             who = str(request.get("requested_by") or "an operator")[:80]
@@ -313,6 +319,10 @@ class RoundController:
         self.store.request_stop({"reason": reason, "at": now, "tokens": total,
                                  "final_left": P})
         state["stop"], state["final_left"] = True, P
+
+    def _read_stop_request(self, now: float) -> dict | None:
+        self._stop_request_read_at = now
+        return self.store.stop_request()
 
     def _maybe_open(self, state: dict, result: TickResult, beats: Mapping[str, dict | None],
                     live: list[str], now: float) -> None:

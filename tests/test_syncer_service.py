@@ -258,7 +258,9 @@ def test_an_operators_stop_ends_the_run_through_the_final_rounds_before_the_budg
     assert main(["stop", "--store", h.resource.base_uri]) == 0
     assert "already requested" in capsys.readouterr().out
 
-    h.now += 1.0
+    from pipelines.round_control import STOP_REQUEST_POLL_SECONDS
+
+    h.now += STOP_REQUEST_POLL_SECONDS   # the syncer reads the request at most this often
     service.step(now=h.now)
     stop = h.store.stop_requested()
     assert "stop requested by" in stop["reason"] and "capacity reclaimed" in stop["reason"]
