@@ -110,3 +110,15 @@ def place_state(tree, mesh: Mesh, mode: str = "replicated"):
     if mode == "fsdp":
         return fsdp(tree, mesh)
     raise ValueError(f"unknown sharding mode {mode!r} (expected one of {SHARDING_MODES})")
+
+
+def state_shardings(tree, mesh: Mesh, mode: str = "replicated"):
+    """Where `place_state(tree, mesh, mode)` puts each array, without placing anything: the
+    shardings an abstract restore target carries, so that every process of a multi-host
+    learner reads back only its own shards of a checkpoint."""
+    if mode == "replicated":
+        return jax.tree.map(lambda x: NamedSharding(mesh, P()), tree)
+    if mode == "fsdp":
+        size = mesh.shape[DATA_AXIS]
+        return jax.tree.map(lambda x: NamedSharding(mesh, fsdp_spec(np.shape(x), size)), tree)
+    raise ValueError(f"unknown sharding mode {mode!r} (expected one of {SHARDING_MODES})")

@@ -5,6 +5,10 @@
 
 Under Pipes the same values come as extras, log lines stream into the Dagster run, and the
 final heartbeat record comes back as a custom message.
+
+A learner on a multi-host slice runs this once per host, each with DILOCO_COORDINATOR,
+DILOCO_NUM_PROCESSES and DILOCO_PROCESS_ID set (`resources/learner/distributed.py`); process 0
+talks to the store and reports the final record, the others only train alongside it.
 """
 
 import argparse
@@ -14,10 +18,7 @@ import sys
 
 from dagster_pipes import PipesEnvVarParamsLoader, open_dagster_pipes
 
-from resources.faults import LearnerFaults, load_tape
-from resources.learner.runtime import LearnerRuntime
-from resources.store.artifact_store import ArtifactStore
-from resources.store.backends import open_blob_store
+from resources.learner.distributed import join_from_env
 
 
 def honour_termination() -> None:
@@ -48,6 +49,13 @@ def pipes_channel() -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     honour_termination()
+    # Before anything imports the runtime's modules and touches a JAX backend.
+    process_id, _ = join_from_env()
+    from resources.faults import LearnerFaults, load_tape
+    from resources.learner.runtime import LearnerRuntime
+    from resources.store.artifact_store import ArtifactStore
+    from resources.store.backends import open_blob_store
+
     under_pipes = PipesEnvVarParamsLoader().is_dagster_pipes_process()
     with open_dagster_pipes(**pipes_channel()) as pipes:
         if under_pipes:
@@ -74,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         runtime = LearnerRuntime(store, params["learner"], attempt, log=log,
                                  use_ocdbt=bool(params.get("use_ocdbt", True)), faults=faults)
         record = runtime.run()
-        pipes.report_custom_message(record)
+        if process_id == 0:
+            pipes.report_custom_message(record)
     return 0
 
 

@@ -7,7 +7,7 @@
 3. On the first start: the current global parameters and a fresh AdamW state.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,13 +34,19 @@ def own_is_fresh(meta: dict, current_versions: Sequence[int], max_behind: int) -
 
 
 def plan_restore(store: ArtifactStore, learner: str, peers: Sequence[str], template: Any,
-                 current_versions: Sequence[int], max_behind: int, use_ocdbt: bool
+                 current_versions: Sequence[int], max_behind: int, use_ocdbt: bool,
+                 target: Any = None, agree: Callable[[int | None], int | None] | None = None
                  ) -> RestorePlan:
-    target = abstract_target(template)
+    """`target`: the abstract tree to restore into (default: `template`'s, on one device).
+    `agree` (a multi-process learner): makes the leader's choice of a checkpoint step every
+    process's, since each process restores its own shards and all must read the same step."""
+    target = abstract_target(template) if target is None else target
+    agree = agree or (lambda step: step)
     own = LearnerCheckpoints(store.checkpoint_uri(learner), use_ocdbt=use_ocdbt, read_only=True)
     try:
-        if own.latest_step() is not None:
-            state, meta = own.restore(target=target)
+        own_step = agree(own.latest_step())
+        if own_step is not None:
+            state, meta = own.restore(own_step, target=target)
             stale = own_is_fresh(meta, current_versions, max_behind)
             if stale is None:
                 return RestorePlan("own", state, meta,
@@ -55,7 +61,7 @@ def plan_restore(store: ArtifactStore, learner: str, peers: Sequence[str], templ
         ckpts = LearnerCheckpoints(store.checkpoint_uri(peer), use_ocdbt=use_ocdbt,
                                    read_only=True)
         try:
-            step = ckpts.latest_step()
+            step = agree(ckpts.latest_step())
             if step is not None and (best is None or step > best[0]):
                 state, meta = ckpts.restore(step, target=target)
                 best = (step, peer, state, meta)

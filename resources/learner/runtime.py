@@ -14,6 +14,13 @@ each batch is split across them and the state is replicated or FSDP-sharded
 (`learners.sharding`); with one device this is the plain single-device step.
 When the syncer asks to stop (token budget reached) the learner stops training, offers its
 progress to the final rounds (one per fragment), and exits.
+On a multi-host slice the learner is several processes of one JAX program (`jax.distributed`,
+see `resources/learner/distributed.py`): the mesh spans every process's devices, process 0 (the
+leader) alone talks to the store, and once per loop iteration it broadcasts what it saw (round,
+merges, stop, its clock; `SharedLink`) so that every process makes the same state transitions
+and takes the same jitted steps. Each process draws the same global batch from the same seeded
+iterator and hands the mesh only its own rows; checkpoints are saved and restored by every
+process, each its own shards (Orbax multi-host).
 """
 
 import contextlib
@@ -25,6 +32,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from diloco_core.config import ConfigError, ExperimentConfig
 from diloco_core.config_loading import config_from_mapping
@@ -35,11 +43,13 @@ from diloco_core.ledger import AttemptLedger
 from diloco_core.model import init_model
 from diloco_core.round_protocol import offer_choice, past_the_overlap_bound
 from diloco_core.simulator import learner_data
-from diloco_core.spmd import learner_mesh, place_state, shard_batch
+from diloco_core.spmd import host_value, learner_mesh, place_state, shard_batch, state_shardings
 from resources.corpus import load_corpus
 from resources.faults import LearnerFaults, corrupt_delta, tamper_payload
 from resources.learner.beacon import CompileBeacon
+from resources.learner.lockstep import Lockstep
 from resources.learner.restore import plan_restore
+from resources.learner.shared_link import SharedLink
 from resources.learner.store_link import StoreLink
 from resources.store.artifact_store import ArtifactStore
 from resources.store.checkpoints import LearnerCheckpoints
@@ -63,6 +73,10 @@ class LearnerRuntime:
         # own record goes through the plain store.
         self.faults = faults
         self.plain_store = store
+        # The processes of this learner (one unless it spans several hosts).
+        self.lockstep = Lockstep()
+        if self.lockstep.multi and faults is not None:
+            raise ValueError("fault injection is not supported in a multi-process learner")
         if faults is not None:
             store = faults.wrap_store(store)
         self.store, self.name, self.attempt, self.log = store, learner, attempt, log
@@ -71,8 +85,8 @@ class LearnerRuntime:
         self.max_steps = max_steps
         self.use_ocdbt = use_ocdbt
         cfg = self.cfg
-        # Every device of this process's slice (a single-process learner: jax.devices() are
-        # its own). Checked here, not at the first step: an indivisible batch must fail the
+        # Every device of the slice: a single-process learner's own, or every process's on a
+        # multi-host slice (jax.devices() lists all of them). Checked here, not at the first step: an indivisible batch must fail the
         # launch, not a learner that has already joined the run.
         self.mesh = learner_mesh(jax.devices())
         self.sharding = cfg.learners.sharding
@@ -120,12 +134,23 @@ class LearnerRuntime:
     def _start_state(self) -> str:
         cfg = self.cfg
         P = cfg.sync.num_fragments
-        globals_ = [self.store.load_global(p) for p in range(P)]
-        versions = [g.version for g in globals_]
-        params = {k: jnp.asarray(v) for g in globals_ for k, v in g.params.items()}
+        if self.lockstep.multi:
+            fragment_params, versions = self._shared_globals()
+        else:
+            globals_ = [self.store.load_global(p) for p in range(P)]
+            versions = [g.version for g in globals_]
+            fragment_params = [dict(g.params) for g in globals_]
+        params = {k: jnp.asarray(v) for fp in fragment_params for k, v in fp.items()}
         peers = [n for n in cfg.learners.learner_names if n != self.name]
+        # A multi-process learner restores into its mesh's shardings (each process reads its
+        # own shards), at the checkpoint step the leader picked.
+        restore_args = {} if not self.lockstep.multi else {
+            "target": self._sharded_target(),
+            "agree": lambda step: (lambda s: None if s < 0 else s)(
+                self.lockstep.ints([-1 if step is None else step])[0])}
         plan = plan_restore(self.store, self.name, peers, self._template, versions,
-                            cfg.orchestration.rejoin_max_versions_behind, self.use_ocdbt)
+                            cfg.orchestration.rejoin_max_versions_behind, self.use_ocdbt,
+                            **restore_args)
         self.last_offered = -1
         if plan.source == "own":
             meta = plan.meta
@@ -145,20 +170,55 @@ class LearnerRuntime:
             own = (plan.meta or {}).get("own")
             if own is not None:
                 self.data.restore(own["data"])
-            self.sync = LearnerSync.start(self.name, [dict(g.params) for g in globals_],
-                                          versions)
+            self.sync = LearnerSync.start(self.name, fragment_params, versions)
         # Tokens this learner processed over all its attempts (lost ones included): the syncer
         # stops the run when the learners' totals reach the budget.
         # Never offer a round twice (offers are write-once): a relaunched learner may already
         # have offered the round that is open now.
-        latest = self.store.latest_open_round()
-        if latest is not None and self.store.contribution_manifest(latest["round"],
-                                                                   self.name) is not None:
-            self.last_offered = max(self.last_offered, latest["round"])
-        previous = self.store.get_heartbeat(self.name) or {}
-        self.tokens_total = int(previous.get("tokens_total", 0))
+        if self.lockstep.leader:
+            latest = self.store.latest_open_round()
+            if latest is not None and self.store.contribution_manifest(latest["round"],
+                                                                       self.name) is not None:
+                self.last_offered = max(self.last_offered, latest["round"])
+            previous = self.store.get_heartbeat(self.name) or {}
+            self.tokens_total = int(previous.get("tokens_total", 0))
+        else:
+            self.tokens_total = 0
+        self.last_offered, self.tokens_total = self.lockstep.ints([self.last_offered,
+                                                                   self.tokens_total])
         self._place_state()
         return f"{plan.source}: {plan.reason}"
+
+    def _fragment_shapes(self) -> list[dict]:
+        return [{k: (tuple(v.shape), v.dtype) for k, v in anchor.items()}
+                for anchor in self._template["anchors"]]
+
+    def _shared_globals(self) -> tuple[list[dict], list[int]]:
+        """The current global fragments, read by the leader and broadcast to every process."""
+        shapes = self._fragment_shapes()
+        if self.lockstep.leader:
+            globals_ = [self.store.load_global(p) for p in range(len(shapes))]
+            versions = [g.version for g in globals_]
+            values = [{k: np.asarray(v, dtype=shapes[p][k][1]) for k, v in g.params.items()}
+                      for p, g in enumerate(globals_)]
+        else:
+            versions = [0] * len(shapes)
+            values = [{k: np.zeros(shape, dtype) for k, (shape, dtype) in s.items()}
+                      for s in shapes]
+        return self.lockstep.arrays(values), self.lockstep.ints(versions)
+
+    def _sharded_target(self):
+        """The checkpoint tree's abstract target, each array with the sharding it has here."""
+        shardings = state_shardings(self._template, self.mesh, self.sharding)
+        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                            self._template, shardings)
+
+    def _now(self, local: float | None = None) -> float:
+        """The clock that times rounds and stops: this process's, or in a multi-process learner
+        the leader's as of this loop iteration (all processes then time out together)."""
+        if self.lockstep.multi:
+            return self.link.now
+        return time.monotonic() if local is None else local
 
     def _place_state(self) -> None:
         """Put the train state and the anchors on the mesh (arrays already there stay put).
@@ -180,9 +240,16 @@ class LearnerRuntime:
         self.rejoined_from = self._start_state()
         self.log(f"{self.name} (attempt {self.attempt}) starting from {self.rejoined_from}")
         self.log(self._describe_mesh())
-        self.link = StoreLink(self.store, self.name, cfg.sync.num_fragments,
+        if self.lockstep.multi:
+            # Only the leader links to the store; every process sees its view (SharedLink).
+            link = (StoreLink(self.store, self.name, cfg.sync.num_fragments,
                               [f.version for f in self.sync.fragments], orch.poll_seconds,
-                              self.log, self.attempt)
+                              self.log, self.attempt) if self.lockstep.leader else None)
+            self.link = SharedLink(link, self.lockstep, self._fragment_shapes())
+        else:
+            self.link = StoreLink(self.store, self.name, cfg.sync.num_fragments,
+                                  [f.version for f in self.sync.fragments], orch.poll_seconds,
+                                  self.log, self.attempt)
         self.status = "training"
         self._beat()
         next_beat = time.monotonic() + orch.heartbeat_seconds
@@ -192,6 +259,8 @@ class LearnerRuntime:
         self.loop_started = time.monotonic()
         try:
             while True:
+                if self.lockstep.multi:
+                    self.link.sync()   # this iteration's view of the store, the same everywhere
                 if self.link.superseded_by is not None:
                     self.status = "superseded"
                     self.log(f"{self.name} attempt {self.attempt}: attempt "
@@ -204,15 +273,16 @@ class LearnerRuntime:
                     final_offered.add(offered["fragment"])
                 if stop is not None:
                     if stop_seen_at is None:
-                        stop_seen_at = time.monotonic()
-                        self.training_seconds = stop_seen_at - self.loop_started
+                        seen_here = time.monotonic()
+                        stop_seen_at = self._now(seen_here)
+                        self.training_seconds = seen_here - self.loop_started
                         self.status = "stopping"
                         self.log(f"{self.name}: stop requested ({stop.get('reason')}); offering "
                                  "the final rounds")
                         self._checkpoint()
                         self._beat()
                     done = len(final_offered) == cfg.sync.num_fragments
-                    timed_out = (time.monotonic() - stop_seen_at
+                    timed_out = (self._now() - stop_seen_at
                                  > orch.round_timeout_seconds * cfg.sync.num_fragments)
                     if done or timed_out:
                         break
@@ -240,7 +310,7 @@ class LearnerRuntime:
                 self.training_seconds = time.monotonic() - self.loop_started
             if self.status != "superseded":
                 self._beat(final=True)
-            else:
+            elif self.lockstep.leader:
                 self._final_record("superseded")
             self.link.close()
             self.checkpoints.close()
@@ -261,7 +331,8 @@ class LearnerRuntime:
                   if self._steps_this_process == 0 else contextlib.nullcontext())
         with beacon:
             self.train, metrics = self.inner.step(self.train, device_batch)
-            loss = float(metrics["loss"])  # syncs: the step's compute is done when this returns
+            # Syncs: the step's compute is done when this returns.
+            loss = float(host_value(metrics["loss"]) if self.lockstep.multi else metrics["loss"])
         elapsed = time.monotonic() - started
         if self._steps_this_process > 0:
             speed = self.speed / (1.0 if self.faults is None
@@ -315,15 +386,30 @@ class LearnerRuntime:
             return rnd
         self.last_offered = rnd["round"]
         s = self.cfg.sync
-        contribution = self.sync.contribution(self.train.params, self.plan, p, rnd["round"],
-                                              int(self.train.step), self._clock(), s.encoding,
-                                              s.encoding_block_size)
+        contribution = None
+        if not self.lockstep.multi:
+            contribution = self.sync.contribution(self.train.params, self.plan, p, rnd["round"],
+                                                  int(self.train.step), self._clock(),
+                                                  s.encoding, s.encoding_block_size)
+        else:
+            # The delta from host values: under FSDP every process takes part in gathering
+            # them (a collective); the leader alone encodes and uploads the offer.
+            names = self.plan.fragments[p]
+            params = {k: host_value(self.train.params[k]) for k in names}
+            anchor = {k: host_value(self.sync.fragments[p].anchor[k]) for k in names}
+            if self.lockstep.leader:
+                fragments = list(self.sync.fragments)
+                fragments[p] = dataclasses.replace(fragments[p], anchor=anchor)
+                contribution = dataclasses.replace(self.sync, fragments=tuple(fragments)
+                                                   ).contribution(
+                    params, self.plan, p, rnd["round"], int(self.train.step), self._clock(),
+                    s.encoding, s.encoding_block_size)
         if s.receive_rule == "rebase":
             self.sync = self.sync.after_offer(self.train.params, self.plan, p)
         self.ledger, claim = self.ledger.offered(p, rnd["round"])
-        self.in_flight[p] = (rnd["round"], self.sync.fragments[p].version, time.monotonic())
+        self.in_flight[p] = (rnd["round"], self.sync.fragments[p].version, self._now())
         self.awaiting[rnd["round"]] = (p, self.sync.fragments[p].version, int(self.train.step),
-                                       time.monotonic())
+                                       self._now())
         extra = {"train_loss": self.last_loss, "attempt": self.attempt, "claim": claim}
         after_put = None
         bad = None if self.faults is None else self.faults.bad_contribution(rnd["round"])
@@ -351,7 +437,7 @@ class LearnerRuntime:
         patience = self.cfg.orchestration.round_timeout_seconds
         if (self.sync.fragments[fragment].version > version
                 or self.received_round.get(fragment, -1) >= offered_round
-                or time.monotonic() - since > patience):
+                or self._now() - since > patience):
             del self.in_flight[fragment]
             return False
         return True
@@ -369,7 +455,7 @@ class LearnerRuntime:
         for r, (p, version, _, since) in list(self.awaiting.items()):
             # Answered when a newer version of the fragment arrived; given up after the round
             # timeout (e.g. a round whose merge committed nothing).
-            if self.sync.fragments[p].version > version or time.monotonic() - since > patience:
+            if self.sync.fragments[p].version > version or self._now() - since > patience:
                 del self.awaiting[r]
         if any(step >= at + s.overlap_steps for _, _, at, _ in self.awaiting.values()):
             return True
@@ -395,7 +481,11 @@ class LearnerRuntime:
         with CompileBeacon(self.link.heartbeat, self.heartbeat_record(), orch.heartbeat_seconds,
                            orch.compile_timeout_seconds, self._clock, status=self.status,
                            doing="checkpointing"):
-            self.checkpoints.save(step, jax.device_get(state), meta)
+            # One process: host copies. Several: the global arrays themselves, each process
+            # writing the shards it holds (Orbax multi-host; a host copy of an FSDP array
+            # would need a gather, and every process would write the whole state).
+            self.checkpoints.save(step, state if self.lockstep.multi else jax.device_get(state),
+                                  meta)
         self.checkpoint_step = step
 
     def heartbeat_record(self) -> dict:
