@@ -2,7 +2,8 @@
 loopback, gloo collectives, 2 forced host devices each), or alone as the single-process
 reference. Prints, from process 0, what the test checks as JSON.
 
-    python tests/multihost_learner_check.py <process_id> <num_processes> <port> <store> <phase>
+    python tests/multihost_learner_check.py <process_id> <num_processes> <port> <store> <phase> \
+        [replicated|fsdp]
 
 phase "run": process 0 sets up a local store as the `train` job does (without Dagster) and,
 from a thread, plays the syncer: opens round 0 once the learner has taken 4 steps, commits a
@@ -22,6 +23,7 @@ import threading
 import time
 
 process_id, num_processes, port, root, phase = sys.argv[1:6]
+sharding = sys.argv[6] if len(sys.argv) > 6 else "replicated"   # learners.sharding
 process_id, num_processes = int(process_id), int(num_processes)
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={2 if num_processes > 1 else 1}"
 os.environ["JAX_PLATFORMS"] = "cpu"
@@ -56,7 +58,7 @@ TINY = ["model.preset=tiny", "data.seq_len=32", "data.batch_size=4", "learners.n
 
 def new_store() -> ArtifactStore:
     """What `start_experiment` commits: the config and version 0 of every fragment."""
-    cfg = config_from_mapping({}, TINY + [f"name={NAME}"])
+    cfg = config_from_mapping({}, TINY + [f"name={NAME}", f"learners.sharding={sharding}"])
     store = ArtifactStore(open_blob_store(root), NAME)
     store.put_config(config_to_mapping(cfg))
     _, params = init_model(cfg.model, cfg.seed)
@@ -124,11 +126,14 @@ def run() -> dict:
     writes = ["/".join(k) for k in seen["writes"]]
     reads = sorted({"/".join(k) for k in seen["reads"]})
     digest = params_digest(runtime)
+    largest = max(runtime.train.params.values(), key=lambda v: v.size)
     merged_name = sorted(runtime.plan.fragments[1])[0]
     merged_equal = bool(np.array_equal(host_value(runtime.sync.fragments[1].anchor[merged_name]),
                                        store.load_global(1).params[merged_name]))
     out = {"process_count": jax.process_count(), "devices": jax.device_count(),
-           "pid": os.getpid(), "store_writes": writes, "store_reads": reads,
+           "pid": os.getpid(), "sharding": runtime.sharding,
+           "embedding_shape": list(largest.shape),
+           "embedding_shards": sorted({tuple(x.data.shape) for x in largest.addressable_shards}), "store_writes": writes, "store_reads": reads,
            "errors": errors, "digest": digest, "merged_equal": merged_equal,
            "result": {k: result.get(k) for k in ("status", "step", "offers", "received",
                                                   "checkpoint_step", "tokens_total")},

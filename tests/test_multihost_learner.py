@@ -25,11 +25,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(num_processes: int, root: Path, phase: str, timeout: float = 300) -> list[dict]:
+def _launch(num_processes: int, root: Path, phase: str, sharding: str = "replicated",
+            timeout: float = 300) -> list[dict]:
     """Every process's report, process 0's first."""
     port = str(_free_port())   # a fresh coordinator port per launch
     procs = [subprocess.Popen([sys.executable, str(SCRIPT), str(i), str(num_processes), port,
-                               str(root), phase], cwd=REPO, stdout=subprocess.PIPE,
+                               str(root), phase, sharding], cwd=REPO, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
              for i in range(num_processes)]
     outs = []
@@ -46,9 +47,16 @@ def _launch(num_processes: int, root: Path, phase: str, timeout: float = 300) ->
     return [json.loads(out.strip().splitlines()[-1]) for out in outs]
 
 
-@pytest.mark.slow   # five fresh interpreters, ~1-2 min on 2 cores
-def test_a_two_process_learner_offers_once_merges_checkpoints_and_restores(tmp_path):
-    run, follower = _launch(2, tmp_path / "store", "run")
+@pytest.mark.slow   # five fresh interpreters, ~30-60 s per mode on 2 cores
+@pytest.mark.parametrize("sharding", ["replicated", "fsdp"])
+def test_a_two_process_learner_offers_once_merges_checkpoints_and_restores(tmp_path, sharding):
+    run, follower = _launch(2, tmp_path / "store", "run", sharding)
+    assert run["sharding"] == sharding
+    # What each process holds of the largest array: whole copies, or a quarter of it (FSDP,
+    # split over the 4 devices of both processes; the checkpoint is then written in shards).
+    rows, cols = run["embedding_shape"]
+    assert run["embedding_shards"] == ([[rows, cols]] if sharding == "replicated"
+                                       else [[rows // 4, cols]])
     # The follower never writes to the store; it reads only the experiment's config.
     assert follower["store_writes"] == []
     assert follower["store_reads"] == ["multihost-learner/config.json"], follower["store_reads"]
@@ -72,7 +80,7 @@ def test_a_two_process_learner_offers_once_merges_checkpoints_and_restores(tmp_p
     assert run["heartbeat"]["tokens_total"] == 8 * run["tokens_per_step"]
     assert run["result"]["checkpoint_step"] == 8 and run["checkpoint_steps"][-1] == 8
 
-    again, again_follower = _launch(2, tmp_path / "store", "restore")
+    again, again_follower = _launch(2, tmp_path / "store", "restore", sharding)
     assert again_follower["store_writes"] == []
     assert again_follower["restored_step"] == again["restored_step"]
     assert again["restored_from"].startswith("own")
@@ -85,3 +93,15 @@ def test_a_two_process_learner_offers_once_merges_checkpoints_and_restores(tmp_p
     for name, values in single["delta"].items():
         np.testing.assert_allclose(offer["delta"][name], values, rtol=1e-3, atol=1e-6,
                                    err_msg=name)
+
+
+def test_the_learner_process_joins_a_multi_host_learner_only_when_told_to():
+    from resources.learner.distributed import join_from_env
+
+    assert join_from_env({}) == (0, 1)   # no variables: a single-process learner, no init
+    assert join_from_env({"DILOCO_NUM_PROCESSES": "1"}) == (0, 1)
+    with pytest.raises(ValueError, match="DILOCO_COORDINATOR"):
+        join_from_env({"DILOCO_NUM_PROCESSES": "2", "DILOCO_PROCESS_ID": "1"})
+    with pytest.raises(ValueError, match="not in 0..1"):
+        join_from_env({"DILOCO_NUM_PROCESSES": "2", "DILOCO_PROCESS_ID": "2",
+                       "DILOCO_COORDINATOR": "127.0.0.1:1"})
