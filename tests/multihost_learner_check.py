@@ -87,11 +87,15 @@ def watched(store: ArtifactStore) -> tuple[ArtifactStore, dict]:
     """`store`, counting what this process writes to it (and reads from it) by key."""
     seen: dict = {"writes": [], "reads": []}
     blobs = store.blobs
+
+    def counting(original, kind):
+        def counted(key, *args, **kwargs):
+            seen[kind].append(key.rsplit("/", 2)[-2:])
+            return original(key, *args, **kwargs)
+        return counted
+
     for method, kind in (("write", "writes"), ("delete", "writes"), ("read", "reads")):
-        def counted(key, *args, _original=getattr(blobs, method), _kind=kind, **kwargs):
-            seen[_kind].append(key.rsplit("/", 2)[-2:])
-            return _original(key, *args, **kwargs)
-        setattr(blobs, method, counted)
+        setattr(blobs, method, counting(getattr(blobs, method), kind))
     return store, seen
 
 
@@ -133,7 +137,8 @@ def run() -> dict:
     out = {"process_count": jax.process_count(), "devices": jax.device_count(),
            "pid": os.getpid(), "sharding": runtime.sharding,
            "embedding_shape": list(largest.shape),
-           "embedding_shards": sorted({tuple(x.data.shape) for x in largest.addressable_shards}), "store_writes": writes, "store_reads": reads,
+           "embedding_shards": sorted({tuple(x.data.shape) for x in largest.addressable_shards}),
+           "store_writes": writes, "store_reads": reads,
            "errors": errors, "digest": digest, "merged_equal": merged_equal,
            "result": {k: result.get(k) for k in ("status", "step", "offers", "received",
                                                   "checkpoint_step", "tokens_total")},

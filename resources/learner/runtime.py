@@ -86,8 +86,9 @@ class LearnerRuntime:
         self.use_ocdbt = use_ocdbt
         cfg = self.cfg
         # Every device of the slice: a single-process learner's own, or every process's on a
-        # multi-host slice (jax.devices() lists all of them). Checked here, not at the first step: an indivisible batch must fail the
-        # launch, not a learner that has already joined the run.
+        # multi-host slice (jax.devices() lists all of them). Checked here, not at the first
+        # step: an indivisible batch must fail the launch, not a learner that has already
+        # joined the run.
         self.mesh = learner_mesh(jax.devices())
         self.sharding = cfg.learners.sharding
         batch_size, devices = cfg.learner_batch_sizes[self.index], self.mesh.size
@@ -144,10 +145,8 @@ class LearnerRuntime:
         peers = [n for n in cfg.learners.learner_names if n != self.name]
         # A multi-process learner restores into its mesh's shardings (each process reads its
         # own shards), at the checkpoint step the leader picked.
-        restore_args = {} if not self.lockstep.multi else {
-            "target": self._sharded_target(),
-            "agree": lambda step: (lambda s: None if s < 0 else s)(
-                self.lockstep.ints([-1 if step is None else step])[0])}
+        restore_args = ({} if not self.lockstep.multi else
+                        {"target": self._sharded_target(), "agree": self._leaders_step})
         plan = plan_restore(self.store, self.name, peers, self._template, versions,
                             cfg.orchestration.rejoin_max_versions_behind, self.use_ocdbt,
                             **restore_args)
@@ -206,6 +205,11 @@ class LearnerRuntime:
             values = [{k: np.zeros(shape, dtype) for k, (shape, dtype) in s.items()}
                       for s in shapes]
         return self.lockstep.arrays(values), self.lockstep.ints(versions)
+
+    def _leaders_step(self, step: int | None) -> int | None:
+        """The checkpoint step the leader found (None: none), for every process."""
+        agreed = self.lockstep.ints([-1 if step is None else step])[0]
+        return None if agreed < 0 else agreed
 
     def _sharded_target(self):
         """The checkpoint tree's abstract target, each array with the sharding it has here."""
