@@ -22,6 +22,7 @@ from resources.compute.manifests import (
     ACCELERATOR_LABEL,
     TOPOLOGY_LABEL,
     TPU_RESOURCE,
+    learner_jobset,
     learner_labels,
     learner_pod_spec,
     learner_workload,
@@ -175,7 +176,7 @@ def test_bad_slices_are_refused_with_the_reason(accelerator, topology, message):
 
 @pytest.mark.parametrize(("change", "field", "reason"), [
     ({"topology": "2x2x1"}, "regions.r1.topology", "2 positive dimensions"),
-    ({"topology": "4x4"}, "regions.r1.topology", "single-host slices"),
+    ({"topology": "4x4"}, "regions.r1.workload", "needs workload: jobset"),
     ({"backend": "gcp"}, "regions.r1.backend", "must be one of local, gke"),
     ({"channel": "local"}, "regions.r1.channel", "must be gcs for the gke backend"),
     ({"image": ""}, "regions.r1.image", "is required"),
@@ -340,3 +341,40 @@ def test_a_failed_delete_is_reported_and_the_original_error_still_raised():
         wait_for_exit(_jobset(_Undeletable(failures=100)), log, poll_seconds=0,
                       failures_tolerated=0)
     assert any("could not stop" in m and "403" in m for _, m in log.lines)
+
+
+@pytest.mark.parametrize(("accelerator", "topology", "hosts"), [
+    ("tpu-v6e-slice", "4x4", 4), ("tpu-v5p-slice", "2x2x2", 2)])
+def test_a_multi_host_slice_is_one_jobset_whose_pods_form_one_learner(accelerator, topology,
+                                                                       hosts):
+    placement = deployment_from_mapping({"regions": {"r1": {
+        **GKE, "accelerator": accelerator, "topology": topology,
+        "workload": "jobset"}}}).placement("r1")
+    manifest = learner_jobset(placement, experiment="exp", learner="east5", region="r1",
+                              attempt=1, env={"DILOCO_PIPES_CHANNEL": "gcs"})
+    validate_jobset(manifest)
+    job = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]
+    assert job["parallelism"] == job["completions"] == hosts
+    assert job["completionMode"] == "Indexed" and manifest["spec"]["network"][
+        "enableDNSHostnames"]
+    pod = _pod(manifest)
+    assert pod["containers"][0]["resources"]["limits"]["google.com/tpu"] == "4"
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    name = manifest["metadata"]["name"]
+    assert env["DILOCO_NUM_PROCESSES"]["value"] == str(hosts)
+    # Process 0 is pod 0 of job 0: JobSet's DNS name for it, under the JobSet's subdomain.
+    assert env["DILOCO_COORDINATOR"]["value"] == f"{name}-slice-0-0.{name}:8476"
+    assert env["DILOCO_PROCESS_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.annotations['batch.kubernetes.io/job-completion-index']")
+    # What the learner entry reads from them (resources/learner/distributed.py): every pod
+    # joins the same program; the variables it needs are all there.
+    assert {"DILOCO_NUM_PROCESSES", "DILOCO_COORDINATOR", "DILOCO_PROCESS_ID"} <= set(env)
+
+
+def test_a_single_host_jobset_stays_a_single_process_learner():
+    placement = deployment_from_mapping({"regions": {"r1": {
+        **GKE, "workload": "jobset"}}}).placement("r1")
+    manifest = learner_jobset(placement, experiment="exp", learner="east5", region="r1",
+                              attempt=0, env={})
+    names = {e["name"] for e in _pod(manifest)["containers"][0]["env"]}
+    assert "DILOCO_NUM_PROCESSES" not in names

@@ -27,6 +27,10 @@ EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 CONTAINER = "learner"
 REPLICATED_JOB = "slice"
 LEARNER_MODULE = "pipelines.learner_entry"
+# jax.distributed's coordination service, run by process 0 (host 0 of the slice).
+COORDINATOR_PORT = 8476
+# The index Kubernetes gives each pod of an Indexed Job: its process id in the learner.
+COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 
 
 def workload_name(experiment: str, learner: str, attempt: int) -> str:
@@ -93,10 +97,22 @@ def learner_jobset(placement: RegionPlacement, *, experiment: str, learner: str,
     custom-objects API takes it)."""
     hosts = placement.slice.hosts if placement.slice is not None else 1
     labels = learner_labels(experiment, learner, region, attempt)
+    name = workload_name(experiment, learner, attempt)
+    pod_spec = learner_pod_spec(placement, env)
+    if hosts > 1:
+        # One learner program over every host (`resources/learner/distributed.py`): each pod is
+        # process <its completion index>; process 0 (pod 0 of job 0, reachable by the DNS name
+        # JobSet gives it) runs the coordination service and alone talks to the store.
+        pod_spec["containers"][0]["env"] += [
+            {"name": "DILOCO_NUM_PROCESSES", "value": str(hosts)},
+            {"name": "DILOCO_COORDINATOR",
+             "value": f"{name}-{REPLICATED_JOB}-0-0.{name}:{COORDINATOR_PORT}"},
+            {"name": "DILOCO_PROCESS_ID",
+             "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX}}}]
     return {
         "apiVersion": f"{JOBSET_API[0]}/{JOBSET_API[1]}",
         "kind": "JobSet",
-        "metadata": {"name": workload_name(experiment, learner, attempt),
+        "metadata": {"name": name,
                      "namespace": placement.namespace, "labels": labels,
                      "annotations": {EXCLUSIVE_TOPOLOGY: NODE_POOL_LABEL}},
         "spec": {
@@ -113,7 +129,7 @@ def learner_jobset(placement: RegionPlacement, *, experiment: str, learner: str,
                         "completionMode": "Indexed",
                         "backoffLimit": 0,
                         "template": {"metadata": {"labels": dict(labels)},
-                                     "spec": learner_pod_spec(placement, env)},
+                                     "spec": pod_spec},
                     },
                 },
             }],

@@ -103,14 +103,12 @@ class RegionPlacement:
                 shape = slice_shape(self.accelerator, self.topology)
             except ValueError as err:
                 raise ConfigError("topology", str(err)) from None
-            # A multi-host slice runs one learner program per host; their control decisions
-            # (offer, take a merge, stop) would have to be made once and broadcast, which the
-            # learner runtime does not do yet. Refused here rather than deadlocking on a slice.
-            _require(shape.hosts == 1, "topology",
-                     f"{self.topology!r} is a {shape.hosts}-host {shape.tpu.generation} slice; "
-                     "learners run on single-host slices for now (up to "
-                     f"{max(slice_shape(self.accelerator, t).chips for t in shape.tpu.single_host)}"
-                     f" chips: {', '.join(shape.tpu.single_host)})")
+            # A multi-host slice runs one learner program over all its hosts, one pod each,
+            # started and failed together: only a JobSet does that (a Pod is one host).
+            _require(shape.hosts == 1 or self.workload == "jobset", "workload",
+                     f"{self.topology!r} is a {shape.hosts}-host {shape.tpu.generation} slice: "
+                     "it needs workload: jobset (one pod per host), got "
+                     f"{self.workload!r}")
         if self.channel == "gcs":
             _require(_BUCKET.fullmatch(self.bucket) is not None, "bucket",
                      f"must be a bucket name (no gs://) for the gcs channel, got {self.bucket!r}")
