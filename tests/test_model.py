@@ -1,6 +1,5 @@
 """The transformer: shapes, causality, stable flat params, abstract sizing, embedding names."""
 
-import time
 
 import jax
 import jax.numpy as jnp
@@ -95,10 +94,10 @@ def test_paper_scale_counts_without_allocating(preset, target):
     # Holding the arrays alive before keeps their ids unique, so "nothing new allocated" is an
     # exact check (comparing counts failed in CI when garbage from earlier tests was
     # collected during the call: 23 arrays before, 2 after).
+    # That nothing is allocated is what shows the count is computed, not built (no timing
+    # assertion: machines are shared and noisy).
     before = jax.live_arrays()
-    start = time.perf_counter()
     count = param_count(ModelConfig.from_preset(preset))
-    assert time.perf_counter() - start < 2.0
     known = {id(a) for a in before}
     assert [a.shape for a in jax.live_arrays() if id(a) not in known] == []
     assert 0.8 * target <= count <= 1.2 * target
