@@ -333,13 +333,7 @@ def _trend_plot(exp: Experiment, path: Path) -> Path | None:
     ax.set_xticks([t / 1e6 for t in budgets], [f"{t / 1e6:g}M" for t in budgets])
     ax.set_xlabel("token budget (outer steps per fragment grow with it)")
     ax.set_ylabel("held-out loss / data-parallel's")
-    ax.set_title("Experiment 1: the gap to data-parallel against the budget", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, "Experiment 1: the gap to data-parallel against the budget", path)
 
 
 def _plot(exp: Experiment, path: Path) -> Path:
@@ -365,7 +359,14 @@ def _plot(exp: Experiment, path: Path) -> Path:
     ax.set_xlabel("simulated seconds" if over_time else "images processed (thousands)"
                   if images else "tokens processed (millions)")
     ax.set_ylabel("held-out accuracy" if images else "held-out loss (nats/byte)")
-    ax.set_title(f"Experiment {exp.number}: {exp.title}", fontsize=9)
+    return _save(fig, ax, f"Experiment {exp.number}: {exp.title}", path)
+
+
+def _save(fig, ax, title: str, path: Path) -> Path:
+    """Every plot's title, grid, legend and file, in one style."""
+    import matplotlib.pyplot as plt
+
+    ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -439,7 +440,13 @@ def write_experiment(exp: Experiment) -> list[Path]:
     rows, verdict = TABLES[exp.number](exp)
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     IMG_DIR.mkdir(parents=True, exist_ok=True)
+    records = [r for a in exp.arms if (r := load_arm(a)) is not None]
     data = {"experiment": exp.number, "slug": exp.slug, "title": exp.title,
+            "command": f"python benchmarks/quality_benchmarks.py {exp.number}",
+            # The commits whose code computed the runs (their code hash is recorded per run).
+            "commits": sorted({(r.get("commit") or {}).get("commit") or "unrecorded"
+                               for r in records}),
+            "stale_runs": sum(not is_current(r) for r in records),
             "question": exp.question, "target": exp.target or None, "verdict": verdict,
             "machine": _record(exp.arms[0])["machine"], "rows": rows,
             "runs": {f"{a.label} (seed {a.seed}, {a.tokens:,} tokens)": _record(a)["key"]
