@@ -37,12 +37,10 @@ join_from_env()   # as pipelines/learner_entry.py does, before anything touches 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
+from learner_store_setup import committed_experiment  # noqa: E402
+from learner_store_setup import wait as wait_until  # noqa: E402
 
 from diloco_core.compression import decode  # noqa: E402
-from diloco_core.config_loading import config_from_mapping, config_to_mapping  # noqa: E402
-from diloco_core.fragments import plan_fragments, split_params  # noqa: E402
-from diloco_core.model import init_model  # noqa: E402
-from diloco_core.outer import build_outer_optimizer  # noqa: E402
 from diloco_core.spmd import host_value  # noqa: E402
 from resources.learner.runtime import LearnerRuntime  # noqa: E402
 from resources.store.artifact_store import ArtifactStore  # noqa: E402
@@ -57,24 +55,11 @@ TINY = ["model.preset=tiny", "data.seq_len=32", "data.batch_size=4", "learners.n
 
 
 def new_store() -> ArtifactStore:
-    """What `start_experiment` commits: the config and version 0 of every fragment."""
-    cfg = config_from_mapping({}, TINY + [f"name={NAME}", f"learners.sharding={sharding}"])
-    store = ArtifactStore(open_blob_store(root), NAME)
-    store.put_config(config_to_mapping(cfg))
-    _, params = init_model(cfg.model, cfg.seed)
-    plan = plan_fragments({k: v.shape for k, v in params.items()}, cfg.sync.num_fragments)
-    tx = build_outer_optimizer(cfg.outer)
-    for p, fragment in enumerate(split_params(params, plan)):
-        store.commit_global(p, 0, jax.device_get(fragment), tx.init(fragment), {"round": None})
-    return store
+    return committed_experiment(root, NAME, TINY + [f"learners.sharding={sharding}"])
 
 
 def wait(predicate, what: str, timeout: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+    wait_until(predicate, what, timeout)
 
 
 def params_digest(runtime: LearnerRuntime) -> float:

@@ -23,12 +23,9 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+from learner_store_setup import committed_experiment, wait  # noqa: E402
 
 from diloco_core.config import ConfigError  # noqa: E402
-from diloco_core.config_loading import config_from_mapping, config_to_mapping  # noqa: E402
-from diloco_core.fragments import plan_fragments, split_params  # noqa: E402
-from diloco_core.model import init_model  # noqa: E402
-from diloco_core.outer import build_outer_optimizer  # noqa: E402
 from diloco_core.spmd import fsdp_spec  # noqa: E402
 from resources.learner.runtime import LearnerRuntime  # noqa: E402
 from resources.store import layout  # noqa: E402
@@ -43,24 +40,7 @@ TINY = ["model.preset=tiny", "data.seq_len=32", "data.batch_size=4", "learners.n
 
 
 def new_store(root: str, name: str, overrides: list[str]) -> ArtifactStore:
-    """What `start_experiment` commits: the config and version 0 of every fragment."""
-    cfg = config_from_mapping({}, TINY + [f"name={name}"] + overrides)
-    store = ArtifactStore(open_blob_store(root), name)
-    store.put_config(config_to_mapping(cfg))
-    _, params = init_model(cfg.model, cfg.seed)
-    plan = plan_fragments({k: v.shape for k, v in params.items()}, cfg.sync.num_fragments)
-    tx = build_outer_optimizer(cfg.outer)
-    for p, fragment in enumerate(split_params(params, plan)):
-        store.commit_global(p, 0, jax.device_get(fragment), tx.init(fragment), {"round": None})
-    return store
-
-
-def wait(predicate, what: str, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+    return committed_experiment(root, name, TINY + overrides)
 
 
 def placement(runtime: LearnerRuntime) -> dict:
