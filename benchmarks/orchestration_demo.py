@@ -2,8 +2,9 @@
 throughput against the in-process reference simulator on the same config.
 
 1. `diloco demo` (the README's main command) with its embedded defaults, optionally `--chaos`,
-   while a sampler records the total resident memory of every process of the run (dagster dev,
-   daemon, code server, run workers, learners, merges) once a second.
+   while a sampler records the memory of every process of the run (dagster dev, daemon,
+   code server, run workers, learners, the syncer) once a second: PSS, which sums to the
+   physical memory the run uses, and RSS, which counts shared libraries once per process.
 2. The in-process reference simulator (`diloco_core.simulator.run_simulation`) on the same
    experiment config: same model, data, M, H, P, K and token budget, one process, fake clock.
 
@@ -32,41 +33,83 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "orchestration_demo.json"
 
 
-def _tree_rss_mb(root_pid: int) -> float:
-    """Resident memory of a process and all its descendants (from /proc), in MiB."""
+# Which part of the run a process is, from its command line (first match wins).
+ROLES = (("learner", "pipelines.learner_entry"), ("syncer", "pipelines.syncer_entry"),
+         ("run worker", "multiprocessing.spawn"), ("code server", "dagster api grpc"),
+         ("code server", "dagster code-server"), ("webserver", "dagster_webserver"),
+         ("daemon", "dagster._daemon"), ("dagster dev", "dagster dev"),
+         ("demo command", "pipelines.cli demo"))
+
+
+def _role(cmdline: str) -> str:
+    return next((role for role, marker in ROLES if marker in cmdline), "other")
+
+
+def _memory_kib(pid: int) -> tuple[int, int]:
+    """(RSS, PSS) of one process in KiB. PSS charges each shared page to the processes that map
+    it in equal parts, so PSS sums to the physical memory of a process tree; RSS counts a page
+    once per process (the JAX and Dagster libraries every process maps), an upper bound."""
+    rss = pss = 0
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Rss:"):
+                rss = int(line.split()[1])
+            elif line.startswith("Pss:"):
+                pss = int(line.split()[1])
+    return rss, pss
+
+
+def memory_snapshot(root_pid: int) -> dict:
+    """RSS and PSS of a process and all its descendants (from /proc), in MiB, in total and
+    by role (learners, syncer, Dagster's run workers, code server, webserver, daemon)."""
     children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            ppid, pages = int(fields[1]), int(fields[21])
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             continue
         children.setdefault(ppid, []).append(int(entry))
-        rss[int(entry)] = pages * os.sysconf("SC_PAGE_SIZE")
-    total, stack = 0, [root_pid]
+    by_role: dict[str, dict[str, float]] = {}
+    stack = [root_pid]
     while stack:
         pid = stack.pop()
-        total += rss.get(pid, 0)
         stack.extend(children.get(pid, []))
-    return total / 2**20
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+            rss, pss = _memory_kib(pid)
+        except (OSError, ValueError):  # exited meanwhile
+            continue
+        row = by_role.setdefault(_role(cmdline), {"processes": 0, "rss_mib": 0.0, "pss_mib": 0.0})
+        row["processes"] += 1
+        row["rss_mib"] += rss / 1024
+        row["pss_mib"] += pss / 1024
+    return {"rss_mib": sum(r["rss_mib"] for r in by_role.values()),
+            "pss_mib": sum(r["pss_mib"] for r in by_role.values()),
+            "by_role": dict(sorted(by_role.items(), key=lambda kv: -kv[1]["pss_mib"]))}
 
 
-def run_demo(chaos: bool, workdir: Path) -> tuple[dict, float]:
+def run_demo(chaos: bool, workdir: Path) -> tuple[dict, dict]:
     out = workdir / "summary.json"
     command = [sys.executable, "-m", "pipelines.cli", "demo", "--workdir", str(workdir / "demo"),
                "--json", str(out)] + (["--chaos"] if chaos else [])
     process = subprocess.Popen(command, cwd=REPO)
-    peak = 0.0
+    # The sample with the largest PSS total (the breakdown is of that instant) and the
+    # largest RSS total seen, which may come at another instant.
+    peak = {"pss_mib": 0.0, "rss_mib": 0.0, "by_role": {}}
+    max_rss = 0.0
     stop = threading.Event()
 
     def sample():
-        nonlocal peak
+        nonlocal peak, max_rss
         while not stop.is_set():
-            peak = max(peak, _tree_rss_mb(process.pid))
+            snap = memory_snapshot(process.pid)
+            max_rss = max(max_rss, snap["rss_mib"])
+            if snap["pss_mib"] > peak["pss_mib"]:
+                peak = snap
             stop.wait(1.0)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -76,7 +119,9 @@ def run_demo(chaos: bool, workdir: Path) -> tuple[dict, float]:
     sampler.join()
     if code != 0:
         raise SystemExit(f"diloco demo failed with exit code {code}")
-    return json.loads(out.read_text()), peak
+    return json.loads(out.read_text()), {"peak_pss_mib": peak["pss_mib"],
+                                         "peak_rss_mib": max_rss,
+                                         "at_peak_pss": peak}
 
 
 def run_reference(config_path: Path) -> dict:
@@ -105,7 +150,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        demo, peak_mb = run_demo(args.chaos, workdir)
+        demo, memory = run_demo(args.chaos, workdir)
         reference = run_reference(workdir / "demo" / "experiment.yaml")
     lat = demo["merge_latency_seconds"]
     dec = demo["decision_to_publish_seconds"]
@@ -143,7 +188,9 @@ def main() -> None:
                                               "quorum_to_publish_seconds",
                                               "decision_to_publish_seconds")}
                        for r in demo["rounds"] if r.get("merged")],
-            "peak_rss_mib": peak_mb,
+            "peak_pss_mib": memory["peak_pss_mib"],
+            "peak_rss_mib": memory["peak_rss_mib"],
+            "memory_at_peak": memory["at_peak_pss"],
             "failures_injected": demo["failures_injected"],
             "learners_rejoined": demo["learners_rejoined"],
         },
@@ -163,7 +210,11 @@ def main() -> None:
           f"{d['merge_latency_p90_seconds']:.1f}s, decision->published median "
           f"{d['decision_to_publish_median_seconds']:.3f}s p90 "
           f"{d['decision_to_publish_p90_seconds']:.3f}s, superseded on receipt "
-          f"{d['superseded_on_receipt_fraction']:.1%}, peak RSS {d['peak_rss_mib']:.0f} MiB")
+          f"{d['superseded_on_receipt_fraction']:.1%}, peak memory {d['peak_pss_mib']:.0f} MiB "
+          f"PSS ({d['peak_rss_mib']:.0f} MiB RSS)")
+    for role, row in d["memory_at_peak"]["by_role"].items():
+        print(f"  {role:12s} x{row['processes']:<2d} PSS {row['pss_mib']:6.0f} MiB, "
+              f"RSS {row['rss_mib']:6.0f} MiB")
     for kind, dist in d["decision_to_publish_by_merger"].items():
         p90 = "-" if dist["p90"] is None else f"{dist['p90']:.3f}s"
         print(f"  decision->published, merged by {kind}: {dist['count']} rounds, median "

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 
 from diloco_core.config import ExperimentConfig
 from pipelines.round_control import LATE_WINDOW, describe_offer
-from pipelines.store_merge import find_commit
 from resources.store.artifact_store import ArtifactStore
 
 MAX_ROUNDS_PER_TICK = 64
@@ -50,7 +49,7 @@ def round_fate(store: ArtifactStore, round_index: int, decision: dict
     if current is None:
         return "pending", None, None
     meta = store.version_meta(fragment, current) or {}
-    found = find_commit(store, fragment, current, meta, round_index)
+    found = store.find_round_commit(fragment, round_index, current, meta)
     if found is not None:
         version, meta = found
         return "merged", meta, version

@@ -102,7 +102,7 @@ def merge_from_store(store: ArtifactStore, round_index: int,
         current = store.load_global(fragment, outer_template=template)
     except KeyError as err:
         raise MergeInputError(f"fragment {fragment} has no committed version: {err}") from None
-    done = find_commit(store, fragment, current.version, current.meta, round_index)
+    done = store.find_round_commit(fragment, round_index, current.version, current.meta)
     if done is not None:
         version, meta = done
         return MergeOutcome(round_index, fragment, True, version, meta, decision, True,
@@ -203,21 +203,6 @@ def previous_norm_per_step(meta: dict) -> float | None:
     norms, steps = meta.get("outer_grad_norms") or [], meta.get("steps") or []
     per_step = sorted(n / max(s, 1) for n, s in zip(norms, steps, strict=False) if n > 0)
     return per_step[len(per_step) // 2] if per_step else None
-
-
-def find_commit(store: ArtifactStore, fragment: int, version: int, meta: dict,
-                 round_index: int) -> tuple[int, dict] | None:
-    """The committed version of this round, searching back from the current version while the
-    versions belong to this round or later ones (merges of a fragment commit in round order)."""
-    while version > 0:
-        committed = meta.get("round")
-        if committed == round_index:
-            return version, meta
-        if not isinstance(committed, int) or committed < round_index:
-            return None
-        version -= 1
-        meta = store.version_meta(fragment, version) or {}
-    return None
 
 
 def _jsonable(value):

@@ -227,6 +227,21 @@ class ArtifactStore:
             f"{layout.version_dir(self.experiment, fragment, version)}/{layout.MANIFEST}")
         return None if manifest is None else dict(manifest.get("meta") or {})
 
+    def find_round_commit(self, fragment: int, round_index: int, version: int, meta: dict
+                          ) -> tuple[int, dict] | None:
+        """The committed version of this round, searching back from `version` (whose meta is
+        `meta`) while the versions belong to this round or later ones (merges of a fragment
+        commit in round order). None when the fragment moved past the round without it."""
+        while version > 0:
+            committed = meta.get("round")
+            if committed == round_index:
+                return version, meta
+            if not isinstance(committed, int) or committed < round_index:
+                return None
+            version -= 1
+            meta = self.version_meta(fragment, version) or {}
+        return None
+
     def adopt_version(self, fragment: int, version: int) -> None:
         """Move the pointer to an already written version (a commit whose pointer move was
         lost: the manifest is there, the pointer still at version - 1)."""
