@@ -419,6 +419,14 @@ class OrchestrationConfig:
     # steps (multiples of P rounds) so that they do. Each merge stays its own
     # materialization, with its round in the metadata, inside its partition.
     rounds_per_partition: int = 0
+    # Retention, applied by the syncer service after its merges: the arrays of global versions
+    # older than the newest keep_global_versions of their fragment, and of the contributions
+    # to rounds more than keep_contribution_rounds rounds old, are deleted. Manifests and
+    # records all stay (the token ledger and the run summary read them), and so do version 0
+    # and the current version. A merge refuses a contribution whose base version was deleted,
+    # so keep_global_versions also bounds the staleness a merge accepts. 0: keep everything.
+    keep_global_versions: int = 16      # newest versions per fragment whose arrays stay
+    keep_contribution_rounds: int = 64  # newest rounds whose contributions' arrays stay
     # A directory for TensorBoard event files of the per-round figures and evals (written by
     # the syncer and the merge runs, one subdirectory per experiment); empty: none.
     tensorboard_dir: str = ""
@@ -441,10 +449,15 @@ class OrchestrationConfig:
                  f"must be a finite number >= 0, got {self.step_seconds_floor!r}")
         for name, low in (("checkpoint_every_steps", 1), ("max_restarts", 0),
                           ("rejoin_max_versions_behind", 0), ("eval_batches", 1),
-                          ("eval_every_rounds", 0), ("rounds_per_partition", 0)):
+                          ("eval_every_rounds", 0), ("rounds_per_partition", 0),
+                          ("keep_global_versions", 0), ("keep_contribution_rounds", 0)):
             value = getattr(self, name)
             _require(isinstance(value, int) and not isinstance(value, bool) and value >= low,
                      name, f"must be an integer >= {low}, got {value!r}")
+        # The current version and the one before it: a learner's offer is based on one of them
+        # unless it is slower than a whole round of its fragment.
+        _require(self.keep_global_versions != 1, "keep_global_versions",
+                 "must be 0 (keep all) or >= 2 (the current version and the one before)")
         # The syncer renews its lease every second: a shorter timeout would mistake a slow
         # store write for a dead syncer.
         _require(self.syncer_timeout_seconds >= 3.0, "syncer_timeout_seconds",

@@ -62,6 +62,16 @@ def redact_url(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
+# The daemon's purge of sensor and schedule ticks. The two sensors tick every few seconds for
+# the whole run (~20,000 ticks a day each); Dagster keeps successful sensor ticks forever by
+# default. Kept: a week of ticks that did something, a month of failures, a day of skips.
+TICK_RETENTION = {
+    "sensor": {"purge_after_days": {"skipped": 1, "success": 7, "failure": 30, "started": 7}},
+    "schedule": {"purge_after_days": {"skipped": 7, "success": 30, "failure": 30,
+                                      "started": 30}},
+}
+
+
 def instance_yaml(max_concurrent_runs: int, postgres_url: str | None = None) -> dict:
     """Run queue: one process per learner, one merge at a time per fragment (so versions of a
     fragment commit in round order) and two in all, run retries for crashed merges, run
@@ -91,6 +101,7 @@ def instance_yaml(max_concurrent_runs: int, postgres_url: str | None = None) -> 
         },
         "run_retries": {"enabled": True, "max_retries": 0},
         "run_monitoring": {"enabled": True, "poll_interval_seconds": 10},
+        "retention": TICK_RETENTION,
         "telemetry": {"enabled": False},
         "nux": {"enabled": False},
     }

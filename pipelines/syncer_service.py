@@ -25,13 +25,14 @@ import time
 from collections.abc import Callable
 
 from diloco_core.config_loading import config_from_mapping
+from pipelines.retention import Retention
 from pipelines.round_control import RoundController
 from pipelines.round_eval import evaluate_global
 from pipelines.round_metadata import global_params_metadata, round_scalars
 from pipelines.store_merge import MergeInputError, MergeOutcome, MergePlan, merge_from_store
 from resources.faults import MergeFaults, SyncerFaults, load_tape
 from resources.metrics_sink import open_sink
-from resources.store.artifact_store import ArtifactStore, Conflict
+from resources.store.artifact_store import ArtifactStore, Conflict, RejectedArtifact
 from resources.store.lease import LeaseLost, LeaseRefused, SyncerLease
 
 Log = Callable[[str], None]
@@ -61,6 +62,8 @@ class SyncerService:
         self.state: dict | None = None
         self.metrics = open_sink(self.cfg.orchestration.tensorboard_dir, store.experiment,
                                  self.name, log)
+        self.retention = Retention.resume(store, self.cfg)
+        self.pruned_objects = 0
 
     def run(self, max_seconds: float | None = None) -> dict:
         """Hold the lease and run rounds until the run is finished (or `max_seconds`, for
@@ -225,12 +228,22 @@ class SyncerService:
                 self.metrics.scalars(round_index, round_scalars(global_params_metadata(
                     self.store, record, outcome.decision, outcome.version, outcome.finite,
                     outcome.seconds)))
+            self._prune(outcome.fragment, outcome.version, round_index)
         elif not outcome.committed:
             self.not_merged += 1
             self.log(f"round {round_index} not merged: {record.get('reason')}")
         if record.get("rejected"):
             self.log(f"round {round_index}: rejected {record['rejected']}")
         return outcome
+
+    def _prune(self, fragment: int, version: int, round_index: int) -> None:
+        """Retention after a commit. A failure is logged and retried after the next merge of
+        the fragment: deleting old arrays must never stop merges."""
+        self.lease.check()
+        try:
+            self.pruned_objects += self.retention.after_merge(fragment, version, round_index)
+        except (OSError, Conflict, RejectedArtifact) as err:
+            self.log(f"round {round_index}: retention failed, will retry: {err!r}")
 
     def _maybe_eval(self, final: bool = False) -> None:
         every = self.cfg.orchestration.eval_every_rounds or self.cfg.sync.num_fragments
@@ -260,4 +273,5 @@ class SyncerService:
         return {"status": self.status, "attempt": self.attempt, "merged": self.merged,
                 "not_merged": self.not_merged,
                 "decision_to_publish_median": lat[len(lat) // 2] if lat else None,
+                "pruned_objects": self.pruned_objects,
                 "last_eval_round": self.last_eval_round}

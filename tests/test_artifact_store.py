@@ -18,7 +18,7 @@ from diloco_core.fragments import plan_fragments, split_params
 from diloco_core.learner import LearnerSync
 from diloco_core.outer import build_outer_optimizer
 from resources.store import layout
-from resources.store.artifact_store import ArtifactStore, Conflict, RejectedArtifact
+from resources.store.artifact_store import ArtifactStore, Conflict, Pruned, RejectedArtifact
 from resources.store.backends import open_blob_store
 from resources.store.names import InvalidName
 
@@ -224,18 +224,49 @@ def test_decisions_evals_summary_and_checkpoint_location(store):
         "experiments/exp-1/learners/learner-0/checkpoints")
 
 
-def test_gc_keeps_the_last_versions_and_the_current_one(store):
+def test_retention_deletes_old_arrays_and_keeps_every_manifest(store):
     tx = build_outer_optimizer(OuterOptConfig())
     frag = split_params(PARAMS, PLAN)[0]
     state = tx.init(frag)
-    for version in range(5):
-        store.commit_global(0, version, {k: v + version for k, v in frag.items()}, state)
-    deleted = store.gc_global_versions(keep_last=2, num_fragments=1)
-    assert deleted == [(0, 0), (0, 1), (0, 2)]
-    assert store.versions(0) == [3, 4] and store.current_version(0) == 4
-    assert store.load_global(0).params["a/kernel"][0, 0] == pytest.approx(4.0)
-    with pytest.raises(ValueError):
-        store.gc_global_versions(keep_last=0, num_fragments=1)
+    for version in range(4):
+        store.commit_global(0, version, {k: v + version for k, v in frag.items()}, state,
+                            {"round": version - 1 if version else None})
+    assert store.prune_version(0, 1, "keep 2") == 2          # params and outer state
+    assert store.prune_version(0, 1, "keep 2") == 0          # nothing left: a no-op
+    assert store.versions(0) == [0, 1, 2, 3]                 # every manifest stays
+    assert store.version_meta(0, 1) == {"round": 0}
+    with pytest.raises(Pruned, match="fragment 0 version 1 was deleted by retention .keep 2."):
+        store.load_global(0, 1)
+    assert store.load_global(0, 0).params["a/kernel"][0, 0] == pytest.approx(
+        float(frag["a/kernel"][0, 0]))
+    assert store.load_global(0).version == 3
+    for refused in (0, 3, 4):     # the initial parameters, the current version, a future one
+        with pytest.raises((ValueError, Conflict)):
+            store.prune_version(0, refused, "no")
+    # A lost payload that retention did not delete still reads as a rejected artifact.
+    directory = layout.version_dir(EXP, 0, 2)
+    lost = next(k for k in store.blobs.list(directory + "/") if "/params-" in k)
+    store.blobs.delete(lost)
+    with pytest.raises(RejectedArtifact, match="does not exist"):
+        store.load_global(0, 2)
+
+
+def test_retention_of_a_round_needs_its_decision_and_keeps_the_manifests(store):
+    store.put_contribution(_contribution("learner-0"))
+    store.put_contribution(_contribution("learner-1"))
+    with pytest.raises(Conflict, match="not decided"):
+        store.prune_round(3, "too early")
+    store.put_decision(3, {"round": 3, "fragment": 0, "members": ["learner-0"],
+                           "reason": "quorum", "decided_at": 10.0})
+    assert store.prune_round(3, "keep 64 rounds") == 2
+    assert store.list_contributions(3) == ["learner-0", "learner-1"]
+    assert store.contribution_manifest(3, "learner-1")["tokens"] > 0
+    assert store.get_decision(3)["members"] == ["learner-0"]
+    with pytest.raises(Pruned, match="contribution of learner-0 to round 3 was deleted"):
+        store.load_contribution(3, "learner-0")
+    assert store.get_retention() is None
+    store.put_retention({"versions_from": [2], "rounds_from": 4})
+    assert store.get_retention() == {"versions_from": [2], "rounds_from": 4}
 
 
 def test_plain_tools_can_read_what_the_store_wrote(store):

@@ -44,6 +44,7 @@ def test_production_and_helm_queue_rules_match_the_local_instance():
     local = instance_yaml(10)["run_coordinator"]["config"]["tag_concurrency_limits"]
     production = yaml.safe_load((DEPLOY / "dagster.yaml").read_text())
     assert production["run_coordinator"]["config"]["tag_concurrency_limits"] == local
+    assert production["retention"] == instance_yaml(10)["retention"]
     helm = yaml.safe_load((DEPLOY / "helm" / "values.yaml").read_text())
     helm_limits = helm["dagsterDaemon"]["runCoordinator"]["config"]["queuedRunCoordinator"][
         "tagConcurrencyLimits"]
@@ -99,3 +100,16 @@ def test_the_production_instance_keeps_its_runs_in_a_real_postgres(tmp_path, mon
     with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
         assert isinstance(instance.run_storage, PostgresRunStorage)
         assert instance.get_run_by_id(materialize_one_run(instance)).is_success
+
+
+def test_the_instance_purges_sensor_ticks(tmp_path):
+    """Dagster reads the retention block (its schema is checked on load) and would purge
+    successful sensor ticks, which it keeps forever by default."""
+    import dagster as dg
+    from dagster._core.definitions.run_request import InstigatorType
+    from dagster._core.scheduler.instigation import TickStatus
+
+    (tmp_path / "dagster.yaml").write_text(yaml.safe_dump(instance_yaml(4)))
+    with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
+        settings = instance.get_tick_retention_settings(InstigatorType.SENSOR)
+    assert settings[TickStatus.SUCCESS] == 7 and settings[TickStatus.SKIPPED] == 1

@@ -45,14 +45,14 @@ def harness(tmp_path):
 
 def test_bad_contributions_are_rejected_with_their_reasons(harness):
     h = harness
-    # Two clean rounds, then drop old versions: version 0 is no longer kept.
+    # Two clean rounds, then retention deletes version 1's arrays: it is no longer kept.
     for r in (0, 1):
         for name in ("learner-0", "learner-1"):
             h.offer(name, r, seed=r)
         _decide(h, r, ["learner-0", "learner-1"])
         _merge(h, r)
     assert h.store.current_version(0) == 2
-    h.store.gc_global_versions(keep_last=1, num_fragments=1)
+    h.store.prune_version(0, 1, "test")
 
     r = 2
     h.offer("learner-0", r)
@@ -60,7 +60,7 @@ def test_bad_contributions_are_rejected_with_their_reasons(harness):
     h.offer("learner-2", r, value=np.nan)                                     # NaN
     h.offer("learner-3", r, shape_of=lambda name, shape: (shape[0] + 1,) + shape[1:])
     h.offer("learner-4", r, fragment=1)                                        # no such fragment
-    h.offer("learner-5", r, base_version=0)                                    # base dropped
+    h.offer("learner-5", r, base_version=1)                                    # base pruned
     h.offer("learner-6", r, scale=1000.0)                                      # absurd norm
     h.offer("learner-7", r)                                                    # then truncated
     directory = layout.contribution_dir(h.store.experiment, r, "learner-7")

@@ -303,3 +303,58 @@ def test_a_tick_replayed_after_its_cursor_was_lost_does_not_wedge_the_sensor(har
     _round(h, service, 2)
     h.tick()                                             # and the sensor goes on
     assert round_key(2) in h.merged_rounds()
+
+
+def _payloads(store, directory: str) -> list[str]:
+    return [k for k in store.blobs.list(directory + "/") if k.endswith(".npz")]
+
+
+def test_retention_deletes_what_left_the_window_and_a_new_syncer_carries_on(tmp_path):
+    """keep 2 versions per fragment and 2 rounds of contributions: after 8 rounds (P = 2, so
+    versions 0..4 of each fragment) the arrays of versions 1-2 and of rounds 0-5 are gone,
+    every manifest and record stays, an offer based on a pruned version is refused with the
+    reason, and the next syncer resumes from the retention record."""
+    from resources.store import layout
+    from resources.store.artifact_store import Pruned
+
+    keep = ["orchestration.keep_global_versions=2", "orchestration.keep_contribution_rounds=2"]
+    with dg.instance_for_test() as instance:
+        h = Harness(instance, str(tmp_path / "store"), overrides=SERVICE + keep)
+        h.start()
+        service = _service_after_round_0(h)
+        for r in range(1, 8):
+            _round(h, service, r)
+        exp, store = h.store.experiment, h.store
+        for p in range(2):
+            assert store.versions(p) == [0, 1, 2, 3, 4]               # every manifest
+            kept = [v for v in range(5) if _payloads(store, layout.version_dir(exp, p, v))]
+            assert kept == [0, 3, 4], (p, kept)
+        with pytest.raises(Pruned, match="keep_global_versions=2"):
+            store.load_global(0, 2)
+        pruned = [r for r in range(8) if not _payloads(store, layout.round_dir(exp, r))]
+        assert pruned == [0, 1, 2, 3, 4, 5]
+        assert all(store.list_contributions(r) == ["learner-0", "learner-1"] for r in range(8))
+        assert store.get_decision(0)["members"] == ["learner-0", "learner-1"]
+        assert store.get_retention() == {"versions_from": [3, 3], "rounds_from": 6}
+        assert service.record()["pruned_objects"] == 2 * 2 * 2 + 6 * 2
+
+        # Round 8 (fragment 0, current version 4): learner-2's offer is based on version 2,
+        # whose arrays are gone: refused with the reason; the others merge.
+        for name in NAMES:
+            h.beat(name, 2)
+        h.now += 1
+        service.step(now=h.now)
+        h.offer("learner-0", 8)
+        h.offer("learner-1", 8)
+        h.offer("learner-2", 8, base_version=2)
+        h.now += 1
+        service.step(now=h.now)
+        meta = store.version_meta(0)
+        assert meta["round"] == 8 and meta["members"] == ["learner-0", "learner-1"]
+        assert "no longer kept" in meta["rejected"]["learner-2"]
+
+        # A relaunched syncer carries on from the record: round 9 prunes round 7 and
+        # fragment 1's version 3, nothing before.
+        successor = SyncerService(h.store, attempt=1, log=lambda _: None)
+        assert (successor.retention.versions_from, successor.retention.rounds_from) == (
+            [4, 3], 7)

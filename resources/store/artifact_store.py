@@ -56,6 +56,13 @@ class RejectedArtifact(ValueError):
         super().__init__(f"{key}: {reason}")
 
 
+class Pruned(KeyError):
+    """The arrays asked for were deleted by retention (their manifest and records remain)."""
+
+    def __str__(self) -> str:      # KeyError would print its message quoted
+        return str(self.args[0]) if self.args else ""
+
+
 @dataclass(frozen=True)
 class GlobalFragment:
     fragment: int
@@ -272,8 +279,14 @@ class ArtifactStore:
         if manifest is None:
             raise KeyError(f"fragment {fragment} version {version} is not committed")
         objects = manifest["objects"]
-        params = self._read_object(f"{directory}/{objects['params']['name']}", objects["params"])
-        outer = self._read_object(f"{directory}/{objects['outer']['name']}", objects["outer"])
+        try:
+            params = self._read_object(f"{directory}/{objects['params']['name']}",
+                                       objects["params"])
+            outer = self._read_object(f"{directory}/{objects['outer']['name']}",
+                                      objects["outer"])
+        except RejectedArtifact:
+            self._raise_if_pruned(directory, f"fragment {fragment} version {version}")
+            raise
         leaves = [outer[name] for name in sorted(outer)]
         if outer_template is not None:
             import jax
@@ -336,7 +349,12 @@ class ArtifactStore:
             raise KeyError(f"no committed contribution from {learner} to round {round_index}")
         _check_contribution_manifest(key, manifest, round_index, learner)
         entry = manifest["objects"]["delta"]
-        arrays = self._read_object(f"{directory}/{entry['name']}", entry)
+        try:
+            arrays = self._read_object(f"{directory}/{entry['name']}", entry)
+        except RejectedArtifact:
+            self._raise_if_pruned(layout.round_dir(self.experiment, round_index),
+                                  f"the contribution of {learner} to round {round_index}")
+            raise
         delta = {}
         for i, t in enumerate(manifest["tensors"]):
             payload = arrays.get(f"t{i:04d}.payload")
@@ -561,24 +579,60 @@ class ArtifactStore:
         """Where a learner's Orbax CheckpointManager lives (a path or gs:// URI)."""
         return f"{self.blobs.uri.rstrip('/')}/{layout.checkpoints(self.experiment, learner)}"
 
-    # ---- garbage collection -------------------------------------------------------------------
-    def gc_global_versions(self, keep_last: int, num_fragments: int) -> list[tuple[int, int]]:
-        """Delete all but the last `keep_last` versions of each fragment (never the current
-        one). The manifest goes first, so a version is never half-visible. Returns what went."""
-        if keep_last < 1:
-            raise ValueError(f"keep_last must be >= 1, got {keep_last}")
-        deleted = []
-        for fragment in range(num_fragments):
-            current = self.current_version(fragment)
-            for version in self.versions(fragment)[:-keep_last]:
-                if version == current:
-                    continue
-                directory = layout.version_dir(self.experiment, fragment, version)
-                self.blobs.delete(f"{directory}/{layout.MANIFEST}")
-                for key in self.blobs.list(directory + "/"):
-                    self.blobs.delete(key)
-                deleted.append((fragment, version))
-        return deleted
+    # ---- retention ----------------------------------------------------------------------------
+    # Retention deletes arrays only. Every manifest and record stays: the token ledger and the
+    # run summary read the meta of every version and the manifest of every offer, and they are
+    # kilobytes where the arrays are the model's size (a 12B model's fragment: gigabytes per
+    # version, and again per contribution).
+    def prune_version(self, fragment: int, version: int, reason: str) -> int:
+        """Delete the arrays of a committed version older than the current one, after writing
+        its PRUNED marker; returns how many objects went (0: nothing left to delete). Version
+        0 (the initial parameters) and the current version or newer ones are refused."""
+        if version < 1:
+            raise ValueError(f"version {version}: the initial parameters (version 0) are kept")
+        current = self.current_version(fragment)
+        if current is None or version >= current:
+            raise Conflict(f"fragment {fragment} version {version} is not older than the "
+                           f"current version ({current})")
+        return self._prune(layout.version_dir(self.experiment, fragment, version), reason)
+
+    def prune_round(self, round_index: int, reason: str) -> int:
+        """Delete the arrays of every contribution to a decided round, after writing the
+        round's PRUNED marker; returns how many objects went. An undecided round is refused
+        (its contributions may still be merged)."""
+        if self.get_decision(round_index) is None:
+            raise Conflict(f"round {round_index} is not decided: its contributions may still "
+                           "be merged")
+        return self._prune(layout.round_dir(self.experiment, round_index), reason)
+
+    def _prune(self, directory: str, reason: str) -> int:
+        payloads = [key for key in self.blobs.list(directory + "/")
+                    if key.endswith(layout.PAYLOAD_SUFFIX)]
+        if not payloads:
+            return 0
+        marker = f"{directory}/{layout.PRUNED}"
+        if self.blobs.info(marker) is None:
+            with contextlib.suppress(PreconditionFailed):   # a concurrent pruner wrote it
+                self.blobs.write(marker, _json_bytes({"reason": reason[:500]}), if_generation=0)
+        for key in payloads:
+            self.blobs.delete(key)      # absent is fine: a concurrent pruner got there first
+        return len(payloads)
+
+    def _raise_if_pruned(self, directory: str, what: str) -> None:
+        marker = f"{directory}/{layout.PRUNED}"
+        if self.blobs.info(marker) is not None:
+            record = self._read_json(marker) or {}
+            raise Pruned(f"{what} was deleted by retention ({record.get('reason', 'no reason')})")
+
+    def get_retention(self) -> dict | None:
+        """How far retention got (written by the syncer), or None before its first pass."""
+        try:
+            return self._read_json(layout.retention(self.experiment))
+        except RejectedArtifact:
+            return None   # unreadable: retention starts over, which only re-checks
+
+    def put_retention(self, record: Mapping[str, Any]) -> None:
+        self.blobs.write(layout.retention(self.experiment), _json_bytes(record))
 
 
 MAX_TENSORS = 100_000

@@ -5,11 +5,14 @@
     experiments/{exp}/global/f{p:03d}/v{ver:08d}/manifest.json     commit point of that version
     experiments/{exp}/global/f{p:03d}/v{ver:08d}/params-{sha}.npz  fragment values
     experiments/{exp}/global/f{p:03d}/v{ver:08d}/outer-{sha}.npz   outer-optimizer state
+    experiments/{exp}/global/f{p:03d}/v{ver:08d}/PRUNED            its arrays were deleted
     experiments/{exp}/rounds/r{round:08d}/contributions/{learner}/manifest.json   commit point
     experiments/{exp}/rounds/r{round:08d}/contributions/{learner}/delta-{sha}.npz
     experiments/{exp}/rounds/OPEN                                  the newest opened round (moves)
     experiments/{exp}/rounds/r{round:08d}/open.json                when and why it opened
     experiments/{exp}/rounds/r{round:08d}/decision.json            the quorum decision record
+    experiments/{exp}/rounds/r{round:08d}/PRUNED                   its contributions' arrays were
+                                                                   deleted (manifests stay)
     experiments/{exp}/evals/r{round:08d}.json                      held-out eval of that round
     experiments/{exp}/learners/{learner}/checkpoints/              Orbax CheckpointManager
     experiments/{exp}/learners/{learner}/heartbeat.json            its latest progress (moves)
@@ -19,6 +22,7 @@
     experiments/{exp}/STOP                                         token budget reached
     experiments/{exp}/STOP_REQUEST                                 an operator asked to stop
     experiments/{exp}/syncer/LEASE                                 who may decide and merge (moves)
+    experiments/{exp}/syncer/RETENTION                             how far retention got (moves)
     experiments/{exp}/FINISHED                                     final rounds done (write-once)
     experiments/{exp}/summary.json                                 the run summary
 
@@ -31,6 +35,10 @@ a unique name; the manifest is written last and is what makes a write visible.
 from resources.store.names import check_name, join_key
 
 MANIFEST = "manifest.json"
+# Written before retention deletes the arrays (`*.npz`) under a version or a round directory,
+# so that a reader tells "pruned by retention" from "never written" or "lost".
+PRUNED = "PRUNED"
+PAYLOAD_SUFFIX = ".npz"
 
 
 def experiment(exp: str) -> str:
@@ -140,6 +148,10 @@ def stop_request(exp: str) -> str:
 
 def syncer_lease(exp: str) -> str:
     return f"{experiment(exp)}/syncer/LEASE"
+
+
+def retention(exp: str) -> str:
+    return f"{experiment(exp)}/syncer/RETENTION"
 
 
 def finished(exp: str) -> str:

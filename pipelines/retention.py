@@ -1,0 +1,75 @@
+"""Retention: a long run keeps the arrays it can still use and deletes the rest.
+
+At the paper's cadence a run commits one global version per fragment round and up to M
+contributions per round; for a 12B model each is gigabytes, and a month makes millions. The
+syncer service applies the experiment's policy (`orchestration.keep_global_versions`,
+`orchestration.keep_contribution_rounds`) after each merge it commits: the arrays of the
+versions and rounds that fell out of the window are deleted, their manifests and records stay
+(see `ArtifactStore.prune_version`). How far it got is a record in the store, so a relaunched
+syncer carries on where its predecessor stopped; redoing a step is harmless (pruning twice
+deletes nothing the second time).
+
+Bounded work per merge (`MAX_PRUNES_PER_MERGE`): a policy tightened mid-run, or an experiment
+from before retention, is caught up over the following merges instead of stalling one.
+While the quorum sensor stands in for a dead syncer nothing is pruned; the next syncer
+catches up.
+"""
+
+from dataclasses import dataclass
+
+from diloco_core.config import ExperimentConfig
+from resources.store.artifact_store import ArtifactStore, Conflict
+
+MAX_PRUNES_PER_MERGE = 8
+
+
+@dataclass
+class Retention:
+    store: ArtifactStore
+    cfg: ExperimentConfig
+    versions_from: list[int]    # per fragment: every version below it has been pruned
+    rounds_from: int            # every round below it has been pruned
+
+    @classmethod
+    def resume(cls, store: ArtifactStore, cfg: ExperimentConfig) -> "Retention":
+        """From the store's record, or from the start (version 1, round 0) without one. The
+        record is the syncer's own, but read like any record: a malformed one starts over."""
+        num = cfg.sync.num_fragments
+        record = store.get_retention() or {}
+        versions, rounds = record.get("versions_from"), record.get("rounds_from")
+        if not (isinstance(versions, list) and len(versions) == num
+                and all(_count(v) for v in versions)):
+            versions = [1] * num
+        return cls(store, cfg, [max(1, v) for v in versions],
+                   rounds if _count(rounds) else 0)
+
+    def after_merge(self, fragment: int, version: int, round_index: int) -> int:
+        """Prune what the commit of `version` of `fragment` for `round_index` pushed out of
+        the window; returns the objects deleted."""
+        orch = self.cfg.orchestration
+        budget, deleted, moved = MAX_PRUNES_PER_MERGE, 0, False
+        keep = orch.keep_global_versions
+        while keep and budget and self.versions_from[fragment] <= version - keep:
+            deleted += self.store.prune_version(
+                fragment, self.versions_from[fragment],
+                f"keep_global_versions={keep}: version {version} committed")
+            self.versions_from[fragment] += 1
+            budget, moved = budget - 1, True
+        keep = orch.keep_contribution_rounds
+        while keep and budget and self.rounds_from <= round_index - keep:
+            try:
+                deleted += self.store.prune_round(
+                    self.rounds_from, f"keep_contribution_rounds={keep}: round {round_index} "
+                                      "merged")
+            except Conflict:
+                break   # not decided (yet): its contributions may still be merged
+            self.rounds_from += 1
+            budget, moved = budget - 1, True
+        if moved:
+            self.store.put_retention({"versions_from": self.versions_from,
+                                      "rounds_from": self.rounds_from})
+        return deleted
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
