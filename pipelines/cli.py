@@ -226,6 +226,35 @@ def _cmd_manifests(args) -> int:
     return print_manifests(cfg, deployment, args.attempt)
 
 
+# The Dagster run workers' service account (docs/scale_out.md), which runs the syncer too.
+CONTROL_MEMBER = "serviceAccount:dagster-run@{project}.iam.gserviceaccount.com"
+
+
+def _cmd_iam(args) -> int:
+    import json
+
+    from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
+    from resources.store.access import bucket_bindings
+
+    cfg = load_config(args.config, args.overrides, base=ORCHESTRATED_DEFAULTS)
+    if not args.store.startswith("gs://") or len(args.store) <= len("gs://"):
+        print(f"diloco: --store must be gs://bucket[/prefix], got {args.store!r}",
+              file=sys.stderr)
+        return 2
+    bucket, _, prefix = args.store[len("gs://"):].partition("/")
+    fill = {"project": args.project}
+    try:
+        members = {name: args.learner_member.format(learner=name, **fill)
+                   for name in cfg.learners.learner_names}
+        control = [m.format(**fill) for m in args.control_member or [CONTROL_MEMBER]]
+        policy = bucket_bindings(bucket, prefix, cfg.name, members, control, chaos=args.chaos)
+    except (KeyError, ValueError) as err:
+        print(f"diloco: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(policy, indent=2))
+    return 0
+
+
 def _open_experiment(args):
     """The experiment named by --experiment (default: the active one) in --store, or None
     after a one-line error naming the store and what is missing."""
@@ -384,6 +413,24 @@ def build_parser() -> argparse.ArgumentParser:
                      metavar="PATH", help="deployment file (default $DILOCO_DEPLOYMENT)")
     man.add_argument("--attempt", type=int, default=0, help="the launch attempt to render")
     man.set_defaults(func=_cmd_manifests)
+
+    iam = sub.add_parser("iam", help="the store bucket's IAM bindings for an experiment: each "
+                         "learner writes only its own records and contributions, the control "
+                         "plane writes the rest (JSON policy, version 3)")
+    _add_config_args(iam)
+    iam.add_argument("--store", required=True, help="the store, gs://bucket[/prefix]")
+    iam.add_argument("--project", default="PROJECT",
+                     help="the GCP project of the service accounts (default: PROJECT)")
+    iam.add_argument("--learner-member",
+                     default="serviceAccount:diloco-{learner}@{project}.iam.gserviceaccount.com",
+                     help="each learner's IAM member; {learner} and {project} are filled in "
+                          "(default: %(default)s)")
+    iam.add_argument("--control-member", action="append",
+                     help="the control plane's member (repeat for several): Dagster runs and "
+                          f"the syncer (default: {CONTROL_MEMBER})")
+    iam.add_argument("--chaos", action="store_true",
+                     help="the experiment runs a fault tape: learners also record fired faults")
+    iam.set_defaults(func=_cmd_iam)
 
     cfg = sub.add_parser("config", help="validate a config and print it with every default")
     _add_config_args(cfg)

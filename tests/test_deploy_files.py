@@ -12,6 +12,7 @@ from dagster._core.run_coordinator import QueuedRunCoordinator
 from dagster_k8s import K8sRunLauncher
 from postgres_server import materialize_one_run
 
+from diloco_core.config_loading import config_from_mapping
 from pipelines.dagster_dev import instance_yaml
 from resources.compute.k8s_schema import validate
 from resources.compute.manifests import JOBSET_API
@@ -58,19 +59,26 @@ def test_the_regional_cluster_objects_are_valid_and_grant_what_dispatch_uses():
     docs = list(yaml.safe_load_all((DEPLOY / "k8s" / "learners.yaml").read_text()))
     models = {"Namespace": "V1Namespace", "ServiceAccount": "V1ServiceAccount",
               "Role": "V1Role", "RoleBinding": "V1RoleBinding"}
-    assert sorted(d["kind"] for d in docs) == sorted(models)
+    assert {d["kind"] for d in docs} == set(models)
     for doc in docs:
         validate(doc, models[doc["kind"]])
     by_kind = {d["kind"]: d for d in docs}
+    accounts = {d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount"}
     (jobsets,) = [r for r in by_kind["Role"]["rules"] if "jobsets" in r["resources"]]
     assert jobsets["apiGroups"] == [JOBSET_API[0]]
     (pods,) = [r for r in by_kind["Role"]["rules"] if r["resources"] == ["pods"]]
     used = {"create", "get", "delete"}   # what gke.JobSetProcess and PipesK8sClient call
     assert used <= set(jobsets["verbs"]) and used <= set(pods["verbs"])
-    # The example deployment's learners run as this service account, in this namespace.
+    # The example's learners each run as their own service account, in this namespace.
     deployment = load_deployment(str(ROOT / "examples" / "deploy" / "four_regions.yaml"))
+    cfg = config_from_mapping(yaml.safe_load(
+        (ROOT / "examples" / "deploy" / "four_regions_experiment.yaml").read_text()))
+    deployment.check_learners(cfg.learners)
+    wanted = {deployment.placement(region).service_account_for(name)
+              for name, region in zip(cfg.learners.learner_names, cfg.learners.learner_regions,
+                                      strict=True)}
+    assert wanted == accounts and len(wanted) == cfg.learners.num_learners
     for placement in deployment.regions.values():
-        assert placement.service_account == by_kind["ServiceAccount"]["metadata"]["name"]
         assert placement.namespace == by_kind["Namespace"]["metadata"]["name"]
 
 

@@ -77,7 +77,7 @@ def test_the_pod_dagster_k8s_builds_from_our_spec_is_a_valid_tpu_pod():
     from kubernetes.client import ApiClient
 
     placement = load_deployment(str(DEPLOYMENT)).placement("us-central1")
-    spec = learner_pod_spec(placement, {"DILOCO_PIPES_CHANNEL": "gcs"})
+    spec = learner_pod_spec(placement, {"DILOCO_PIPES_CHANNEL": "gcs"}, "learner-0")
     pod = build_pod_body(pod_name="dagster-run-0123", image=None, command=None,
                          env_vars={"DAGSTER_PIPES_CONTEXT": "c", "DAGSTER_PIPES_MESSAGES": "m"},
                          base_pod_meta={"labels": learner_labels("e", "central", "us-central1",
@@ -96,7 +96,7 @@ def test_the_pod_dagster_k8s_builds_from_our_spec_is_a_valid_tpu_pod():
 
 def test_one_run_mixes_v5p_and_v6e_slices_with_their_own_selectors_and_chip_limits():
     seen = {}
-    for manifest in _manifests().values():
+    for name, manifest in _manifests().items():
         pod = _pod(manifest)
         (container,) = pod["containers"]
         accelerator = pod["nodeSelector"][ACCELERATOR_LABEL]
@@ -104,7 +104,7 @@ def test_one_run_mixes_v5p_and_v6e_slices_with_their_own_selectors_and_chip_limi
         chips = container["resources"]["limits"][TPU_RESOURCE]
         assert container["resources"]["requests"][TPU_RESOURCE] == chips
         seen[accelerator] = (topology, chips)
-        assert pod["serviceAccountName"] == "diloco-learner"
+        assert pod["serviceAccountName"] == f"diloco-{name}"    # its own identity
         assert pod["tolerations"][0]["key"] == TPU_RESOURCE
         env = {e["name"]: e["value"] for e in container["env"]}
         assert env["DILOCO_PIPES_CHANNEL"] == "gcs" and "DAGSTER_PIPES_CONTEXT" in env

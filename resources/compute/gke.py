@@ -34,7 +34,7 @@ def run_gke_pod(context: dg.OpExecutionContext, placement: RegionPlacement, extr
     from dagster_k8s import PipesK8sClient
 
     env = channel_env(placement, {})      # the client adds Pipes' bootstrap variables itself
-    spec = learner_pod_spec(placement, env)
+    spec = learner_pod_spec(placement, env, extras["learner"])
     validate(spec, "V1PodSpec")
     meta = {"labels": learner_labels(extras["experiment"], extras["learner"], region,
                                      int(extras["attempt"]))}

@@ -48,9 +48,11 @@ def learner_labels(experiment: str, learner: str, region: str, attempt: int) -> 
             "diloco/region": region, "diloco/attempt": str(attempt)}
 
 
-def learner_pod_spec(placement: RegionPlacement, env: dict[str, str]) -> dict[str, Any]:
+def learner_pod_spec(placement: RegionPlacement, env: dict[str, str], learner: str
+                     ) -> dict[str, Any]:
     """The pod of one host of the learner's slice: the slice's node labels, all its chips,
-    the TPU (and Spot) taints tolerated, the learner image and its environment."""
+    the TPU (and Spot) taints tolerated, the learner image and its environment, and the
+    learner's Kubernetes service account."""
     shape = placement.slice
     if shape is None:
         raise ValueError("a learner pod needs a gke placement (accelerator and topology)")
@@ -76,7 +78,7 @@ def learner_pod_spec(placement: RegionPlacement, env: dict[str, str]) -> dict[st
         }],
     }
     if placement.service_account:
-        spec["serviceAccountName"] = placement.service_account
+        spec["serviceAccountName"] = placement.service_account_for(learner)
     return spec
 
 
@@ -88,7 +90,7 @@ def learner_pod(placement: RegionPlacement, *, experiment: str, learner: str, re
             "metadata": {"name": workload_name(experiment, learner, attempt),
                          "namespace": placement.namespace,
                          "labels": learner_labels(experiment, learner, region, attempt)},
-            "spec": learner_pod_spec(placement, env)}
+            "spec": learner_pod_spec(placement, env, learner)}
 
 
 def learner_jobset(placement: RegionPlacement, *, experiment: str, learner: str, region: str,
@@ -98,7 +100,7 @@ def learner_jobset(placement: RegionPlacement, *, experiment: str, learner: str,
     hosts = placement.slice.hosts if placement.slice is not None else 1
     labels = learner_labels(experiment, learner, region, attempt)
     name = workload_name(experiment, learner, attempt)
-    pod_spec = learner_pod_spec(placement, env)
+    pod_spec = learner_pod_spec(placement, env, learner)
     if hosts > 1:
         # One learner program over every host (`resources/learner/distributed.py`): each pod is
         # process <its completion index>; process 0 (pod 0 of job 0, reachable by the DNS name

@@ -16,7 +16,7 @@ four regions (a deployment file), unchanged.
         accelerator: tpu-v6e-slice
         topology: 2x4
         image: us-docker.pkg.dev/my-project/diloco/learner:0.1.0
-        service_account: diloco-learner
+        service_account: diloco-{learner}
         bucket: diloco-pipes-us-east5
 
 Every value is checked when the file is loaded, and every learner's region against it before a
@@ -38,6 +38,7 @@ BACKENDS = ("local", "gke")
 WORKLOADS = ("pod", "jobset")
 CHANNELS = ("local", "gcs")
 LOCAL_REGION = "local"   # a region every deployment has: a subprocess on the Dagster host
+LEARNER_PLACEHOLDER = "{learner}"   # in service_account: the learner's name
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")
@@ -74,9 +75,16 @@ class RegionPlacement:
     accelerator: str = ""            # GKE TPU accelerator, e.g. tpu-v6e-slice, tpu-v5p-slice
     topology: str = ""               # TPU topology, e.g. 2x4 (v6e) or 2x2x1 (v5p)
     image: str = ""                  # the learner image (this project installed, see docs)
-    service_account: str = ""        # Kubernetes service account (Workload Identity to GCS)
+    # Kubernetes service account of the learner pods (Workload Identity to GCS). "{learner}"
+    # in it is the learner's name, e.g. diloco-{learner}: one identity per learner, which the
+    # store bucket's per-learner IAM conditions need (`diloco iam`).
+    service_account: str = ""
     spot: bool = False               # schedule on Spot TPU capacity
     env: tuple[str, ...] = ()        # extra NAME=value environment variables for the learner
+
+    def service_account_for(self, learner: str) -> str:
+        """The learner's Kubernetes service account (the template filled in)."""
+        return self.service_account.replace(LEARNER_PLACEHOLDER, learner)
 
     def __post_init__(self):
         _require(self.backend in BACKENDS, "backend",
@@ -97,8 +105,10 @@ class RegionPlacement:
             _require(_DNS_LABEL.fullmatch(self.namespace) is not None, "namespace",
                      f"must be a DNS label, got {self.namespace!r}")
             if self.service_account:
-                _require(_DNS_LABEL.fullmatch(self.service_account) is not None,
-                         "service_account", f"must be a DNS label, got {self.service_account!r}")
+                _require(_DNS_LABEL.fullmatch(self.service_account.replace(
+                    LEARNER_PLACEHOLDER, "x")) is not None, "service_account",
+                    f"must be a DNS label (optionally with {LEARNER_PLACEHOLDER}), got "
+                    f"{self.service_account!r}")
             try:
                 shape = slice_shape(self.accelerator, self.topology)
             except ValueError as err:
@@ -147,9 +157,15 @@ class Deployment:
     def check_learners(self, learners: LearnersConfig) -> None:
         """Every learner's region must be placed; raises naming the learner's config field."""
         known = sorted({*self.regions, LOCAL_REGION})
-        for i, region in enumerate(learners.learner_regions):
+        for i, (name, region) in enumerate(zip(learners.learner_names,
+                                                learners.learner_regions, strict=True)):
             _require(region in known, f"learners.regions[{i}]",
                      f"region {region!r} is not in the deployment (regions: {', '.join(known)})")
+            account = self.regions[region].service_account_for(name) if (
+                region in self.regions) else ""
+            _require(not account or _DNS_LABEL.fullmatch(account) is not None,
+                     f"learners.names[{i}]", f"learner {name!r} makes the service account "
+                     f"{account!r} of region {region!r}, which is not a DNS label")
 
 
 def deployment_from_mapping(mapping: Mapping[str, Any] | None) -> Deployment:

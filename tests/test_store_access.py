@@ -1,0 +1,188 @@
+"""Who may write where: the write rules of a learner hold every key a real learner process
+writes and no key of another learner or of the control plane; the IAM conditions made from
+them are the same rules, and `diloco iam` prints them as a bucket policy."""
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import dagster as dg
+import numpy as np
+import pytest
+from orchestration_harness import Harness, wait_until
+
+from diloco_core.config import ConfigError
+from pipelines.cli import main as cli
+from resources.learner.runtime import LearnerRuntime
+from resources.store.access import LearnerRules, bucket_bindings
+from resources.store.artifact_store import ArtifactStore
+from resources.store.blobs import BlobInfo, BlobStore
+
+pytestmark = pytest.mark.timeout(300)
+
+FAST = ["orchestration.checkpoint_every_steps=4", "orchestration.poll_seconds=0.05",
+        "orchestration.heartbeat_seconds=0.2", "orchestration.round_timeout_seconds=0.5"]
+
+
+class Recording(BlobStore):
+    """Another party's writes to the same store, recorded."""
+
+    def __init__(self, inner: BlobStore):
+        self.inner, self.keys = inner, set()
+
+    def write(self, key: str, data: bytes, *, if_generation: int | None = None) -> BlobInfo:
+        self.keys.add(key)
+        return self.inner.write(key, data, if_generation=if_generation)
+
+    def read(self, key: str) -> bytes:
+        return self.inner.read(key)
+
+    def info(self, key: str) -> BlobInfo | None:
+        return self.inner.info(key)
+
+    def list(self, prefix: str) -> list[str]:
+        return self.inner.list(prefix)
+
+    def delete(self, key: str) -> None:
+        self.keys.add(key)
+        self.inner.delete(key)
+
+    @property
+    def uri(self) -> str:
+        return self.inner.uri
+
+
+def _files(root: Path) -> set[str]:
+    """Object keys under a local store (not the local backend's `.{name}.lock` files, which
+    have no counterpart in a bucket)."""
+    return {p.relative_to(root).as_posix() for p in root.rglob("*")
+            if p.is_file() and not (p.name.startswith(".") and p.name.endswith(".lock"))}
+
+
+def test_a_learner_process_writes_only_where_its_rules_allow(tmp_path):
+    """Everything learner-0's process writes in a run (heartbeats, attempt records, Orbax
+    checkpoints, an offer) is inside its rules, and none of it inside learner-1's; every key
+    the control plane writes meanwhile (a round opened, a merge committed) is outside both."""
+    root = tmp_path / "store"
+    with dg.instance_for_test() as instance:
+        h = Harness(instance, str(root), FAST)
+        h.start()
+        before = _files(root)
+        control = ArtifactStore(Recording(h.store.blobs), h.store.experiment)
+        runtime = LearnerRuntime(h.store, "learner-0", 0, log=lambda m: None, max_steps=12)
+        thread = threading.Thread(target=runtime.run, daemon=True)
+        thread.start()
+        beat = lambda: h.store.get_heartbeat("learner-0") or {}  # noqa: E731
+        wait_until(lambda: beat().get("step", 0) >= 4, "4 steps", 120)
+        control.open_round(0, {"fragment": 0, "opened_at": time.time(), "final": False})
+        wait_until(lambda: h.store.list_contributions(0) == ["learner-0"], "an offer", 120)
+        g = control.load_global(1)
+        control.commit_global(1, 1, {k: v + np.float32(0.001) for k, v in g.params.items()},
+                              g.outer_state, {"round": -1})
+        wait_until(lambda: beat().get("versions") == [0, 1], "the merged fragment", 120)
+        control.request_stop({"reason": "test"})
+        thread.join(120)
+        assert not thread.is_alive()
+    written = _files(root) - before - control.blobs.keys
+    exp = h.store.experiment
+    mine, theirs = LearnerRules(exp, "learner-0"), LearnerRules(exp, "learner-1")
+    kinds = {k.split("/")[4] if k.split("/")[2] == "learners" else k.split("/")[2]
+             for k in written}
+    assert {"heartbeat.json", "attempts", "checkpoints", "rounds"} <= kinds, kinds
+    assert [k for k in written if not mine.allows(k)] == []
+    assert [k for k in written if theirs.allows(k)] == []
+    assert control.blobs.keys and [k for k in control.blobs.keys
+                                   if mine.allows(k) or theirs.allows(k)] == []
+
+
+@pytest.mark.parametrize(("key", "allowed"), [
+    ("experiments/e1/learners/learner-0/heartbeat.json", True),
+    ("experiments/e1/learners/learner-0/checkpoints/12/state/x", True),
+    ("experiments/e1/rounds/r00000007/contributions/learner-0/manifest.json", True),
+    ("experiments/e1/rounds/r00000007/contributions/learner-0/delta-ab.npz", True),
+    ("experiments/e1/learners/learner-0-evil/heartbeat.json", False),   # a longer name
+    ("experiments/e1/learners/learner-1/heartbeat.json", False),
+    ("experiments/e1/rounds/r00000007/contributions/learner-01/manifest.json", False),
+    ("experiments/e1/rounds/r00000007/contributions/learner-0", False),  # not inside it
+    ("experiments/e1/rounds/r00000007/decision.json", False),
+    ("experiments/e1/rounds/OPEN", False),
+    ("experiments/e1/global/f000/contributions/learner-0/x", False),     # not under rounds/
+    ("experiments/e1/global/f000/CURRENT", False),
+    ("experiments/e1/config.json", False),
+    ("experiments/e1/faults/tape.json", False),
+    ("experiments/e1/faults/fired/k1.json", False),                      # not a chaos run
+    ("experiments/e2/learners/learner-0/heartbeat.json", False),         # another experiment
+    ("ACTIVE", False),
+])
+def test_the_rules_of_one_learner(key, allowed):
+    assert LearnerRules("e1", "learner-0").allows(key) is allowed
+
+
+def test_a_chaos_run_also_lets_learners_record_fired_faults():
+    assert LearnerRules("e1", "learner-0", chaos=True).allows("experiments/e1/faults/fired/k.json")
+    assert not LearnerRules("e1", "learner-0", chaos=True).allows("experiments/e1/faults/tape.json")
+
+
+def test_the_iam_condition_states_the_same_rules():
+    condition = LearnerRules("e1", "learner-0").condition("my-bucket", "runs/")
+    root = "projects/_/buckets/my-bucket/objects/runs/experiments/e1"
+    assert condition == (
+        f'resource.name.startsWith("{root}/learners/learner-0/") || '
+        f'(resource.name.startsWith("{root}/rounds/") && '
+        f'resource.name.extract("/contributions/{{learner}}/") == "learner-0")')
+    chaos = LearnerRules("e1", "learner-0", chaos=True).condition("my-bucket")
+    assert chaos.endswith('resource.name.startsWith("projects/_/buckets/my-bucket/objects/'
+                          'experiments/e1/faults/fired/")')
+    # Nothing that could end a quoted string gets in: it would widen the condition.
+    for bucket, prefix in (('b" || true || "', ""), ("b", 'p" || true || "'), ("b", "a/../c"),
+                           ("b", "a\\b")):
+        with pytest.raises(ValueError, match="IAM condition"):
+            LearnerRules("e1", "learner-0").condition(bucket, prefix)
+    with pytest.raises(ValueError, match="name"):
+        LearnerRules("e1", 'learner-0") || ("')
+
+
+def test_one_identity_per_learner():
+    with pytest.raises(ValueError, match="its own IAM member"):
+        bucket_bindings("b", "", "e1", {"learner-0": "serviceAccount:a", "learner-1":
+                                        "serviceAccount:a"}, ["serviceAccount:c"])
+
+
+def test_diloco_iam_prints_the_bucket_policy(capsys):
+    code = cli(["iam", "--store", "gs://diloco-store/diloco", "--project", "p1",
+                "--set", "learners.num_learners=3"])
+    assert code == 0
+    policy = json.loads(capsys.readouterr().out)
+    assert policy["version"] == 3
+    viewer, control, *learners = policy["bindings"]
+    assert viewer["role"] == "roles/storage.objectViewer" and len(viewer["members"]) == 4
+    assert control == {"role": "roles/storage.objectUser",
+                       "members": ["serviceAccount:dagster-run@p1.iam.gserviceaccount.com"]}
+    assert [b["members"] for b in learners] == [
+        [f"serviceAccount:diloco-learner-{i}@p1.iam.gserviceaccount.com"] for i in range(3)]
+    assert all(b["role"] == "roles/storage.objectUser" and "learner-" in
+               b["condition"]["expression"] for b in learners)
+    assert cli(["iam", "--store", "/tmp/store"]) == 2
+    assert "gs://bucket" in capsys.readouterr().err
+
+
+def test_each_learner_runs_as_its_own_service_account():
+    from resources.compute.manifests import learner_pod_spec
+    from resources.compute.placement import deployment_from_mapping
+
+    region = {"backend": "gke", "channel": "gcs", "bucket": "pipes-east", "project": "proj-one",
+              "location": "us-east5", "cluster": "c1", "accelerator": "tpu-v6e-slice",
+              "topology": "2x4", "image": "img:1", "service_account": "diloco-{learner}"}
+    deployment = deployment_from_mapping({"regions": {"east": region}})
+    spec = learner_pod_spec(deployment.placement("east"), {}, "learner-2")
+    assert spec["serviceAccountName"] == "diloco-learner-2"
+
+    from diloco_core.config_loading import config_from_mapping
+
+    cfg = config_from_mapping({}, ["learners.num_learners=2", "learners.names=[a_0,b-1]",
+                                   "learners.regions=[east,east]"])
+    with pytest.raises(ConfigError, match=r"learners.names\[0\]"):
+        deployment.check_learners(cfg.learners)
+    with pytest.raises(ConfigError, match="service_account"):
+        deployment_from_mapping({"regions": {"east": {**region, "service_account": "A{x}"}}})
