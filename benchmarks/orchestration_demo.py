@@ -178,6 +178,7 @@ def main() -> None:
     from pipelines.reporting import code_revision, machine_info
     from pipelines.run_summary import latency_by_merger
 
+    revision = code_revision()     # the code that runs: taken before, not after, the run
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         demo, memory, progress = run_demo(args.chaos, workdir)
@@ -190,7 +191,7 @@ def main() -> None:
         "benchmark": "orchestration_demo",
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine_info(),
-        **code_revision(),
+        **revision,
         "command": "python benchmarks/orchestration_demo.py" + (" --chaos" if args.chaos else ""),
         "demo": {
             "wall_seconds": demo["wall_seconds"], "tokens": demo["tokens"],

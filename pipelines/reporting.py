@@ -32,8 +32,11 @@ def code_revision() -> dict:
         except (OSError, subprocess.SubprocessError):
             return ""
 
-    return {"commit": git("rev-parse", "HEAD") or None,
-            "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    changed = [line[3:] for line in git("status", "--porcelain", "--untracked-files=no")
+               .splitlines() if line.strip()]
+    # The paths, not only a flag: an edited README does not change what a benchmark measured.
+    return {"commit": git("rev-parse", "HEAD") or None, "dirty": bool(changed),
+            "dirty_files": changed}
 
 
 def results_table(results: Sequence[SimulationResult]) -> list[dict]:
