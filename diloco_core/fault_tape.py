@@ -19,7 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-LEARNER_KINDS = ("learner_kill", "learner_hang", "learner_slow", "clock_skew", "store_errors")
+LEARNER_KINDS = ("learner_kill", "learner_hang", "learner_slow", "clock_skew", "store_errors",
+                 "hostile_records")
 ROUND_KINDS = ("bad_contribution", "merge_crash", "merge_store_errors", "syncer_kill",
                "syncer_hang")
 DAGSTER_KINDS = ("daemon_restart", "webserver_restart", "instance_restart")
@@ -37,6 +38,10 @@ _PARAMS: dict[str, dict[str, Any]] = {
     "clock_skew": {"seconds": 3600.0},              # the learner's clock is off by this much
     "store_errors": {"rate": 0.2, "steps": 50, "kinds": list(STORE_ERROR_KINDS),
                      "slow_seconds": 0.5},
+    # Besides training honestly, the learner writes one malformed or adversarial record every
+    # `every_steps` steps for `steps` steps, wherever its own write rules let it (its records,
+    # its contributions to coming rounds): `resources.hostile_records`.
+    "hostile_records": {"every_steps": 2, "steps": math.inf},
     "bad_contribution": {"mode": "nan"},
     "merge_crash": {"phase": "before_commit"},
     "merge_store_errors": {"rate": 0.3, "kinds": ["transient", "timeout"],
@@ -51,7 +56,7 @@ _PARAMS: dict[str, dict[str, Any]] = {
 
 # Parameters that may be "inf": a hang until the supervisor ends it, a window to the run's end.
 _UNBOUNDED = (("learner_hang", "seconds"), ("learner_slow", "steps"), ("store_errors", "steps"),
-              ("syncer_hang", "seconds"))
+              ("syncer_hang", "seconds"), ("hostile_records", "steps"))
 
 _ID = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")   # ids become store keys
 
@@ -216,6 +221,9 @@ def _check_param(where: str, kind: str, name: str, value: Any) -> None:
                 value):
             raise TapeError(f"{where}: a finite number of seconds, got {value!r}")
         return
+    if name == "every_steps" and (not isinstance(value, int) or isinstance(value, bool)
+                                  or value < 1):
+        raise TapeError(f"{where}: a whole number of steps >= 1, got {value!r}")
     if name in ("seconds", "slow_seconds", "factor", "steps"):
         if (not isinstance(value, int | float) or isinstance(value, bool) or value < 0
                 or math.isnan(value) or (math.isinf(value) and name in ("slow_seconds",

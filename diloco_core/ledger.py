@@ -86,6 +86,9 @@ class Ledger:
     by_learner: dict[str, dict[str, int]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     inexact_attempts: list[str] = field(default_factory=list)
+    # Attempt records refused before accounting ("key: reason"): unreadable or malformed, as a
+    # hostile or broken learner may write them. The rest is accounted without them.
+    refused_records: list[str] = field(default_factory=list)
 
     def add(self, learner: str, fate: str, amount: int) -> None:
         self.fates[fate] += amount
@@ -112,6 +115,7 @@ class Ledger:
                 "balanced": self.balanced, "problems": list(self.problems),
                 "exact": not self.inexact_attempts,
                 "inexact_attempts": list(self.inexact_attempts),
+                "refused_records": list(self.refused_records),
                 "reasons": dict(FATES)}
 
 

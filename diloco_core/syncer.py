@@ -11,7 +11,7 @@ syncer keeps recent versions for that. With anchor "base", g = delta_m (the lear
 progress only).
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import jax
@@ -82,7 +82,7 @@ class FragmentState:
 
 
 def _validate(current: FragmentState, names: Sequence[str], fragment: int, num_fragments: int,
-              c: Contribution) -> str | None:
+              c: Contribution, step_tokens: Mapping[str, int] | None = None) -> str | None:
     """Why a contribution cannot be merged, or None if it can."""
     if c.fragment != fragment:
         if not 0 <= c.fragment < num_fragments:
@@ -96,6 +96,12 @@ def _validate(current: FragmentState, names: Sequence[str], fragment: int, num_f
                     f"{tuple(current.params[name].shape)}")
     if c.steps < 1 or c.tokens < 1:
         return f"no progress to merge (steps={c.steps}, tokens={c.tokens})"
+    # Token weighting trusts the count, so a learner claiming more tokens than its steps can
+    # process would take the merge over (w = tokens^2 / steps).
+    per_step = None if step_tokens is None else step_tokens.get(c.learner)
+    if per_step is not None and c.tokens > c.steps * per_step:
+        return (f"claims {c.tokens} tokens in {c.steps} steps: more than the {per_step} a step "
+                "of this learner processes")
     if c.base_version > current.version:
         return f"base version {c.base_version} is newer than the syncer's {current.version}"
     return None
@@ -126,13 +132,15 @@ def merge_fragment(current: FragmentState, names: Sequence[str], num_fragments: 
                    round_index: int, fragment: int, contributions: Sequence[Contribution],
                    cfg: SyncConfig, tx: optax.GradientTransformation,
                    is_embedding: Callable[[str], bool], reason: str, late: Sequence[str] = (),
-                   reference_norm: float | None = None, average: bool = False
+                   reference_norm: float | None = None, average: bool = False,
+                   step_tokens: Mapping[str, int] | None = None
                    ) -> tuple[FlatParams | None, optax.OptState | None, MergeRecord]:
     """Merge the admitted contributions of one round into one fragment.
 
     `average` (a final round under `outer.final_rounds = "average"`): publish Theta - g, the
     weighted average of the members' fragments, instead of an outer step, and leave the
-    outer state as it is.
+    outer state as it is. `step_tokens` (learner -> tokens of one of its inner steps), when
+    given, refuses a contribution claiming more tokens than its steps can process.
 
     Returns the new fragment values and outer state (None when nothing could be merged) and the
     decision record. Each contribution is validated, turned into an outer gradient, and screened
@@ -142,7 +150,7 @@ def merge_fragment(current: FragmentState, names: Sequence[str], num_fragments: 
     rejected: dict[str, str] = {}
     accepted: list[tuple[Contribution, FlatParams]] = []
     for c in contributions:
-        why = _validate(current, names, fragment, num_fragments, c)
+        why = _validate(current, names, fragment, num_fragments, c, step_tokens)
         grad = why if why is not None else _outer_grad(current, c, cfg.anchor)
         if isinstance(grad, str):
             rejected[c.learner] = grad

@@ -163,7 +163,8 @@ def merge_from_store(store: ArtifactStore, round_index: int,
         state, names, plan.num_fragments, round_index, fragment, contributions, cfg.sync, tx,
         is_embedding, decision["reason"], decision.get("late", ()),
         reference_norm=previous_norm_per_step(current.meta),
-        average=bool(decision.get("final")) and cfg.outer.final_rounds == "average")
+        average=bool(decision.get("final")) and cfg.outer.final_rounds == "average",
+        step_tokens=dict(zip(cfg.learners.learner_names, cfg.learner_step_tokens, strict=True)))
     record = dataclasses.replace(record, rejected={**refused, **record.rejected})
     meta = {**_jsonable(dataclasses.asdict(record)), "round": round_index,
             "quorum_at": decision.get("quorum_at"), "decided_at": decision.get("decided_at"),

@@ -61,7 +61,10 @@ def offer_fates(store: ArtifactStore, num_fragments: int, learners: Sequence[str
 
 def run_ledger(store: ArtifactStore, cfg: ExperimentConfig) -> tuple[Ledger, list[dict]]:
     P = cfg.sync.num_fragments
+    refused: list[dict] = []
     attempts = [record for name in cfg.learners.learner_names
-                for record in store.attempt_records(name)]
+                for record in store.attempt_records(name, refused)]
     offers, fates, rejections = offer_fates(store, P, cfg.learners.learner_names)
-    return build_ledger(P, attempts, offers, fates), rejections
+    ledger = build_ledger(P, attempts, offers, fates)
+    ledger.refused_records = [f"{r['key']}: {r['reason']}" for r in refused]
+    return ledger, rejections

@@ -26,6 +26,7 @@ from typing import Any
 
 from diloco_core.contribution import Contribution
 from diloco_core.fault_tape import FaultTape, TapeError, tape_from_mapping
+from resources.hostile_records import HostileWriter
 from resources.store.artifact_store import ArtifactStore
 from resources.store.blobs import BlobInfo, BlobStore
 
@@ -119,6 +120,7 @@ class LearnerFaults:
         self._skew = 0.0
         self._fired = {f.get("id") for f in store.fired_faults()}
         self.faulty_blobs: list[FaultyBlobStore] = []
+        self.hostile: HostileWriter | None = None
 
     # ---- what the runtime asks ----------------------------------------------------------------
     def wrap_store(self, store: ArtifactStore) -> ArtifactStore:
@@ -149,6 +151,7 @@ class LearnerFaults:
     def before_step(self, step: int, flush_record: Callable[[str], None]) -> None:
         """Fire what is due at `step` (at most once per fault over all attempts)."""
         self.step = step
+        self._hostile_records(step)
         for f in self.faults:
             if f.at_step > step or f.id in self._fired:
                 continue
@@ -169,6 +172,27 @@ class LearnerFaults:
                 self.log(f"fault {f.id}: clock skewed by {self._skew:+.0f} s")
             else:
                 self.log(f"fault {f.id}: {f.kind} from step {step}")
+
+    def _hostile_records(self, step: int) -> None:
+        """A `hostile_records` fault: one hostile record every `every_steps` steps of its
+        window, in every attempt (what a compromised learner keeps doing)."""
+        for f in self.faults:
+            if f.kind != "hostile_records" or not (
+                    f.at_step <= step < f.at_step + f.param("steps")):
+                continue
+            if (step - f.at_step) % int(f.param("every_steps")):
+                continue
+            if f.id not in self._fired:
+                self._fire(f.id, f.kind, step)
+                self.log(f"fault {f.id}: writing hostile records from step {step}")
+            if self.hostile is None:
+                sync = (self.store.get_config() or {}).get("sync") or {}
+                self.hostile = HostileWriter(self.store, self.learner,
+                                             int(sync.get("num_fragments", 1)))
+            try:
+                self.hostile.write_next()
+            except Exception as err:  # noqa: BLE001 - the attack failing is not the learner's
+                self.log(f"fault {f.id}: a hostile write failed: {err!r}")
 
     def bad_contribution(self, round_index: int) -> str | None:
         """The mode of a bad contribution due at this offer, if any: the learner's first offer

@@ -379,5 +379,32 @@ def test_a_forged_claim_segment_count_is_refused_with_the_reason(store, change, 
     ledger = {"processed": 0, "unclaimed": [0], "superseded": [0], "claims": [], **change}
     store.blobs.write(key, json.dumps({"learner": "learner-1", "attempt": 0,
                                        "ledger": ledger}).encode())
-    with pytest.raises(RejectedArtifact, match=reason):
-        store.attempt_records("learner-1")
+    refused = []
+    assert store.attempt_records("learner-1", refused) == []
+    assert [r["key"] for r in refused] == [key] and reason in refused[0]["reason"]
+
+
+@pytest.mark.parametrize("body, reason", [
+    (b"\x00 not json", "not valid JSON"),
+    (json.dumps({"learner": "learner-0", "attempt": 0}).encode(), "record of learner"),
+    (json.dumps({"learner": "learner-1", "attempt": 7}).encode(), "does not match"),
+    (json.dumps({"learner": "learner-1", "attempt": 0,
+                 "ledger": {"processed": "all"}}).encode(), "ledger.processed"),
+    (json.dumps({"learner": "learner-1", "attempt": 0, "ledger": {
+        "processed": 1, "unclaimed": [0], "superseded": [0], "claims": "many"}}).encode(),
+     "ledger.claims"),
+    (json.dumps({"learner": "learner-1", "attempt": 0, "ledger": {
+        "processed": 1, "unclaimed": [-5], "superseded": [0], "claims": []}}).encode(),
+     "ledger.unclaimed"),
+])
+def test_a_malformed_attempt_record_is_left_out_with_the_reason(store, body, reason):
+    """The token ledger reads every learner's attempt records: one that is garbage, lies about
+    whose it is, or cannot be accounted is refused, and the learner's good records still count
+    (before, it stopped the ledger and with it the run summary)."""
+    good = {"learner": "learner-1", "attempt": 1, "status": "done", "final": True,
+            "ledger": {"processed": 4, "unclaimed": [4], "superseded": [0], "claims": []}}
+    store.put_attempt_record("learner-1", 1, good)
+    store.blobs.write(layout.attempt(EXP, "learner-1", 0), body)
+    refused = []
+    assert store.attempt_records("learner-1", refused) == [good]
+    assert len(refused) == 1 and reason in refused[0]["reason"]

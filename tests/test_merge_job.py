@@ -8,6 +8,7 @@ import pytest
 from orchestration_harness import Harness
 
 from pipelines.round_control import round_key
+from resources.hostile_records import CONTRIBUTION_ATTACKS
 from resources.store import layout
 from resources.store.artifact_store import Conflict
 
@@ -183,46 +184,7 @@ def test_two_merges_of_one_fragment_never_delete_each_others_version(harness):
         h.store.adopt_version(0, 2)
 
 
-def _npz(members: dict[str, bytes], deflate: bool = False) -> bytes:
-    import io
-    import zipfile
-
-    buffer = io.BytesIO()
-    method = zipfile.ZIP_DEFLATED if deflate else zipfile.ZIP_STORED
-    with zipfile.ZipFile(buffer, "w", method) as archive:
-        for name, body in members.items():
-            archive.writestr(name, body)
-    return buffer.getvalue()
-
-
-def _huge_header() -> bytes:
-    """A valid .npy header declaring 10^13 uint16 values, and no data."""
-    import io
-
-    buffer = io.BytesIO()
-    np.lib.format.write_array_header_1_0(
-        buffer, {"descr": "<u2", "fortran_order": False, "shape": (10 ** 13,)})
-    return buffer.getvalue()
-
-
-HOSTILE = {
-    "tensors is a string": lambda m, put: {**m, "tensors": "abc"},
-    "objects is a list": lambda m, put: {**m, "objects": []},
-    "object name climbs": lambda m, put: {
-        **m, "objects": {"delta": {**m["objects"]["delta"], "name": "../../CURRENT"}}},
-    "npy header of 10^13 values": lambda m, put: put(m, _npz(
-        {f"{k}.npy": _huge_header() for k in m["objects"]["delta"]["dtypes"]})),
-    "manifest declares 10^13 values": lambda m, put: put(
-        {**m, "objects": {"delta": {**m["objects"]["delta"], "shapes": {
-            k: [10 ** 13] for k in m["objects"]["delta"]["shapes"]}}}},
-        _npz({f"{k}.npy": _huge_header() for k in m["objects"]["delta"]["dtypes"]})),
-    "zip bomb": lambda m, put: put(m, _npz(
-        {f"{k}.npy": _huge_header()[:10] + bytes(64 * 2 ** 20)
-         for k in m["objects"]["delta"]["dtypes"]}, deflate=True)),
-}
-
-
-@pytest.mark.parametrize("attack", sorted(HOSTILE))
+@pytest.mark.parametrize("attack", sorted(CONTRIBUTION_ATTACKS))
 def test_one_hostile_contribution_is_refused_and_the_honest_one_merges(harness, attack):
     """Everything a learner writes is untrusted: a malformed manifest or payload refuses that
     contribution with a reason; the other member's round merges."""
@@ -242,7 +204,7 @@ def test_one_hostile_contribution_is_refused_and_the_honest_one_merges(harness, 
         return {**m, "objects": {"delta": {**entry, "size": len(payload),
                                            "sha256": hashlib.sha256(payload).hexdigest()}}}
 
-    h.store.blobs.write(key, json.dumps(HOSTILE[attack](manifest, put)).encode())
+    h.store.blobs.write(key, json.dumps(CONTRIBUTION_ATTACKS[attack](manifest, put)).encode())
     _decide(h, 0, ["learner-0", "learner-1"])
     out = _merge(h, 0)
     assert out["meta"]["merged"].value is True

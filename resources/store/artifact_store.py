@@ -26,7 +26,7 @@ import numpy as np
 
 from diloco_core.config import ENCODINGS
 from diloco_core.contribution import Contribution
-from diloco_core.round_records import Heartbeat, RecordError, RoundDecision, RoundOpen
+from diloco_core.round_records import MAX_INT, Heartbeat, RecordError, RoundDecision, RoundOpen
 from resources.store import layout
 from resources.store.array_bundle import BadBundle, decode_bundle, encode_bundle
 from resources.store.blobs import BlobNotFound, BlobStore, PreconditionFailed
@@ -506,13 +506,27 @@ class ArtifactStore:
         ledger = {k: v for k, v in ledger.items() if k != "claim_segments"}
         return {**record, "ledger": {**ledger, "claims": claims + tail}}
 
-    def attempt_records(self, learner: str) -> list[dict]:
-        """Every process's record of this learner, oldest attempt first."""
+    def attempt_records(self, learner: str, refused: list[dict] | None = None) -> list[dict]:
+        """Every process's record of this learner, oldest attempt first. A record that is
+        unreadable or malformed is left out, and appended to `refused` ({"key", "reason"})
+        when given: a learner writes these, and one bad record must not stop the ledger."""
         records = []
-        for key in self.blobs.list(layout.attempts_prefix(self.experiment, learner)):
-            record = self._read_json(key)
-            if record is not None:
-                records.append(self._with_sealed_claims(key, learner, record))
+        prefix = layout.attempts_prefix(self.experiment, learner)
+        for key in self.blobs.list(prefix):
+            name = key[len(prefix):]
+            if "/" in name or not name.endswith(".json"):
+                continue   # the sealed claim segments, read with their record
+            try:
+                record = self._read_json(key)
+                if record is None:
+                    continue
+                record = self._with_sealed_claims(key, learner, record)
+                _check_attempt_record(key, record, learner)
+            except RejectedArtifact as err:
+                if refused is not None:
+                    refused.append({"key": key, "reason": err.reason})
+                continue
+            records.append(record)
         return sorted(records, key=lambda r: int(r.get("attempt", 0)))
 
     # ---- fault injection (chaos runs) ---------------------------------------------------------
@@ -635,6 +649,31 @@ class ArtifactStore:
         self.blobs.write(layout.retention(self.experiment), _json_bytes(record))
 
 
+def _check_attempt_record(key: str, r: Mapping[str, Any], learner: str) -> None:
+    """Refuse an attempt record the ledger could not account with, naming the field."""
+    def bad(reason: str) -> RejectedArtifact:
+        return RejectedArtifact(key, reason)
+
+    def count(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_INT
+
+    if r.get("learner") != learner:
+        raise bad(f"record of learner {str(r.get('learner'))[:80]!r} under {learner}'s prefix")
+    if not count(r.get("attempt")) or not key.endswith(f"a{r['attempt']:05d}.json"):
+        raise bad(f"attempt {str(r.get('attempt'))[:40]!r} does not match the record's name")
+    book = r.get("ledger")
+    if not isinstance(book, dict) or not count(book.get("processed")):
+        raise bad("ledger.processed must be an integer >= 0")
+    for field in ("superseded", "unclaimed"):
+        values = book.get(field)
+        if not isinstance(values, list) or not all(count(v) for v in values):
+            raise bad(f"ledger.{field} must be a list of integers >= 0")
+    claims = book.get("claims")
+    if not isinstance(claims, list) or not all(
+            isinstance(c, list) and len(c) == 3 and all(count(v) for v in c) for c in claims):
+        raise bad("ledger.claims must be a list of [round, fragment, tokens]")
+
+
 MAX_TENSORS = 100_000
 _OBJECT_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")
 
@@ -651,8 +690,10 @@ def _check_contribution_manifest(key: str, m: Mapping[str, Any], round_index: in
         raise bad(f"manifest says learner {m.get('learner')!r} round {m.get('round')!r}")
     for field in ("fragment", "base_version", "tokens", "steps", "learner_step"):
         value = m.get(field)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise bad(f"{field} must be an integer >= 0, got {value!r}")
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_INT:
+            shown = value if not isinstance(value, int) or value.bit_length() < 64 else (
+                f"an integer of {value.bit_length()} bits")
+            raise bad(f"{field} must be an integer in [0, {MAX_INT}], got {shown!r}")
     if not isinstance(m.get("clock"), int | float):
         raise bad(f"clock must be a number, got {m.get('clock')!r}")
     tensors = m.get("tensors")

@@ -1,0 +1,200 @@
+"""What a compromised learner can write within its own write rules, for the hostile-learner soak.
+
+Under the deployment's IAM conditions (`resources.store.access`) a learner writes only its own
+records (heartbeat, attempt records, checkpoints) and its own contributions. Inside those it can
+write anything: this module writes the malformed and adversarial versions (not JSON, absurd
+nesting, integers of thousands of digits, wrong types, manifests that lie, payloads that
+explode), raw, around the store's own checks. The fault kind `hostile_records` has a learner
+write one every few steps while it trains honestly; everything that reads them (the sensors,
+the syncer, the merge, the supervisor, the token ledger, the run summary) must refuse each with
+a reason and carry on.
+
+Contribution attacks go to coming rounds of the fragment the learner last offered (a copy of
+that honest offer, then damaged), so that they reach the checks deep in the merge rather than
+the first "wrong fragment" refusal; the learner's own honest offer to such a round is then
+refused by the write-once store, which costs it only its own tokens. A forged `attempt` in its
+own heartbeat would fence only itself out; forging another learner's is what the IAM rules
+prevent, so it is not among the attacks. What was written, by kind, is kept in the learner's
+own prefix (`hostile.json`) for the soak's figures.
+"""
+
+import hashlib
+import io
+import json
+import time
+import zipfile
+from collections.abc import Callable
+
+import numpy as np
+
+from resources.store import layout
+from resources.store.artifact_store import ArtifactStore
+
+HOSTILE_LOG = "hostile.json"   # in the learner's own prefix
+
+
+def npz(members: dict[str, bytes], deflate: bool = False) -> bytes:
+    """A zip archive of raw members, as `.npz` files are (nothing checks them on the way in)."""
+    buffer = io.BytesIO()
+    method = zipfile.ZIP_DEFLATED if deflate else zipfile.ZIP_STORED
+    with zipfile.ZipFile(buffer, "w", method) as archive:
+        for name, body in members.items():
+            archive.writestr(name, body)
+    return buffer.getvalue()
+
+
+def huge_npy_header() -> bytes:
+    """A valid `.npy` header declaring 10^13 uint16 values, and no data."""
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        buffer, {"descr": "<u2", "fortran_order": False, "shape": (10 ** 13,)})
+    return buffer.getvalue()
+
+
+# manifest, put(manifest, payload) -> the manifest to write. `put` stores a payload and returns
+# the manifest vouching for it (size and checksum), so only deeper checks can refuse it.
+Attack = Callable[[dict, Callable[[dict, bytes], dict]], dict]
+
+
+def _members(m: dict) -> list[str]:
+    return list(m["objects"]["delta"]["dtypes"])
+
+
+CONTRIBUTION_ATTACKS: dict[str, Attack] = {
+    "tensors is a string": lambda m, put: {**m, "tensors": "abc"},
+    "objects is a list": lambda m, put: {**m, "objects": []},
+    "object name climbs": lambda m, put: {
+        **m, "objects": {"delta": {**m["objects"]["delta"], "name": "../../CURRENT"}}},
+    "tokens of 400 digits": lambda m, put: {**m, "tokens": 10 ** 400},
+    "more tokens than its steps": lambda m, put: {**m, "tokens": m["tokens"] * 1000},
+    "npy header of 10^13 values": lambda m, put: put(m, npz(
+        {f"{k}.npy": huge_npy_header() for k in _members(m)})),
+    "manifest declares 10^13 values": lambda m, put: put(
+        {**m, "objects": {"delta": {**m["objects"]["delta"], "shapes": {
+            k: [10 ** 13] for k in m["objects"]["delta"]["shapes"]}}}},
+        npz({f"{k}.npy": huge_npy_header() for k in _members(m)})),
+    # One member that inflates to 16 MiB from ~16 KiB (a learner builds it in memory).
+    "zip bomb": lambda m, put: put(m, npz(
+        {f"{_members(m)[0]}.npy": huge_npy_header()[:10] + bytes(16 * 2 ** 20)},
+        deflate=True)),
+    "pickle instead of arrays": lambda m, put: put(m, b"\x80\x04}\x94."),
+}
+
+# Raw bytes for the learner's own heartbeat or for an attempt record of its own.
+RECORD_ATTACKS: dict[str, tuple[str, Callable[[str], bytes]]] = {
+    "heartbeat not JSON": ("heartbeat", lambda name: b"\xff\xfe{not json"),
+    "heartbeat nested 100,000 deep": ("heartbeat", lambda name: b"[" * 100_000 + b"]" * 100_000),
+    "heartbeat step of 5,000 digits": ("heartbeat", lambda name: (
+        b'{"learner": "' + name.encode() + b'", "status": "training", "time": 1, "step": '
+        + b"9" * 5000 + b"}")),
+    "heartbeat of wrong types": ("heartbeat", lambda name: json.dumps(
+        {"learner": name, "attempt": "zero", "status": 5, "time": "now",
+         "tokens_total": "lots", "versions": {"a": 1}}).encode()),
+    "attempt record not JSON": ("attempt", lambda name: b"\x00\x01 not a record"),
+    "attempt record that lies": ("attempt", lambda name: json.dumps(
+        {"learner": "someone-else", "attempt": 99999, "status": "done", "final": True,
+         "ledger": {"processed": "all", "claims": "many"}}).encode()),
+}
+
+KINDS = tuple(RECORD_ATTACKS) + tuple(CONTRIBUTION_ATTACKS)
+FORGED_ATTEMPT = 99999     # the attempt number the forged attempt records use
+
+
+class HostileWriter:
+    """Writes one hostile record per call, cycling through every kind, for one learner."""
+
+    def __init__(self, store: ArtifactStore, learner: str, num_fragments: int):
+        self.store, self.learner, self.num_fragments = store, learner, num_fragments
+        self.written: dict[str, int] = {}
+        self.targets: list[dict] = []       # planted contributions: round, kind
+        self.skipped = 0          # contribution attacks with nowhere to go (no offer to copy
+                                  # yet, or the next two rounds of its fragment planted)
+        self._next = 0
+
+    def write_next(self) -> str | None:
+        """Write the next kind; returns it, or None when a contribution attack had nowhere to
+        go."""
+        kind = KINDS[self._next % len(KINDS)]
+        self._next += 1
+        if kind in RECORD_ATTACKS:
+            where, body = RECORD_ATTACKS[kind]
+            key = (layout.heartbeat(self.store.experiment, self.learner) if where == "heartbeat"
+                   else layout.attempt(self.store.experiment, self.learner, FORGED_ATTEMPT))
+            self.store.blobs.write(key, body(self.learner))
+        elif not self._plant(kind):
+            self.skipped += 1
+            return None
+        self.written[kind] = self.written.get(kind, 0) + 1
+        self._log()
+        return kind
+
+    # ---- contributions --------------------------------------------------------------------------
+    def _template(self) -> tuple[int, dict, bytes] | None:
+        """This learner's newest honest offer: (round, manifest, payload)."""
+        newest = (self.store.latest_open_round() or {}).get("round")
+        if not isinstance(newest, int):
+            return None
+        for r in range(newest, max(-1, newest - 4 * self.num_fragments), -1):
+            try:
+                m = self.store.contribution_manifest(r, self.learner)
+            except Exception:  # noqa: BLE001 - one of our own planted ones: look further back
+                continue
+            if not m or not isinstance(m.get("objects"), dict) or "delta" not in m["objects"]:
+                continue
+            directory = layout.contribution_dir(self.store.experiment, r, self.learner)
+            try:
+                payload = self.store.blobs.read(f"{directory}/{m['objects']['delta']['name']}")
+            except Exception:  # noqa: BLE001 - damaged or gone: look further back
+                continue
+            if isinstance(m.get("tensors"), list) and isinstance(m.get("tokens"), int):
+                return r, m, payload
+        return None
+
+    def _plant(self, kind: str) -> bool:
+        found = self._template()
+        if found is None:
+            return False
+        base_round, manifest, payload = found
+        newest = (self.store.latest_open_round() or {}).get("round", base_round)
+        # The next two rounds of the same fragment not yet open: offers there reach the merge
+        # (further ahead they would mostly outlive the run).
+        target = base_round + self.num_fragments
+        while target <= newest:
+            target += self.num_fragments
+        if self._taken(target):
+            target += self.num_fragments
+        if self._taken(target):
+            return False
+        directory = layout.contribution_dir(self.store.experiment, target, self.learner)
+        entry = manifest["objects"]["delta"]
+        self.store.blobs.write(f"{directory}/{entry['name']}", payload)
+
+        def put(m: dict, data: bytes) -> dict:
+            e = m["objects"]["delta"]
+            self.store.blobs.write(f"{directory}/{e['name']}", data)
+            return {**m, "objects": {"delta": {**e, "size": len(data),
+                                               "sha256": hashlib.sha256(data).hexdigest()}}}
+
+        hostile = CONTRIBUTION_ATTACKS[kind]({**manifest, "round": target}, put)
+        self.store.blobs.write(f"{directory}/{layout.MANIFEST}", json.dumps(hostile).encode())
+        self.targets.append({"round": target, "kind": kind})
+        return True
+
+    def _taken(self, round_index: int) -> bool:
+        return any(t["round"] == round_index for t in self.targets)
+
+    def _log(self) -> None:
+        key = f"{layout.heartbeat(self.store.experiment, self.learner).rsplit('/', 1)[0]}/" \
+              f"{HOSTILE_LOG}"
+        self.store.blobs.write(key, json.dumps(
+            {"learner": self.learner, "time": time.time(), "written": self.written,
+             "skipped": self.skipped, "planted": self.targets}).encode())
+
+
+def read_log(store: ArtifactStore, learner: str) -> dict | None:
+    """What a hostile learner wrote, by kind (for the soak's figures)."""
+    key = f"{layout.heartbeat(store.experiment, learner).rsplit('/', 1)[0]}/{HOSTILE_LOG}"
+    try:
+        return json.loads(store.blobs.read(key))
+    except Exception:  # noqa: BLE001 - absent or damaged: no figures
+        return None
