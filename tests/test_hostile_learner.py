@@ -63,6 +63,7 @@ def test_every_hostile_record_is_refused_and_the_honest_rounds_merge(tmp_path):
                 h.tick()          # the sensors read it too, and carry on
             if step % 2 == 0:
                 _round(h, service, r)
+                h.tick()          # the sensor mirrors every offer, hostile ones included
                 r += 1
         log = read_log(h.store, HOSTILE)
         assert set(log["written"]) == set(KINDS), log
@@ -71,8 +72,8 @@ def test_every_hostile_record_is_refused_and_the_honest_rounds_merge(tmp_path):
         last = max(planted)
         while r <= last:
             _round(h, service, r)
+            h.tick()
             r += 1
-        h.tick()
         for r in range(1, last + 1):
             fragment = r % 2
             found = h.store.find_round_commit(fragment, r, h.store.current_version(fragment),

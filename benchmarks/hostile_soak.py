@@ -1,0 +1,159 @@
+"""Hostile-learner soak: a run on the real Dagster path in which one learner, besides training,
+writes malformed and adversarial records for the whole run, against the same run without it.
+
+Same setup as `benchmarks/chaos_soak.py` (4 learners, Decoupled DiLoCo K=2 of M=4, P=2, the
+syncer service, the Dagster daemon and sensors). The tape gives learner-3 the fault
+`hostile_records` from 10% of its steps to the end: every few steps it writes the next kind of
+`resources.hostile_records.KINDS` within its own write rules (its heartbeat, a forged attempt
+record, contributions to the next rounds of its fragment: manifests that lie, npy and zip bombs,
+pickles, absurd token counts) while it keeps training and offering honestly.
+
+Figures: records written by kind; what became of every planted contribution whose round came
+(refused by the merge with its reason, late, or not admitted); rounds merged and whether any
+merge took a hostile offer; the token ledger (balanced, and the attempt records it refused);
+sensor ticks by status (a failed tick is a record that reached Dagster unrefused); uptime and
+held-out loss against the run without the hostile learner.
+
+    python benchmarks/hostile_soak.py            # ~10 min on 2 cores
+"""
+
+import argparse
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+DEFAULT_OUT = REPO / "benchmarks" / "results" / "hostile_soak.json"
+HOSTILE = "learner-3"
+
+
+def hostile_tape(budget: int, every_steps: int) -> dict:
+    from chaos_soak import LEARNERS, TOKENS_PER_STEP
+
+    steps = budget // (LEARNERS * TOKENS_PER_STEP)
+    return {"seed": 0, "faults": [{"id": "hostile", "kind": "hostile_records",
+                                   "learner": HOSTILE, "at_step": steps // 10,
+                                   "params": {"every_steps": every_steps}}]}
+
+
+def planted_outcomes(store, planted: list[dict]) -> list[dict]:
+    """What became of each planted contribution whose round was decided."""
+    out = []
+    for t in planted:
+        decision = store.get_decision(t["round"])
+        if decision is None:
+            out.append({**t, "outcome": "round never came"})
+            continue
+        fragment = decision["fragment"]
+        current = store.current_version(fragment)
+        found = store.find_round_commit(fragment, t["round"], current,
+                                        store.version_meta(fragment, current) or {})
+        meta = found[1] if found else (store.get_round_not_merged(t["round"]) or {})
+        rejected = (meta.get("rejected") or {}).get(HOSTILE)
+        if HOSTILE in (meta.get("members") or []):
+            outcome = "MERGED"
+        elif rejected:
+            outcome = f"refused by the merge: {rejected}"
+        elif HOSTILE in (decision.get("late") or []):
+            outcome = "late (not merged)"
+        elif HOSTILE not in decision.get("members", []):
+            outcome = "not admitted by the quorum"
+        else:
+            outcome = "admitted, not merged, no reason recorded"
+        out.append({**t, "outcome": outcome})
+    return out
+
+
+def sensor_ticks(dagster_home: Path) -> dict[str, dict[str, int]]:
+    """Ticks of each sensor by status, from the run's Dagster instance."""
+    import dagster as dg
+
+    counts: dict[str, dict[str, int]] = {}
+    with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
+        for state in instance.all_instigator_state():
+            ticks = instance.get_ticks(state.instigator_origin_id, state.selector_id,
+                                       limit=1_000_000)
+            row = counts.setdefault(state.instigator_name, {})
+            for tick in ticks:
+                row[tick.status.value] = row.get(tick.status.value, 0) + 1
+    return counts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget", type=int, default=600_000, help="tokens per run")
+    parser.add_argument("--every-steps", type=int, default=4,
+                        help="the hostile learner writes one record every this many steps")
+    parser.add_argument("--out", default=str(DEFAULT_OUT))
+    args = parser.parse_args()
+    os.environ.setdefault("DILOCO_TICK_SECONDS", "2")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    from chaos_soak import configs, figures, soak_run
+
+    from pipelines.reporting import code_revision, machine_info
+    from resources.hostile_records import KINDS, read_log
+    from resources.store.artifact_store import ArtifactStore
+    from resources.store.backends import open_blob_store
+
+    revision = code_revision()
+    cfg = configs(args.budget)["decoupled"]
+    tape = hostile_tape(args.budget, args.every_steps)
+    runs, extra = {}, {}
+    with tempfile.TemporaryDirectory(prefix="hostile-") as tmp:
+        tape_path = Path(tmp) / "tape.json"
+        tape_path.write_text(json.dumps(tape))
+        for name in ("fault_free", "hostile"):
+            print(f"hostile soak: {name}", flush=True)
+            started = time.time()
+            workdir = Path(tmp) / name
+            s = soak_run(cfg, tape_path if name == "hostile" else None, workdir)
+            runs[name] = {**s, "started": started}
+            store = ArtifactStore(open_blob_store(str(workdir / "demo" / "store")), cfg.name)
+            log = read_log(store, HOSTILE) or {}
+            extra[name] = {
+                "sensor_ticks": sensor_ticks(workdir / "demo" / "dagster_home"),
+                "written": log.get("written", {}), "skipped": log.get("skipped", 0),
+                "planted": planted_outcomes(store, log.get("planted", [])),
+                "refused_records": s["ledger"].get("refused_records", []),
+            }
+    result = {
+        "benchmark": "hostile_soak",
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        **revision,
+        "machine": machine_info(),
+        "command": "python benchmarks/hostile_soak.py " + " ".join(sys.argv[1:]),
+        "config": {"token_budget": args.budget, "hostile_learner": HOSTILE,
+                   "every_steps": args.every_steps, "kinds": list(KINDS)},
+        "tape": tape,
+        "runs": {name: {**figures(s, None if name == "fault_free" else runs["fault_free"],
+                                  cfg.sync.min_quorum), **extra[name]}
+                 for name, s in runs.items()},
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    h = result["runs"]["hostile"]
+    outcomes: dict[str, int] = {}
+    for p in h["planted"]:
+        key = p["outcome"].split(":")[0]
+        outcomes[key] = outcomes.get(key, 0) + 1
+    print(f"records written by kind: {h['written']}")
+    print(f"planted contributions: {outcomes}")
+    print(f"attempt records refused by the ledger: {len(h['refused_records'])}")
+    print(f"sensor ticks: {h['sensor_ticks']}")
+    for name, r in result["runs"].items():
+        print(f"{name:10} merges {r['rounds_merged']}/{r['rounds_opened']}, uptime "
+              f"{r['uptime']:.3f}, loss {r['final_eval_loss']:.3f}, wall "
+              f"{r['wall_seconds']:.0f}s, ledger "
+              f"{'balanced' if r['ledger_balanced'] else 'UNBALANCED'}")
+    print(f"written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
