@@ -122,6 +122,11 @@ def main() -> None:
                 "written": log.get("written", {}), "skipped": log.get("skipped", 0),
                 "planted": planted_outcomes(store, log.get("planted", [])),
                 "refused_records": s["ledger"].get("refused_records", []),
+                # Every processed token in exactly one fate, and what did not reconcile (a
+                # stored offer whose claim is not the learner's, e.g. a forged copy).
+                "tokens_add_up": abs(sum(s["ledger"]["tokens"].values())
+                                     - s["ledger"]["tokens_processed"]) < 1e-6,
+                "ledger_problems": s["ledger"].get("problems", []),
             }
     result = {
         "benchmark": "hostile_soak",
@@ -145,7 +150,8 @@ def main() -> None:
         outcomes[key] = outcomes.get(key, 0) + 1
     print(f"records written by kind: {h['written']}")
     print(f"planted contributions: {outcomes}")
-    print(f"attempt records refused by the ledger: {len(h['refused_records'])}")
+    print(f"attempt records refused by the ledger: {len(h['refused_records'])}; tokens add "
+          f"up: {h['tokens_add_up']}; ledger problems: {h['ledger_problems']}")
     print(f"sensor ticks: {h['sensor_ticks']}")
     for name, r in result["runs"].items():
         print(f"{name:10} merges {r['rounds_merged']}/{r['rounds_opened']}, uptime "

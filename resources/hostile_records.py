@@ -109,13 +109,21 @@ class HostileWriter:
         self.targets: list[dict] = []       # planted contributions: round, kind
         self.skipped = 0          # contribution attacks with nowhere to go (no offer to copy
                                   # yet, or the next two rounds of its fragment planted)
-        self._next = 0
+        self._calls = 0
+        self.last_kind: str | None = None
+        self._record = 0          # next record attack
+        self._contribution = 0    # next contribution attack: moves on only once planted
 
     def write_next(self) -> str | None:
-        """Write the next kind; returns it, or None when a contribution attack had nowhere to
-        go."""
-        kind = KINDS[self._next % len(KINDS)]
-        self._next += 1
+        """Write the next record and contribution attacks in turn; returns the kind, or None
+        when a contribution attack had nowhere to go (it is tried again next time)."""
+        self._calls += 1
+        self.last_kind = None
+        if self._calls % 2:
+            kind = tuple(RECORD_ATTACKS)[self._record % len(RECORD_ATTACKS)]
+            self._record += 1
+        else:
+            kind = tuple(CONTRIBUTION_ATTACKS)[self._contribution % len(CONTRIBUTION_ATTACKS)]
         if kind in RECORD_ATTACKS:
             where, body = RECORD_ATTACKS[kind]
             key = (layout.heartbeat(self.store.experiment, self.learner) if where == "heartbeat"
@@ -124,7 +132,10 @@ class HostileWriter:
         elif not self._plant(kind):
             self.skipped += 1
             return None
+        else:
+            self._contribution += 1
         self.written[kind] = self.written.get(kind, 0) + 1
+        self.last_kind = kind
         self._log()
         return kind
 
@@ -135,6 +146,8 @@ class HostileWriter:
         if not isinstance(newest, int):
             return None
         for r in range(newest, max(-1, newest - 4 * self.num_fragments), -1):
+            if self._taken(r):
+                continue      # one of its own planted offers: not an honest template
             try:
                 m = self.store.contribution_manifest(r, self.learner)
             except Exception:  # noqa: BLE001 - one of our own planted ones: look further back
