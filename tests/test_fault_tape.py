@@ -28,6 +28,8 @@ FULL = {
          "params": {"factor": 2.5, "steps": "inf"}},
         {"id": "skew", "kind": "clock_skew", "learner": "l1", "at_step": 5,
          "params": {"seconds": -120.0}},
+        {"id": "hostile", "kind": "hostile_records", "learner": "l1", "at_step": 5,
+         "params": {"every_steps": 3, "steps": "inf"}},
         {"id": "store", "kind": "store_errors", "learner": "l0", "at_step": 20,
          "params": {"rate": 0.5, "steps": 10, "kinds": ["timeout"], "slow_seconds": 0.1}},
         {"id": "bad", "kind": "bad_contribution", "learner": "l1", "at_round": 2,
@@ -77,7 +79,7 @@ def test_count_for_learner_and_at_round():
     assert tape.count() == dict.fromkeys(FAULT_KINDS, 1)
     assert [f.id for f in tape.for_learner("l0")] == ["kill", "slow", "store"]
     # bad_contribution names a learner but is a round fault, not a learner-process fault.
-    assert [f.id for f in tape.for_learner("l1")] == ["hang", "skew"]
+    assert [f.id for f in tape.for_learner("l1")] == ["hang", "skew", "hostile"]
     assert tape.for_learner("l9") == ()
     assert [f.id for f in tape.at_round("bad_contribution", 2)] == ["bad"]
     assert [f.id for f in tape.at_round("bad_contribution", 2, "l1")] == ["bad"]
