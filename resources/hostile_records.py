@@ -113,6 +113,16 @@ class HostileWriter:
         self.last_kind: str | None = None
         self._record = 0          # next record attack
         self._contribution = 0    # next contribution attack: moves on only once planted
+        # A relaunched attempt carries on from the previous one's log: the same counts, and
+        # its planted rounds are never taken for honest offers to copy.
+        previous = read_log(store, learner) or {}
+        if isinstance(previous.get("written"), dict) and isinstance(previous.get("planted"), list):
+            self.written = {k: int(v) for k, v in previous["written"].items() if k in KINDS}
+            self.targets = [t for t in previous["planted"] if isinstance(t, dict)
+                            and isinstance(t.get("round"), int) and t.get("kind") in KINDS]
+            self.skipped = int(previous.get("skipped", 0))
+            self._contribution = len(self.targets)
+            self._record = sum(n for k, n in self.written.items() if k in RECORD_ATTACKS)
 
     def write_next(self) -> str | None:
         """Write the next record and contribution attacks in turn; returns the kind, or None

@@ -15,7 +15,13 @@ from diloco_core.fault_tape import tape_from_mapping
 from pipelines.syncer_service import SyncerService
 from pipelines.token_ledger import run_ledger
 from resources.faults import LearnerFaults
-from resources.hostile_records import CONTRIBUTION_ATTACKS, KINDS, RECORD_ATTACKS, read_log
+from resources.hostile_records import (
+    CONTRIBUTION_ATTACKS,
+    KINDS,
+    RECORD_ATTACKS,
+    HostileWriter,
+    read_log,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -72,6 +78,9 @@ def test_every_hostile_record_is_refused_and_the_honest_rounds_merge(tmp_path):
                 r += 1
         log = read_log(h.store, HOSTILE)
         assert set(log["written"]) == set(KINDS), log
+        # A relaunched attempt carries on from the log: counts and planted rounds kept.
+        again = HostileWriter(h.store, HOSTILE, 2)
+        assert again.written == log["written"] and again.targets == log["planted"]
         # A planted offer is never the template of the next: each attack is its own.
         assert all(t["kind"] in CONTRIBUTION_ATTACKS for t in log["planted"])
         planted = {t["round"]: t["kind"] for t in log["planted"]}
