@@ -2,6 +2,8 @@
 Dagster instance against Dagster's own config schemas, the Kubernetes objects against the
 Kubernetes object model, and the run-queue rules identical to the local instance's."""
 
+import inspect
+import json
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from dagster_k8s import K8sRunLauncher
 from postgres_server import materialize_one_run
 
 from diloco_core.config_loading import config_from_mapping
+from pipelines.cli import CONTROL_MEMBER
 from pipelines.dagster_dev import instance_yaml
 from resources.compute.k8s_schema import validate
 from resources.compute.manifests import JOBSET_API
@@ -82,7 +85,58 @@ def test_the_regional_cluster_objects_are_valid_and_grant_what_dispatch_uses():
         assert placement.namespace == by_kind["Namespace"]["metadata"]["name"]
 
 
-@pytest.mark.parametrize("doc", ["dagster.yaml", "helm/values.yaml", "k8s/learners.yaml"])
+def _gcp_account(service_account: dict) -> str:
+    return service_account["annotations"]["iam.gke.io/gcp-service-account"]
+
+
+def test_the_dagster_cluster_gives_the_ui_and_the_control_plane_their_own_identities():
+    """The webserver and daemon run as one account, the code server and its runs as another
+    (the control plane: the identity `diloco iam` lets write the store, and the one the
+    regional clusters let dispatch learners), the learners as their own: no account shared
+    across those roles, and no chart-wide override that would force one on every pod."""
+    helm = yaml.safe_load((DEPLOY / "helm" / "values.yaml").read_text())
+    assert "serviceAccountName" not in (helm.get("global") or {})
+    ui, control = helm["serviceAccount"], helm["dagster-user-deployments"]["serviceAccount"]
+    assert ui["create"] and control["create"] and ui["name"] != control["name"]
+    assert _gcp_account(ui) != _gcp_account(control)
+    project = _gcp_account(control).split("@")[1].split(".")[0]
+    assert f"serviceAccount:{_gcp_account(control)}" == CONTROL_MEMBER.format(project=project)
+    # Without the chart, the instance file runs its runs as the same Kubernetes account.
+    production = yaml.safe_load((DEPLOY / "dagster.yaml").read_text())
+    assert production["run_launcher"]["config"]["service_account_name"] == control["name"]
+    # In the regional clusters only the control plane may dispatch, and learners are neither.
+    regional = list(yaml.safe_load_all((DEPLOY / "k8s" / "learners.yaml").read_text()))
+    (binding,) = [d for d in regional if d["kind"] == "RoleBinding"]
+    assert [s["name"] for s in binding["subjects"]] == [_gcp_account(control)]
+    learners = {d["metadata"]["annotations"]["iam.gke.io/gcp-service-account"]
+                for d in regional if d["kind"] == "ServiceAccount"}
+    assert not learners & {_gcp_account(ui), _gcp_account(control)}
+
+
+def test_both_webservers_sit_behind_identity_aware_proxy_and_one_is_read_only():
+    helm = yaml.safe_load((DEPLOY / "helm" / "values.yaml").read_text())
+    webserver = helm["dagsterWebserver"]
+    assert webserver["enableReadOnly"] is True
+    annotations = webserver["service"]["annotations"]
+    backend = json.loads(annotations["cloud.google.com/backend-config"])["default"]
+    assert json.loads(annotations["cloud.google.com/neg"]) == {"ingress": True}
+    (iap,) = yaml.safe_load_all((DEPLOY / "k8s" / "dagster-iap.yaml").read_text())
+    assert (iap["apiVersion"], iap["kind"]) == ("cloud.google.com/v1", "BackendConfig")
+    assert iap["metadata"]["name"] == backend
+    assert iap["metadata"]["namespace"] == helm["runLauncher"]["config"]["k8sRunLauncher"][
+        "jobNamespace"]
+    assert iap["spec"]["iap"]["enabled"] is True
+    assert iap["spec"]["iap"]["oauthclientCredentials"]["secretName"]
+    # The health check path is one the webserver answers without a session.
+    from dagster_webserver.webserver import DagsterWebserver
+    assert iap["spec"]["healthCheck"]["requestPath"] in inspect.getsource(DagsterWebserver)
+    ingress = helm["ingress"]
+    hosts = {ingress[k]["host"] for k in ("dagsterWebserver", "readOnlyDagsterWebserver")}
+    assert ingress["enabled"] and len(hosts) == 2
+
+
+@pytest.mark.parametrize("doc", ["dagster.yaml", "helm/values.yaml", "k8s/learners.yaml",
+                                 "k8s/dagster-iap.yaml"])
 def test_deploy_files_parse_as_yaml(doc):
     assert list(yaml.safe_load_all((DEPLOY / doc).read_text()))
 
