@@ -8,15 +8,17 @@ final heartbeat record comes back as a custom message.
 
 A learner on a multi-host slice runs this once per host, each with DILOCO_COORDINATOR,
 DILOCO_NUM_PROCESSES and DILOCO_PROCESS_ID set (`resources/learner/distributed.py`); process 0
-talks to the store and reports the final record, the others only train alongside it.
+talks to the store, opens the Pipes session and reports the final record; the others only
+train alongside it and log to their own stdout.
 """
 
 import argparse
 import os
 import signal
 import sys
+from contextlib import contextmanager
 
-from dagster_pipes import PipesEnvVarParamsLoader, open_dagster_pipes
+from dagster_pipes import PipesDefaultContextLoader, PipesEnvVarParamsLoader, open_dagster_pipes
 
 from resources.learner.distributed import join_from_env
 
@@ -47,6 +49,35 @@ def pipes_channel() -> dict:
             "message_writer": PipesGCSMessageWriter(client=client, interval=interval)}
 
 
+LEARNER_EXTRAS = ("store", "experiment", "learner", "attempt")
+
+
+@contextmanager
+def pipes_session(process_id: int):
+    """(extras, log, report) for this process of a learner run under Pipes.
+
+    Only process 0 opens the Pipes session: every pod of a multi-host learner gets the same
+    Pipes parameters, and each process that opened a session would write its own "opened" and
+    "closed" messages and number its message chunks from 0 under the same prefix (the GCS
+    channel), overwriting the leader's log lines and final record. The others read the run's
+    extras through the same context loader and log to their own stdout (the pod's log)."""
+    channel = pipes_channel()
+    if process_id == 0:
+        with open_dagster_pipes(**channel) as pipes:
+            yield ({k: pipes.get_extra(k) for k in LEARNER_EXTRAS}, pipes.log.info,
+                   pipes.report_custom_message)
+        return
+    loader = channel.get("context_loader") or PipesDefaultContextLoader()
+    with loader.load_context(PipesEnvVarParamsLoader().load_context_params()) as data:
+        extras = data.get("extras") or {}
+        params = {k: extras[k] for k in LEARNER_EXTRAS}
+
+    def log(message: str) -> None:
+        print(f"[process {process_id}] {message}", flush=True)
+
+    yield params, log, lambda record: None
+
+
 def main(argv: list[str] | None = None) -> int:
     honour_termination()
     # Before anything imports the runtime's modules and touches a JAX backend.
@@ -56,24 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     from resources.store.artifact_store import ArtifactStore
     from resources.store.backends import open_blob_store
 
-    under_pipes = PipesEnvVarParamsLoader().is_dagster_pipes_process()
-    with open_dagster_pipes(**pipes_channel()) as pipes:
-        if under_pipes:
-            params = {k: pipes.get_extra(k) for k in ("store", "experiment", "learner")}
-            params["attempt"] = pipes.get_extra("attempt")
-            params["use_ocdbt"] = True
-            log = pipes.log.info
-        else:
-            parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-            parser.add_argument("--store", required=True)
-            parser.add_argument("--experiment", required=True)
-            parser.add_argument("--learner", required=True)
-            parser.add_argument("--attempt", type=int, default=0)
-            parser.add_argument("--no-ocdbt", dest="use_ocdbt", action="store_false")
-            params = vars(parser.parse_args(argv))
-
-            def log(message: str) -> None:
-                print(message, flush=True)
+    if PipesEnvVarParamsLoader().is_dagster_pipes_process():
+        session = pipes_session(process_id)
+    else:
+        session = _command_line_session(argv)
+    with session as (params, log, report):
         store = ArtifactStore(open_blob_store(params["store"]), params["experiment"])
         attempt = int(params["attempt"])
         tape = load_tape(store)   # a chaos run's fault tape, if the experiment has one
@@ -83,8 +101,25 @@ def main(argv: list[str] | None = None) -> int:
                                  use_ocdbt=bool(params.get("use_ocdbt", True)), faults=faults)
         record = runtime.run()
         if process_id == 0:
-            pipes.report_custom_message(record)
+            report(record)
     return 0
+
+
+@contextmanager
+def _command_line_session(argv: list[str] | None):
+    """A learner started by hand: its values from the command line, its log on stdout."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--store", required=True)
+    parser.add_argument("--experiment", required=True)
+    parser.add_argument("--learner", required=True)
+    parser.add_argument("--attempt", type=int, default=0)
+    parser.add_argument("--no-ocdbt", dest="use_ocdbt", action="store_false")
+    params = vars(parser.parse_args(argv))
+
+    def log(message: str) -> None:
+        print(message, flush=True)
+
+    yield params, log, lambda record: None
 
 
 if __name__ == "__main__":

@@ -49,3 +49,48 @@ def test_sigint_ends_a_learner_that_inherited_sigint_ignored(with_entry):
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+# One process of a learner run under Pipes, as the run starts every pod of a multi-host
+# learner: same Pipes parameters, its own DILOCO process id.
+SESSION = """
+import json, sys
+from pipelines.learner_entry import pipes_session
+with pipes_session(int(sys.argv[1])) as (params, log, report):
+    log("hello from the learner")
+    report({"status": "done"})
+print(json.dumps(params))
+"""
+
+
+def test_only_process_0_of_a_multi_host_learner_opens_the_pipes_session(tmp_path):
+    """Every process that opened a session would write its own opened/closed messages and
+    number its message chunks from 0 under the run's one prefix, overwriting the leader's log
+    and final record; the others still get the run's extras."""
+    import json
+    import os
+
+    from dagster_pipes import encode_env_var
+
+    extras = {"store": "gs://b/p", "experiment": "e", "learner": "learner-1", "attempt": 2}
+    context = {"asset_keys": None, "code_version_by_asset_key": None,
+               "provenance_by_asset_key": None, "partition_key": None,
+               "partition_key_range": None, "partition_time_window": None, "run_id": "r",
+               "job_name": "learner", "retry_number": 0, "extras": extras}
+    (tmp_path / "context.json").write_text(json.dumps(context))
+    written = {}
+    for process_id in (1, 0):
+        messages = tmp_path / f"messages-{process_id}.jsonl"
+        env = {**os.environ,
+               "DAGSTER_PIPES_CONTEXT": encode_env_var({"path": str(tmp_path / "context.json")}),
+               "DAGSTER_PIPES_MESSAGES": encode_env_var({"path": str(messages)})}
+        env.pop("DILOCO_PIPES_CHANNEL", None)
+        out = subprocess.run([sys.executable, "-c", SESSION, str(process_id)], cwd=REPO,
+                             env=env, capture_output=True, text=True, timeout=60, check=True)
+        assert json.loads(out.stdout.strip().splitlines()[-1]) == extras
+        written[process_id] = ([json.loads(line)["method"]
+                                for line in messages.read_text().splitlines()]
+                               if messages.exists() else [])
+    assert written[1] == []
+    assert written[0][0] == "opened" and written[0][-1] == "closed"
+    assert {"log", "report_custom_message"} <= set(written[0])
