@@ -375,6 +375,10 @@ class OrchestrationConfig:
     heartbeat_seconds: float = 2.0        # how often a learner publishes its progress
     poll_seconds: float = 0.5             # how often a learner looks for open rounds / merges
     checkpoint_every_steps: int = 50      # learner Orbax checkpoints (params, AdamW, data position)
+    # Checkpoints written in the background (Orbax async) while the learner trains on; only a
+    # finished one is reported. False: every save blocks the loop until durable. A learner that
+    # spans several processes always blocks (its arrays are not all on one host).
+    async_checkpoints: bool = True
     learner_timeout_seconds: float = 60.0  # heartbeat older than this: the learner counts as down
     # A learner process's first inner step compiles the step program (minutes for a large model
     # on a TPU slice); it keeps heartbeating through it for at most this long.
@@ -434,6 +438,8 @@ class OrchestrationConfig:
     def __post_init__(self):
         _require(isinstance(self.block_on_overlap, bool), "block_on_overlap",
                  f"must be true or false, got {self.block_on_overlap!r}")
+        _require(isinstance(self.async_checkpoints, bool), "async_checkpoints",
+                 f"must be true or false, got {self.async_checkpoints!r}")
         _require(isinstance(self.tensorboard_dir, str) and len(self.tensorboard_dir) <= 1024,
                  "tensorboard_dir", f"must be a path (or empty), got {self.tensorboard_dir!r}")
         _require(self.syncer in SYNCER_MODES, "syncer",

@@ -98,3 +98,25 @@ def test_plain_orbax_reads_a_learner_checkpoint(directory, trained):
     plain = ocp.StandardCheckpointer().restore(f"{directory}/5/state")
     np.testing.assert_array_equal(np.asarray(plain["train"]["params"]["lm_head/kernel"]),
                                   np.asarray(state.params["lm_head/kernel"]))
+
+
+def test_a_background_save_is_unharmed_by_the_step_that_donates_its_arrays(tmp_path, trained):
+    """`wait=False` returns while Orbax still writes; the learner's next jitted step donates
+    (reuses) the very buffers it saved. The checkpoint must hold the values of the save."""
+    inner, state = trained
+    state = jax.tree.map(jnp.array, state)                 # our own buffers, to donate
+    expected = jax.tree.map(lambda x: np.array(x, copy=True), state)
+    ckpts = _checkpoints(str(tmp_path / "ckpt"), max_to_keep=3)
+    ckpts.save(2, jax.device_get(state), {"step": 2}, wait=False)
+    batch = np.random.default_rng(2).integers(0, 256, (2, 16), dtype=np.int32)
+    for _ in range(3):                                     # overwrite the donated buffers
+        state, _ = inner.step(state, batch)
+    assert ckpts.wait() == 2 and ckpts.durable_step == 2
+    restored, meta = ckpts.restore(target=abstract_target(expected))
+    assert meta == {"step": 2}
+    for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(restored), strict=True):
+        np.testing.assert_array_equal(a, np.asarray(b))
+    # The next save waits for nothing left in flight and replaces the same step.
+    ckpts.save(2, jax.device_get(state), {"step": 2, "again": True}, wait=False)
+    ckpts.close()                                          # finishes the write in flight
+    assert _checkpoints(str(tmp_path / "ckpt"), read_only=True).restore()[1]["again"] is True

@@ -375,3 +375,55 @@ def test_a_checkpoint_slower_than_the_learner_timeout_keeps_the_heartbeat_alive(
         h.store.request_stop({"reason": "test"})
         thread.join(30)
         assert not thread.is_alive() and runtime.checkpoint_step == 4
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_a_background_checkpoint_lets_the_learner_train_on_and_is_reported_once_written(
+        tmp_path, background):
+    """The step-4 save is held in flight (Orbax says it is still writing) until the test lets
+    it finish. In the background the learner trains on meanwhile and names no checkpoint it
+    has not finished; blocking, it waits at step 4."""
+    with dg.instance_for_test() as instance:
+        h = Harness(instance, str(tmp_path / "store"),
+                    [*FAST, f"orchestration.async_checkpoints={str(background).lower()}"])
+        h.start()
+        runtime = LearnerRuntime(h.store, "learner-0", 0, log=lambda m: None, max_steps=12)
+        manager = runtime.checkpoints.manager
+        launched, release = threading.Event(), threading.Event()
+        real_save, real_wait = manager.save, manager.wait_until_finished
+        real_in_progress = manager.is_saving_in_progress
+
+        def save(*args, **kwargs):   # Orbax's save first waits for the previous one
+            result = real_save(*args, **kwargs)
+            launched.set()
+            return result
+
+        def wait_until_finished():
+            if launched.is_set():
+                release.wait(120)
+            real_wait()
+
+        manager.save, manager.wait_until_finished = save, wait_until_finished
+        manager.is_saving_in_progress = lambda: ((launched.is_set() and not release.is_set())
+                                                 or real_in_progress())
+        thread = threading.Thread(target=runtime.run, daemon=True)
+        thread.start()
+        beat = lambda: h.store.get_heartbeat("learner-0") or {}  # noqa: E731
+        _wait(lambda: beat().get("step", 0) >= 4, what="the step-4 checkpoint")
+        if background:
+            _wait(lambda: beat().get("step", 0) >= 7, what="steps past the save in flight")
+            assert beat().get("checkpoint_step") is None
+        else:
+            time.sleep(1.0)   # ~20 steps' time: a blocking save holds the loop at step 4
+            assert beat()["step"] == 4 and beat().get("checkpoint_step") is None
+        release.set()
+        _wait(lambda: beat().get("checkpoint_step") is not None, what="a durable checkpoint")
+        _wait(lambda: beat().get("step", 0) >= 12, what="12 steps")
+        h.store.request_stop({"reason": "test"})
+        thread.join(60)
+        assert not thread.is_alive()
+        final = h.store.get_heartbeat("learner-0")
+        assert final["status"] == "done" and final["checkpoint_step"] == 12
+        from resources.store.checkpoints import LearnerCheckpoints
+        saved = LearnerCheckpoints(h.store.checkpoint_uri("learner-0"), read_only=True)
+        assert saved.latest_step() == 12 and saved.restore()[1]["step"] == 12

@@ -299,6 +299,7 @@ class LearnerRuntime:
                     if int(self.train.step) % orch.checkpoint_every_steps == 0:
                         self._checkpoint()
                 if time.monotonic() >= next_beat:
+                    self._note_durable_checkpoint()
                     self._beat()
                     next_beat = time.monotonic() + orch.heartbeat_seconds
                 if time.monotonic() >= next_report:
@@ -313,6 +314,7 @@ class LearnerRuntime:
             if stop_seen_at is None:
                 self.training_seconds = time.monotonic() - self.loop_started
             if self.status != "superseded":
+                self._finish_checkpoint()
                 self._beat(final=True)
             elif self.lockstep.leader:
                 self._final_record("superseded")
@@ -485,12 +487,32 @@ class LearnerRuntime:
         with CompileBeacon(self.link.heartbeat, self.heartbeat_record(), orch.heartbeat_seconds,
                            orch.compile_timeout_seconds, self._clock, status=self.status,
                            doing="checkpointing"):
-            # One process: host copies. Several: the global arrays themselves, each process
-            # writing the shards it holds (Orbax multi-host; a host copy of an FSDP array
-            # would need a gather, and every process would write the whole state).
-            self.checkpoints.save(step, state if self.lockstep.multi else jax.device_get(state),
-                                  meta)
-        self.checkpoint_step = step
+            # One process: host copies, written in the background unless async checkpoints
+            # are off. Several: the global arrays themselves, each process writing the shards
+            # it holds (Orbax multi-host; a host copy of an FSDP array would need a gather,
+            # and every process would write the whole state), blocking until durable.
+            if self.lockstep.multi:
+                self.checkpoints.save(step, state, meta)
+            else:
+                self.checkpoints.save(step, jax.device_get(state), meta,
+                                      wait=not orch.async_checkpoints)
+        self._note_durable_checkpoint()
+
+    def _note_durable_checkpoint(self, wait: bool = False) -> None:
+        """Report only a checkpoint that is written: the newest durable step (a background
+        save still in flight is not one yet)."""
+        step = self.checkpoints.wait() if wait else self.checkpoints.poll()
+        if step is not None:
+            self.checkpoint_step = step
+
+    def _finish_checkpoint(self) -> None:
+        """Before the final heartbeat: the save in flight finishes, so the record names the
+        newest checkpoint. A failed write is logged, not raised over the loop's own outcome."""
+        try:
+            self._note_durable_checkpoint(wait=True)
+        except Exception as err:  # noqa: BLE001 - the loop's own exception, if any, comes first
+            self.log(f"{self.name}: the last checkpoint save failed: {type(err).__name__}: "
+                     f"{str(err)[:200]}")
 
     def heartbeat_record(self) -> dict:
         wall = time.time() - self.started_at

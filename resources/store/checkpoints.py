@@ -6,9 +6,15 @@ A checkpoint is two Orbax items under one step directory:
   optax states come back with their own types;
 - "meta": plain JSON (data-iterator position, sync counters and versions, the learner's name).
 
-Saves block until durable (`wait_until_finished`), so a learner killed right after `save`
-returns still has that checkpoint. On GCS, Orbax writes through TensorStore, which a loopback
-test server reaches through `TENSORSTORE_GCS_HTTP_URL` (see tests/gcs_emulator.py).
+A save either blocks until durable (`wait=True`: a learner killed right after `save` returns
+still has that checkpoint) or returns once Orbax has taken the (host) arrays and writes them
+in the background (`wait=False`), so a learner trains on while a checkpoint of a
+large model takes minutes to reach GCS. `durable_step` is the newest step known to be written
+(`poll` looks without blocking, `wait` blocks); only that step is ever reported as a
+checkpoint. A background write that failed raises at the next `poll`, `wait` or `save`.
+
+On GCS, Orbax writes through TensorStore, which a loopback test server reaches through
+`TENSORSTORE_GCS_HTTP_URL` (see tests/gcs_emulator.py).
 
 `use_ocdbt` (Orbax's default, on) packs arrays into an OCDBT database whose manifest TensorStore
 writes conditionally on object generations (the loopback test server is taught to send them,
@@ -40,15 +46,45 @@ class LearnerCheckpoints:
             directory, options=options,
             item_handlers={"state": ocp.StandardCheckpointHandler(use_ocdbt=use_ocdbt),
                            "meta": ocp.JsonCheckpointHandler()})
+        self._pending: int | None = None            # a step whose background write may run
+        self.durable_step: int | None = None        # the newest step this object saw written
 
-    def save(self, step: int, state: Any, meta: dict) -> None:
+    def save(self, step: int, state: Any, meta: dict, wait: bool = True) -> None:
         """Save `step`, replacing a checkpoint of the same step (e.g. one saved before the sync
-        state moved on without a step: an offer or a received fragment)."""
+        state moved on without a step: an offer or a received fragment). A previous background
+        save is finished first (Orbax writes one at a time).
+
+        `wait=False` takes host arrays (`jax.device_get`): the learner's jitted step donates
+        its state's buffers, and the background write must read values that step cannot
+        reuse (a copy off an accelerator; on CPU a view whose reference keeps XLA from
+        reusing that buffer; `tests/test_checkpoints.py` steps on while the write runs)."""
+        if self._pending is not None:
+            self.wait()
         if step in self.manager.all_steps():
             self.manager.delete(step)
         self.manager.save(step, args=ocp.args.Composite(
             state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
-        self.manager.wait_until_finished()
+        self._pending = step
+        if wait:
+            self.wait()
+
+    def poll(self) -> int | None:
+        """The newest durable step, without blocking on a save in flight."""
+        if self._pending is not None and not self.manager.is_saving_in_progress():
+            self._settle()
+        return self.durable_step
+
+    def wait(self) -> int | None:
+        """Block until the save in flight (if any) is durable; the newest durable step."""
+        if self._pending is not None:
+            self.manager.wait_until_finished()
+            self._settle()
+        return self.durable_step
+
+    def _settle(self) -> None:
+        step, self._pending = self._pending, None
+        self.manager.check_for_errors()   # a failed background write raises here
+        self.durable_step = step
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -82,4 +118,8 @@ class LearnerCheckpoints:
         return doomed
 
     def close(self) -> None:
-        self.manager.close()
+        """Finish the save in flight, then release the manager."""
+        try:
+            self.wait()
+        finally:
+            self.manager.close()
