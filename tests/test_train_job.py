@@ -56,3 +56,36 @@ def test_defaults_layer_under_the_file_and_the_overrides(tmp_path):
     with pytest.raises(ConfigError, match="learners.speeds"):
         load_config(None, ["learners.num_learners=3", "learners.speeds=[1.0, 0.5]"],
                     base=ORCHESTRATED_DEFAULTS)
+
+
+def test_a_second_experiment_does_not_orphan_the_active_one_and_a_relaunch_resumes(tmp_path):
+    store = ArtifactStoreResource(base_uri=str(tmp_path / "store"))
+    defs = _defs(store.base_uri)
+
+    def train(name: str, **extra):
+        return defs.resolve_job_def("train").execute_in_process(
+            instance=instance, raise_on_error=False,
+            run_config={"ops": {"start_experiment": {"config": {
+                "overrides": [f"name={name}", "model.preset=tiny"], **extra}}}})
+
+    with dg.instance_for_test() as instance:
+        assert train("first").success
+        refused = train("second")
+        assert not refused.success
+        failure = next(e for e in refused.all_events if e.is_step_failure)
+        message = str(failure.step_failure_data.user_failure_data.description)
+        assert "'first' is still active" in message and "replace_active" in message
+        assert store.active().experiment == "first"
+        assert store.store("second").get_config() is None              # nothing written
+        # Launching the active experiment again resumes it: same config, versions kept.
+        store.store("first").commit_global(0, 1, store.store("first").load_global(0).params,
+                                           store.store("first").load_global(0).outer_state,
+                                           {"round": 0})
+        assert train("first").success
+        assert store.active().experiment == "first"
+        assert store.store("first").current_version(0) == 1
+        # Once finished (or on the operator's word) another may start.
+        assert train("second", replace_active=True).success
+        assert store.active().experiment == "second"
+        store.store("second").mark_finished({"reason": "test"})
+        assert train("third").success and store.active().experiment == "third"

@@ -36,6 +36,11 @@ class TrainingConfig(dg.Config):
     fault_tape_path: str | None = Field(
         default=None, description="chaos runs only: a JSON fault tape (see docs/chaos.md) "
                                   "whose faults are injected into this run")
+    replace_active: bool = Field(
+        default=False, description="start even though another experiment of this store is "
+                                   "active and unfinished: the sensors then follow this one and "
+                                   "the other is no longer supervised or merged (it can be "
+                                   "resumed later by launching it again)")
 
 
 @dg.multi_asset(
@@ -71,6 +76,7 @@ def start_experiment(context: dg.AssetExecutionContext, config: TrainingConfig,
     except ConfigError as err:
         raise dg.Failure(description=f"invalid deployment: {err}") from None
     tape = _load_tape(config.fault_tape_path, cfg.learners.learner_names)
+    _refuse_to_orphan(store, cfg.name, config.replace_active)
 
     import jax
 
@@ -128,6 +134,20 @@ def start_experiment(context: dg.AssetExecutionContext, config: TrainingConfig,
         "fragment_sizes": dg.MetadataValue.json(list(plan.sizes)),
         "seed": cfg.seed,
     })
+
+
+def _refuse_to_orphan(store: ArtifactStoreResource, name: str, replace_active: bool) -> None:
+    """One experiment is active per store (the sensors follow it). Starting another while it
+    is unfinished would leave it running unsupervised, with its rounds never merged: refused
+    unless the operator says so. Launching the active experiment again resumes it."""
+    active = store.active()
+    if active is None or active.experiment == name or replace_active:
+        return
+    if active.finished() is None:
+        raise dg.Failure(description=(
+            f"experiment {active.experiment!r} is still active in {store.base_uri} (its final "
+            f"rounds are not done): stop it first (`diloco stop`), launch {name!r} on another "
+            "store, or set replace_active to start it anyway"))
 
 
 def _load_tape(path: str | None, learner_names) -> dict | None:
