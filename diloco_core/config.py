@@ -24,6 +24,14 @@ class ConfigError(ValueError):
         return ConfigError(f"{prefix}.{self.field}", self.reason)
 
 
+# Upper bounds on sizes, so that a typo (an extra zero or six) is refused by name before any
+# compute or allocation instead of exhausting memory or Dagster partitions later. Far above
+# anything this project runs: the paper's runs use tens of learners.
+MAX_LEARNERS = 4096          # each is a Dagster partition, a heartbeat per sensor tick
+MAX_SIZE = 1 << 24           # model dimensions, sequence length, sequences per step
+MAX_TOKEN_BUDGET = 1 << 62   # the largest integer a store record may carry
+
+
 def _require(ok: bool, field_path: str, reason: str) -> None:
     if not ok:
         raise ConfigError(field_path, reason)
@@ -75,8 +83,8 @@ class ModelConfig:
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len"):
             value = getattr(self, name)
-            _require(isinstance(value, int) and value > 0, name,
-                     f"must be a positive integer, got {value!r}")
+            _require(isinstance(value, int) and 0 < value <= MAX_SIZE, name,
+                     f"must be a positive integer <= {MAX_SIZE}, got {value!r}")
         _require(self.d_model % self.n_heads == 0, "n_heads",
                  f"must divide d_model ({self.d_model}), got {self.n_heads}")
         _require((self.d_model // self.n_heads) % 2 == 0, "n_heads",
@@ -124,10 +132,10 @@ class DataConfig:
     def __post_init__(self):
         _require(isinstance(self.corpus, str) and self.corpus.strip() != "", "corpus",
                  "must be 'stdlib' or a non-empty glob of text files")
-        _require(isinstance(self.seq_len, int) and self.seq_len >= 2, "seq_len",
-                 f"must be an integer >= 2, got {self.seq_len!r}")
-        _require(isinstance(self.batch_size, int) and self.batch_size >= 1, "batch_size",
-                 f"must be a positive integer, got {self.batch_size!r}")
+        _require(isinstance(self.seq_len, int) and 2 <= self.seq_len <= MAX_SIZE, "seq_len",
+                 f"must be an integer in [2, {MAX_SIZE}], got {self.seq_len!r}")
+        _require(isinstance(self.batch_size, int) and 1 <= self.batch_size <= MAX_SIZE,
+                 "batch_size", f"must be a positive integer <= {MAX_SIZE}, got {self.batch_size!r}")
         _in_unit(self.heldout_fraction, "heldout_fraction", low_open=True, high_open=True)
 
 
@@ -285,8 +293,9 @@ class LearnersConfig:
     warm_start_fraction: float = 0.0
 
     def __post_init__(self):
-        _require(isinstance(self.num_learners, int) and self.num_learners >= 1, "num_learners",
-                 f"must be an integer >= 1, got {self.num_learners!r}")
+        _require(isinstance(self.num_learners, int) and not isinstance(self.num_learners, bool)
+                 and 1 <= self.num_learners <= MAX_LEARNERS, "num_learners",
+                 f"must be an integer in [1, {MAX_LEARNERS}], got {self.num_learners!r}")
         _in_unit(self.warm_start_fraction, "warm_start_fraction", low_open=False,
                  high_open=True)
         _require(self.sharding in ("replicated", "fsdp"), "sharding",
@@ -298,8 +307,8 @@ class LearnersConfig:
         for i, s in enumerate(self.speeds):
             _finite_positive(s, f"speeds[{i}]")
         for i, b in enumerate(self.batch_sizes):
-            _require(isinstance(b, int) and not isinstance(b, bool) and b >= 1,
-                     f"batch_sizes[{i}]", f"must be a positive integer, got {b!r}")
+            _require(isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= MAX_SIZE,
+                     f"batch_sizes[{i}]", f"must be a positive integer <= {MAX_SIZE}, got {b!r}")
         for name in ("names", "regions"):
             for i, value in enumerate(getattr(self, name)):
                 _require(_is_safe_name(value), f"{name}[{i}]",
@@ -505,8 +514,9 @@ class ExperimentConfig:
                  f"got {self.name!r}")
         _require(isinstance(self.seed, int) and self.seed >= 0, "seed",
                  f"must be an integer >= 0, got {self.seed!r}")
-        _require(isinstance(self.token_budget, int) and self.token_budget > 0, "token_budget",
-                 f"must be a positive integer, got {self.token_budget!r}")
+        _require(isinstance(self.token_budget, int) and not isinstance(self.token_budget, bool)
+                 and 0 < self.token_budget <= MAX_TOKEN_BUDGET, "token_budget",
+                 f"must be an integer in [1, 2**62], got {self.token_budget!r}")
         _require(self.task in TASK_FAMILIES, "task",
                  f"must be one of {', '.join(TASK_FAMILIES)}, got {self.task!r}")
         family = TASK_FAMILIES[self.task]

@@ -121,12 +121,25 @@ def test_simulate_the_digits_task_reports_accuracy(capsys, tmp_path):
     (["bandwidth", "--sites", "0"], "--sites: must be >= 1"),
     (["bandwidth", "--params", "0"], "--params: must be > 0"),
     (["bandwidth", "--fragments", "48", "--plot", ""], "multiple of num_fragments"),
+    (["goodput", "--chips", "-5"], "argument --chips: must be >= 256, got -5"),
+    (["goodput", "--chips", "256", "--learners", "0"], "argument --learners: must be >= 1"),
+    (["config", "--set", "learners.num_learners=100000000"],
+     "learners.num_learners: must be an integer in [1, 4096]"),
+    (["config", "--set", "token_budget=99999999999999999999"], "token_budget: must be"),
+    (["config", "--set", "data.batch_size=1000000000"], "data.batch_size: must be"),
 ])
 def test_bad_arguments_get_one_line_errors_not_tracebacks(argv, message, capsys):
     with contextlib.suppress(SystemExit):
         assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_an_empty_plot_path_writes_no_plot(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["bandwidth", "--plot", ""]) == 0
+    assert "decoupled_diloco" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []            # no ./.png, no runs/ directory
 
 
 def test_a_config_file_with_a_syntax_error_is_one_line(tmp_path, capsys):
