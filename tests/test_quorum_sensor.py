@@ -261,3 +261,37 @@ def test_offers_from_unknown_or_unsafe_names_are_ignored_not_merged(harness):
     assert decision["members"] == ["learner-0", "learner-1"]
     assert "learner-9" not in decision["late"]
     assert h.merged_rounds() == {round_key(0)}
+
+
+@pytest.mark.parametrize("final_rounds", ["average", "outer_step"])
+def test_a_final_round_publishes_the_members_weighted_average_not_an_outer_step(tmp_path,
+                                                                               final_rounds):
+    """outer.final_rounds = average (the default) on the orchestrated path: the final merge
+    publishes the admitted learners' weighted average fragment (the anchor minus the weighted
+    mean outer gradient), with no outer-optimizer step on top; `outer_step` (the old behaviour)
+    scales it by the outer lr and adds momentum, so it lands elsewhere."""
+    with dg.instance_for_test() as instance:
+        h = Harness(instance, str(tmp_path / "store"), [f"outer.final_rounds={final_rounds}"])
+        h.start()
+        _final_round_lands_on_the_average(h, final_rounds == "average")
+
+
+def _final_round_lands_on_the_average(h: Harness, average: bool) -> None:
+    import numpy as np
+
+    _merge_round_0_then_pass_the_budget(h)
+    assert h.state()["round"] == 1 and h.state()["final"]
+    fragment = 1 % h.cfg.sync.num_fragments
+    before = h.store.load_global(fragment)
+    h.offer("learner-0", 1, value=0.02, steps=4)
+    h.offer("learner-1", 1, value=0.06, steps=12)
+    h.tick()
+    after = h.store.load_global(fragment)
+    assert after.version == before.version + 1
+    meta = h.merge_metadata(1)
+    w0, w1 = meta["weight/learner-0"].value, meta["weight/learner-1"].value
+    assert w0 > 0 and w1 > w0                       # weighted by the tokens they bring
+    mean_delta = (0.02 * w0 + 0.06 * w1) / (w0 + w1)
+    gaps = [np.abs(values - (before.params[name] - mean_delta)).max()
+            for name, values in after.params.items()]
+    assert bool(max(gaps) < 1e-3) is average, max(gaps)
