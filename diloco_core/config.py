@@ -443,6 +443,12 @@ class OrchestrationConfig:
     # A directory for TensorBoard event files of the per-round figures and evals (written by
     # the syncer and the merge runs, one subdirectory per experiment); empty: none.
     tensorboard_dir: str = ""
+    # A directory on each host where the learners and the syncer keep XLA's compiled programs
+    # (JAX's persistent compilation cache), so that a relaunched process (a preemption, a kill,
+    # the next run) skips recompiling its step. Keyed by the program itself, so it never serves
+    # stale code. A local path, never the store: a compiled program is code, and a party that
+    # may write the store must not choose what another process executes. Empty: off.
+    compilation_cache_dir: str = "~/.cache/diloco/jax"
 
     def __post_init__(self):
         _require(isinstance(self.block_on_overlap, bool), "block_on_overlap",
@@ -451,6 +457,10 @@ class OrchestrationConfig:
                  f"must be true or false, got {self.async_checkpoints!r}")
         _require(isinstance(self.tensorboard_dir, str) and len(self.tensorboard_dir) <= 1024,
                  "tensorboard_dir", f"must be a path (or empty), got {self.tensorboard_dir!r}")
+        _require(isinstance(self.compilation_cache_dir, str)
+                 and len(self.compilation_cache_dir) <= 1024
+                 and "://" not in self.compilation_cache_dir, "compilation_cache_dir",
+                 f"must be a local directory (or empty), got {self.compilation_cache_dir!r}")
         _require(self.syncer in SYNCER_MODES, "syncer",
                  f"must be one of {', '.join(SYNCER_MODES)}, got {self.syncer!r}")
         for name in ("heartbeat_seconds", "poll_seconds", "learner_timeout_seconds",

@@ -30,6 +30,7 @@ from pipelines.round_control import RoundController
 from pipelines.round_eval import evaluate_global
 from pipelines.round_metadata import global_params_metadata, round_scalars
 from pipelines.store_merge import MergeInputError, MergeOutcome, MergePlan, merge_from_store
+from resources.compile_cache import enable_compilation_cache
 from resources.faults import MergeFaults, SyncerFaults, load_tape
 from resources.metrics_sink import open_sink
 from resources.store.artifact_store import ArtifactStore, Conflict, RejectedArtifact
@@ -46,6 +47,8 @@ class SyncerService:
             raise RuntimeError(f"experiment {store.experiment!r} has no config in the store")
         self.store, self.attempt, self.log = store, int(attempt), log
         self.cfg = config_from_mapping(config)
+        # Before anything compiles: JAX opens its persistent cache at the first compilation.
+        enable_compilation_cache(self.cfg.orchestration.compilation_cache_dir)
         self.lease = SyncerLease(store, self.attempt)
         self.name = f"syncer-a{self.attempt}"    # in the records it writes
         self.controller = RoundController(store, self.cfg, decided_by=self.name,

@@ -44,6 +44,7 @@ from diloco_core.model import init_model
 from diloco_core.round_protocol import offer_choice, past_the_overlap_bound
 from diloco_core.simulator import learner_data
 from diloco_core.spmd import host_value, learner_mesh, place_state, shard_batch, state_shardings
+from resources.compile_cache import enable_compilation_cache
 from resources.corpus import load_corpus
 from resources.faults import LearnerFaults, corrupt_delta, tamper_payload
 from resources.learner.beacon import CompileBeacon
@@ -85,6 +86,8 @@ class LearnerRuntime:
         self.max_steps = max_steps
         self.use_ocdbt = use_ocdbt
         cfg = self.cfg
+        # Before anything compiles: JAX opens its persistent cache at the first compilation.
+        enable_compilation_cache(cfg.orchestration.compilation_cache_dir)
         # Every device of the slice: a single-process learner's own, or every process's on a
         # multi-host slice (jax.devices() lists all of them). Checked here, not at the first
         # step: an indivisible batch must fail the launch, not a learner that has already
