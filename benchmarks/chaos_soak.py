@@ -95,6 +95,10 @@ def soak_run(cfg, tape_path: Path | None, workdir: Path) -> dict:
     from resources.store.artifact_store import ArtifactStore
     from resources.store.backends import open_blob_store
 
+    # Every run starts with an empty compilation cache, as on a fresh machine: its relaunched
+    # processes reuse what it compiled, and no run (or arm) inherits another's programs.
+    cfg = cfg.replace(orchestration=dataclasses.replace(
+        cfg.orchestration, compilation_cache_dir=str(workdir / "jax-cache")))
     out = workdir / "summary.json"
     code = run_demo(cfg, chaos=False, json_path=str(out), workdir=str(workdir / "demo"),
                     port=None, timeout=3600,

@@ -120,8 +120,12 @@ def steady_throughput(progress: list[tuple[float, int]], budget: int) -> dict:
 
 def run_demo(chaos: bool, workdir: Path) -> tuple[dict, dict, list[tuple[float, int]]]:
     out = workdir / "summary.json"
+    # An empty compilation cache, as on a fresh machine (the learners and the syncer compile
+    # cold; a relaunched process reuses what this run compiled).
     command = [sys.executable, "-m", "pipelines.cli", "demo", "--workdir", str(workdir / "demo"),
-               "--json", str(out)] + (["--chaos"] if chaos else [])
+               "--json", str(out), "--set",
+               f"orchestration.compilation_cache_dir={workdir / 'jax-cache'}"
+               ] + (["--chaos"] if chaos else [])
     process = subprocess.Popen(command, cwd=REPO)
     # The sample with the largest PSS total (the breakdown is of that instant) and the
     # largest RSS total seen, which may come at another instant.
