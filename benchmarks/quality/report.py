@@ -412,6 +412,12 @@ def provenance(exp: Experiment) -> str:
         line += (f" **{stale} of {len(records)} runs are stale**: the simulator or model code "
                  "changed since; `python benchmarks/quality_benchmarks.py "
                  f"{exp.number}` runs them again.")
+    versions = {r.get("code") for r in records}
+    if len(versions) > 1:
+        # Arms shared with other experiments are recomputed when those run: a table can then
+        # hold rows from different code, whose ratios compare the code as well as the settings.
+        line += (f" **The rows come from {len(versions)} versions of the code**: compare them "
+                 "only after that command has run them all again.")
     return line
 
 
