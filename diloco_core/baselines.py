@@ -3,12 +3,15 @@
 - Data-parallel: one model, every step takes one batch from each of the M learners' shards (a
   global batch of all their batches together) and applies one AdamW step. On the fake clock the
   step takes as long as the slowest learner (lock-step), and the whole job stalls while any
-  learner is down (no elasticity), then restarts.
+  learner is down (no elasticity), then restarts. Scavenged capacity (`simulation.capacity`)
+  it does use: the global batch grows by the batches of the extra learners while they are
+  there (an elastic batch).
 - Synchronous DiLoCo: the simulator itself with K = M, P = 1, tau = 0, no grace window, plain
   mean: every learner waits for every other at each sync.
 """
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -56,6 +59,15 @@ def _first_failure_in(start: float, end: float, cfg: ExperimentConfig) -> float 
     return min(starts) if starts else None
 
 
+def _present(cfg: ExperimentConfig, t: float) -> list[int]:
+    """The learners part of the run at time t (`simulation.capacity`; all of them without)."""
+    run_seconds = cfg.nominal_run_seconds
+    windows = {c.learner: (c.join * run_seconds, c.leave * run_seconds if c.leave < 1
+                           else math.inf) for c in cfg.simulation.capacity}
+    return [i for i in range(cfg.learners.num_learners)
+            if i not in windows or windows[i][0] <= t < windows[i][1]]
+
+
 def run_data_parallel(cfg: ExperimentConfig, learner_streams: Sequence[np.ndarray],
                       heldout_stream: np.ndarray, progress: Progress | None = None
                       ) -> SimulationResult:
@@ -73,15 +85,19 @@ def run_data_parallel(cfg: ExperimentConfig, learner_streams: Sequence[np.ndarra
     next_eval = eval_interval_tokens
     grad_bytes_per_learner = param_count(cfg.model) * 2  # bf16 gradients, every step
     t, tokens, up_time, step, losses, evals = 0.0, 0, 0.0, 0, [], []
+    learner_steps = 0    # gradients exchanged: one per learner present at each step
     while tokens < cfg.token_budget:
         restart = _stalled_until(t, cfg)
         if restart > t:
             for s in stats:
                 s.down_seconds += restart - t  # the whole job is stalled, all chips allocated
             t = restart
-        durations = [sim.step_seconds / speed * max(
+        # Elastic under `simulation.capacity`: each step is one update on the batches of the
+        # learners present (a larger global batch while extra capacity is there).
+        present = _present(cfg, t)
+        durations = [sim.step_seconds / speeds[i] * max(
             1.0 + sim.step_jitter * rng.standard_normal() if sim.step_jitter else 1.0, 0.1)
-            for speed in speeds]
+            for i in present]
         step_time = max(durations)
         failed_at = _first_failure_in(t, t + step_time, cfg)
         if failed_at is not None:  # a learner fails mid-step: the step is lost, the job stalls
@@ -89,15 +105,18 @@ def run_data_parallel(cfg: ExperimentConfig, learner_streams: Sequence[np.ndarra
                 s.lost_seconds += failed_at - t
             t = failed_at
             continue
-        parts = [it.next() for it in iterators]
+        parts = [iterators[i].next() for i in present]
         batch = concat_batches(parts)
         state, metrics = inner.step(state, batch)
         losses.append(metrics["loss"])
-        for s, d, part in zip(stats, durations, parts, strict=True):
-            s.busy_seconds += d
-            s.idle_seconds += step_time - d
-            s.steps += 1
-            s.tokens += batch_tokens(part)
+        for i, d, part in zip(present, durations, parts, strict=True):
+            stats[i].busy_seconds += d
+            stats[i].idle_seconds += step_time - d
+            stats[i].steps += 1
+            stats[i].tokens += batch_tokens(part)
+        for i in set(range(m)) - set(present):
+            stats[i].absent_seconds += step_time
+        learner_steps += len(present)
         t += step_time
         up_time += step_time
         tokens += batch_tokens(batch)
@@ -114,5 +133,6 @@ def run_data_parallel(cfg: ExperimentConfig, learner_streams: Sequence[np.ndarra
     return SimulationResult(
         method="data_parallel", wall_seconds=t, tokens_processed=tokens, evals=evals, merges=[],
         learners=stats, uptime=up_time / t if t else 1.0,
-        bytes_up=grad_bytes_per_learner * m * step, bytes_down=grad_bytes_per_learner * m * step,
+        bytes_up=grad_bytes_per_learner * learner_steps,
+        bytes_down=grad_bytes_per_learner * learner_steps,
         final_params=state.params)

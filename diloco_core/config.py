@@ -352,6 +352,29 @@ class Outage:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Capacity:
+    """Compute that is part of the run only for a while (scavenged capacity): learner `learner`
+    joins at `join` and leaves at `leave`, as fractions of the run's nominal length (the time a
+    speed-1.0 learner takes for the run's steps, `ExperimentConfig.nominal_run_seconds`)."""
+
+    learner: int
+    join: float
+    leave: float = 1.0
+
+    def __post_init__(self):
+        _require(isinstance(self.learner, int) and self.learner >= 0, "learner",
+                 f"must be a learner index >= 0, got {self.learner!r}")
+        _require(isinstance(self.join, int | float) and 0 <= self.join < 1, "join",
+                 f"must be a fraction of the run in [0, 1), got {self.join!r}")
+        _require(isinstance(self.leave, int | float) and self.join < self.leave <= 1, "leave",
+                 f"must be after join ({self.join}) and at most 1, got {self.leave!r}")
+
+    @property
+    def presence(self) -> float:
+        return self.leave - self.join
+
+
+@dataclass(frozen=True, kw_only=True)
 class SimulationConfig:
     """The reference simulator's fake clock: step times, sync latency and the failure schedule."""
 
@@ -359,6 +382,10 @@ class SimulationConfig:
     step_jitter: float = 0.0       # relative std-dev of each step time (e.g. 0.1 = 10%)
     sync_seconds: float = 0.3      # merge + transfer latency from decision to delivery
     outages: tuple[Outage, ...] = ()  # learner outages: {learner, start, end} seconds
+    # Scavenged capacity: learners present only from `join` to `leave` (fractions of the run),
+    # {learner, join, leave}; a joining learner starts from the global parameters and a peer's
+    # AdamW state, a leaving one is gone for good. Learners not listed are there throughout.
+    capacity: tuple[Capacity, ...] = ()
     eval_points: int = 8           # held-out evals of the global params, evenly over the budget
     eval_batches: int = 4          # held-out batches per eval
 
@@ -553,6 +580,20 @@ class ExperimentConfig:
                  "learners.warm_start_fraction",
                  "cannot be combined with simulation.outages (the data-parallel phase does not "
                  "model failures)")
+        listed = [c.learner for c in self.simulation.capacity]
+        for i, c in enumerate(self.simulation.capacity):
+            _require(c.learner < m, f"simulation.capacity[{i}].learner",
+                     f"must be < learners.num_learners ({m}), got {c.learner}")
+            _require(c.learner not in listed[:i], f"simulation.capacity[{i}].learner",
+                     f"learner {c.learner} is listed more than once")
+        if self.simulation.capacity:
+            _require(not self.simulation.outages and not self.learners.warm_start_fraction,
+                     "simulation.capacity", "cannot be combined with simulation.outages or "
+                     "learners.warm_start_fraction")
+            at_start = m - sum(1 for c in self.simulation.capacity if c.join > 0)
+            _require(self.sync.min_quorum <= at_start, "sync.min_quorum",
+                     f"must be <= the {at_start} learners present from the start "
+                     "(simulation.capacity)")
         last_end: dict[int, float] = {}
         for i, outage in sorted(enumerate(self.simulation.outages), key=lambda x: x[1].start):
             _require(outage.learner < m, f"simulation.outages[{i}].learner",
@@ -587,8 +628,18 @@ class ExperimentConfig:
 
     @property
     def total_learner_steps(self) -> int:
-        """Inner steps per learner if all M learners step in lock-step until the budget."""
-        return max(1, self.token_budget // sum(self.learner_step_tokens))
+        """Inner steps per learner if all M learners step in lock-step until the budget (each
+        counted for the share of the run it is present, under `simulation.capacity`)."""
+        presence = {c.learner: c.presence for c in self.simulation.capacity}
+        per_step = sum(tokens * presence.get(i, 1.0)
+                       for i, tokens in enumerate(self.learner_step_tokens))
+        return max(1, int(self.token_budget // per_step))
+
+    @property
+    def nominal_run_seconds(self) -> float:
+        """The simulated time a speed-1.0 learner takes for `total_learner_steps` steps: the
+        run length that `simulation.capacity` fractions refer to."""
+        return self.total_learner_steps * self.simulation.step_seconds
 
     @property
     def expected_rounds(self) -> int:

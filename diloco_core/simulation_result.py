@@ -17,6 +17,7 @@ class LearnerStats:
     idle_seconds: float = 0.0      # up but waiting for a round or a merged fragment
     down_seconds: float = 0.0      # failed, not yet rejoined
     lost_seconds: float = 0.0      # partial steps cut off by a failure or by the end of the run
+    absent_seconds: float = 0.0    # not part of the run (scavenged capacity not there yet or gone)
     train_loss: list[float] = field(default_factory=list)
 
 

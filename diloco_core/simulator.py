@@ -84,6 +84,7 @@ class _Learner:
     rejoined_at: float | None = None
     down_at: float | None = None
     step_started_at: float | None = None     # a step is in progress (at most one per learner)
+    absent_since: float | None = None        # scavenged capacity: not part of the run now
 
 
 @dataclass
@@ -201,8 +202,17 @@ class Simulation:
         for outage in self.cfg.simulation.outages:
             self._push(outage.start, "down", outage.learner)
             self._push(outage.end, "up", outage.learner)
+        run_seconds = self.cfg.nominal_run_seconds
+        for capacity in self.cfg.simulation.capacity:
+            if capacity.join > 0:   # not here yet: no step, no offer, not live for quorums
+                learner = self.learners[capacity.learner]
+                learner.up, learner.absent_since = False, 0.0
+                self._push(capacity.join * run_seconds, "join", capacity.learner)
+            if capacity.leave < 1:
+                self._push(capacity.leave * run_seconds, "leave", capacity.learner)
         for learner in self.learners:
-            self._schedule_step(learner, self.now)
+            if learner.up:
+                self._schedule_step(learner, self.now)
         while self.events and not self.finished:
             t, _, kind, payload = heapq.heappop(self.events)
             self._advance_clock(t)
@@ -317,6 +327,25 @@ class Simulation:
         learner.up, learner.down_since, learner.rejoined_at = True, None, t
         learner.steps_since_open = learner.tokens_since_open = 0
         self._boundary(learner, t)
+
+    def _on_join(self, t: float, index: int) -> None:
+        """Scavenged capacity arrives: a new learner starts as a rejoining one does (global
+        parameters, the most advanced peer's AdamW state and step) on its own shard, which
+        nobody has read, so the data stays disjoint."""
+        learner = self.learners[index]
+        learner.stats.absent_seconds += t - learner.absent_since
+        learner.absent_since, learner.down_since = None, t   # absent, not down: no downtime
+        self._on_up(t, index)
+        learner.rejoined_at = None    # a join, not the return of a failed learner
+
+    def _on_leave(self, t: float, index: int) -> None:
+        """The capacity is reclaimed: the learner is gone for good, like a failure that never
+        ends (its step in progress and its offers in flight are lost), counted as absent."""
+        learner = self.learners[index]
+        if not learner.up:
+            return
+        self._on_down(t, index)
+        learner.down_since, learner.absent_since = None, t
 
     def _on_deliver(self, t: float, round_index: int, version: int, values: dict | None) -> None:
         for learner in self.learners:
@@ -532,6 +561,8 @@ class Simulation:
                 self._unblock(learner, self.now)
             if not learner.up and learner.down_since is not None:
                 learner.stats.down_seconds += self.now - learner.down_since
+            if learner.absent_since is not None:
+                learner.stats.absent_seconds += self.now - learner.absent_since
         wall = self.now
         processed = self.tokens * self.sync_cfg.num_fragments
         return SimulationResult(

@@ -13,7 +13,7 @@ from diloco_core.config_loading import config_from_mapping
 from diloco_core.fragments import join_fragments
 from diloco_core.inner_step import InnerStep
 from diloco_core.merge import weighted_mean
-from diloco_core.model import init_model
+from diloco_core.model import init_model, param_count
 from diloco_core.objectives import concat_batches
 from diloco_core.outer import build_outer_optimizer, outer_step
 from diloco_core.simulator import Simulation, learner_data, run_simulation
@@ -332,3 +332,67 @@ def test_warm_start_refuses_outages_it_would_not_model():
     assert err.value.field == "learners.warm_start_fraction"
     with pytest.raises(ConfigError, match=r"must be in \[0, 1\)"):
         tiny_cfg("learners.warm_start_fraction=1.0")
+
+
+SCAVENGED = "simulation.capacity=[{learner: 2, join: 0.25, leave: 0.75}]"
+
+
+def test_scavenged_capacity_joins_from_the_global_model_and_leaves_for_good(corpus):
+    """Learner 2 is there for the middle half of the run only: it joins from the global
+    parameters with a peer's AdamW state and step (as a rejoining learner does), trains on its
+    own shard, leaves for good, and the run reaches the budget sooner than without it."""
+    cfg = tiny_cfg(SCAVENGED)
+    # 2 learners throughout and 1 for half the run: 2.5 learners' steps of 128 tokens.
+    assert cfg.total_learner_steps == 9216 // 320 == 28
+    run_seconds = cfg.nominal_run_seconds
+    joined = {}
+
+    class Watched(Simulation):
+        def _on_join(self, t, index):
+            super()._on_join(t, index)
+            learner = self.learners[index]
+            peers = [p for p in self.learners if p.up and p.index != index]
+            donor = max(peers, key=lambda p: p.stats.steps)
+            joined.update(t=t, step=int(learner.train.step), donor_step=int(donor.train.step),
+                          params=jax.device_get(learner.train.params),
+                          global_params=jax.device_get(join_fragments(self.syncer.fragments)),
+                          read=learner.data.state())
+
+    result = Watched(cfg, corpus.learner_streams, corpus.heldout_stream).run()
+    assert joined["t"] == 0.25 * run_seconds
+    assert joined["step"] == joined["donor_step"] > 0
+    _assert_trees_equal(joined["params"], joined["global_params"])
+    # Nothing of its shard was read before it joined: its data is nobody else's.
+    fresh = learner_data(cfg, 2, corpus.learner_streams[2]).state()
+    assert joined["read"] == fresh
+    extra = result.learners[2]
+    assert 0.5 * run_seconds - 2 <= extra.steps <= 0.5 * run_seconds + 1
+    assert extra.absent_seconds == pytest.approx(result.wall_seconds - 0.5 * run_seconds)
+    assert extra.down_seconds == 0.0 and result.rejoins == []
+    assert result.tokens_processed >= cfg.token_budget
+    # Faster than the two base learners alone (36 s), slower than three throughout (24 s).
+    assert 24 < result.wall_seconds < 36
+
+    # Data-parallel with an elastic batch: the extra learner's batches join the global batch
+    # while it is there.
+    dp = run_data_parallel(cfg, corpus.learner_streams, corpus.heldout_stream)
+    assert 0.5 * run_seconds - 2 <= dp.learners[2].steps <= 0.5 * run_seconds + 1
+    assert dp.learners[0].steps > dp.learners[2].steps and 24 < dp.wall_seconds < 36
+    # Bytes: the bf16 gradients of the learners present at each step.
+    assert dp.bytes_up == param_count(cfg.model) * 2 * sum(s.steps for s in dp.learners)
+
+
+@pytest.mark.parametrize("overrides, field", [
+    (["simulation.capacity=[{learner: 0, join: 0.1}, {learner: 1, join: 0.2}]",
+      "sync.min_quorum=2"], "sync.min_quorum"),
+    (["simulation.capacity=[{learner: 2, join: 0.1}, {learner: 2, join: 0.5}]"],
+     "simulation.capacity[1].learner"),
+    (["simulation.capacity=[{learner: 3, join: 0.1}]"], "simulation.capacity[0].learner"),
+    (["simulation.capacity=[{learner: 2, join: 0.5, leave: 0.5}]"], "leave"),
+    ([SCAVENGED, "simulation.outages=[{learner: 0, start: 1, end: 2}]"], "simulation.capacity"),
+])
+def test_a_capacity_schedule_that_cannot_run_is_refused_by_field(overrides, field):
+    from diloco_core.config import ConfigError
+
+    with pytest.raises(ConfigError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        tiny_cfg(*overrides)
