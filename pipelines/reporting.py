@@ -32,8 +32,9 @@ def code_revision() -> dict:
         except (OSError, subprocess.SubprocessError):
             return ""
 
-    changed = [line[3:] for line in git("status", "--porcelain", "--untracked-files=no")
-               .splitlines() if line.strip()]
+    # Tracked files that differ from HEAD, staged or not (`git status --porcelain` lines start
+    # with a status column that a strip of the output would eat on the first line).
+    changed = [line for line in git("diff", "--name-only", "HEAD").splitlines() if line]
     # The paths, not only a flag: an edited README does not change what a benchmark measured.
     return {"commit": git("rev-parse", "HEAD") or None, "dirty": bool(changed),
             "dirty_files": changed}
