@@ -137,6 +137,13 @@ def _launch_from_the_launchpad(page: Page, dagster, shot) -> str:
     page.open("/locations/diloco/jobs/train/playground")
     page.wait(lambda: "start_experiment" in (page.editor_text() or ""),
               "the launchpad's config editor with the job's default config", timeout=180)
+    # The form is typed: a wrong type in an experiment field is an error the launchpad names,
+    # with the field's path, before anything is launched.
+    page.set_editor_text(LAUNCH_YAML.replace("token_budget: 80000", 'token_budget: "lots"'))
+    page.wait(lambda: [e for e in page.visible_containing("Invalid scalar")
+                       if "token_budget" in e.text], "the launchpad naming the mistyped field",
+              timeout=60)
+    shot("launchpad_type_error")
     page.set_editor_text(LAUNCH_YAML)
     page.wait(lambda: "name=ui-e2e" in (page.editor_text() or ""), "the YAML in the editor")
     # The launchpad validates the YAML against the job's config schema as it changes.

@@ -135,6 +135,10 @@ class Page:
         """Visible elements whose own text is exactly `text` (after trimming)."""
         return self.visible(f"//*[normalize-space(text())={_xpath_literal(text)}]")
 
+    def visible_containing(self, fragment: str) -> list:
+        """Visible elements whose own text contains `fragment`."""
+        return self.visible(f"//*[contains(normalize-space(text()), {_xpath_literal(fragment)})]")
+
     def wait_text(self, text: str, timeout: float = 120.0):
         """The first visible element whose own text is `text`, once there is one."""
         return self.wait(lambda: (self.visible_text(text) or [None])[0],
