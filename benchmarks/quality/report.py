@@ -478,12 +478,15 @@ def real_path_section(path: Path = OUT_DIR / "real_path.json") -> str:
     return "\n".join([
         "### Experiment 1 through the real Dagster path", "",
         "The same runs orchestrated as `diloco demo` runs them (Dagster daemon and sensors, one "
-        "learner process each through Pipes, a merge run per round) and, on the same config, "
-        "in the simulator; data-parallel is experiment 1's simulator run. Overrides on "
-        f"experiment 1's config: `{' '.join(data['overrides'])}`.", "",
+        "learner process each through Pipes, the syncer service deciding and merging every "
+        "round) and, on the same config, in the simulator; data-parallel is experiment 1's "
+        "simulator run. Overrides on experiment 1's config: "
+        f"`{' '.join(data['overrides'])}`.", "",
         f"`{data['command']}` · [`real_path.json`](../benchmarks/results/quality/"
         f"real_path.json) · {m['platform'].split('-with')[0]}, {m['cpu_count']} CPU cores, "
-        f"jax {m['jax']}", "", _markdown_table(data["rows"]), ""])
+        f"jax {m['jax']}"
+        + (f" · commit {data['commit']['commit'][:7]}" if data.get("commit") else ""), "",
+        _markdown_table(data["rows"]), ""])
 
 
 def write_results_page(page: Path = RESULTS_PAGE) -> Path:
