@@ -1,5 +1,6 @@
 import contextlib
 import json
+from pathlib import Path
 
 import pytest
 
@@ -186,3 +187,23 @@ def test_config_orchestrated_shows_what_demo_and_train_run(capsys):
     assert main(["config"]) == 0
     plain = yaml.safe_load(capsys.readouterr().out)
     assert plain != shown
+
+
+def test_status_of_a_bucket_without_credentials_is_one_line(tmp_path):
+    """No Application Default Credentials (and no metadata server to fall back on): one line
+    naming the store and the reason, exit status 2, no traceback."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("GOOGLE_APPLICATION_CREDENTIALS", "STORAGE_EMULATOR_HOST",
+                        "CLOUDSDK_CONFIG")}
+    env.update(HOME=str(tmp_path), GCE_METADATA_HOST="127.0.0.1:9", GCE_METADATA_IP="127.0.0.1:9")
+    out = subprocess.run([sys.executable, "-m", "pipelines.cli", "status", "--store",
+                          "gs://no-such-bucket/diloco"], env=env, capture_output=True,
+                         text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent)
+    assert out.returncode == 2, out
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert "cannot read the store gs://no-such-bucket/diloco" in out.stderr
+    assert "DefaultCredentialsError" in out.stderr
