@@ -50,7 +50,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=400)
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args()
-    from pipelines.reporting import machine_info
+    from pipelines.reporting import code_revision, machine_info
 
     soak = json.loads(Path(args.soak).read_text())
     runs = soak["runs"]
@@ -79,7 +79,8 @@ def main() -> None:
         }
     result = {"benchmark": "goodput_crosscheck",
               "when": datetime.now(UTC).isoformat(timespec="seconds"),
-              "machine": machine_info(), "soak": soak["when"],
+              **code_revision(), "machine": machine_info(), "soak": soak["when"],
+              "soak_commit": soak.get("commit"),
               "command": "python benchmarks/goodput_crosscheck.py", "seeds": args.seeds,
               "methods": rows}
     Path(args.out).write_text(json.dumps(result, indent=2))
