@@ -11,7 +11,6 @@
 """
 
 import dataclasses
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -59,13 +58,9 @@ def _first_failure_in(start: float, end: float, cfg: ExperimentConfig) -> float 
     return min(starts) if starts else None
 
 
-def _present(cfg: ExperimentConfig, t: float) -> list[int]:
-    """The learners part of the run at time t (`simulation.capacity`; all of them without)."""
-    run_seconds = cfg.nominal_run_seconds
-    windows = {c.learner: (c.join * run_seconds, c.leave * run_seconds if c.leave < 1
-                           else math.inf) for c in cfg.simulation.capacity}
-    return [i for i in range(cfg.learners.num_learners)
-            if i not in windows or windows[i][0] <= t < windows[i][1]]
+def _present(windows: dict[int, tuple[float, float]], m: int, t: float) -> list[int]:
+    """The learners part of the run at time t (`ExperimentConfig.capacity_windows`)."""
+    return [i for i in range(m) if i not in windows or windows[i][0] <= t < windows[i][1]]
 
 
 def run_data_parallel(cfg: ExperimentConfig, learner_streams: Sequence[np.ndarray],
@@ -86,6 +81,7 @@ def run_data_parallel(cfg: ExperimentConfig, learner_streams: Sequence[np.ndarra
     grad_bytes_per_learner = param_count(cfg.model) * 2  # bf16 gradients, every step
     t, tokens, up_time, step, losses, evals = 0.0, 0, 0.0, 0, [], []
     learner_steps = 0    # gradients exchanged: one per learner present at each step
+    windows = cfg.capacity_windows()
     while tokens < cfg.token_budget:
         restart = _stalled_until(t, cfg)
         if restart > t:
@@ -94,7 +90,7 @@ def run_data_parallel(cfg: ExperimentConfig, learner_streams: Sequence[np.ndarra
             t = restart
         # Elastic under `simulation.capacity`: each step is one update on the batches of the
         # learners present (a larger global batch while extra capacity is there).
-        present = _present(cfg, t)
+        present = _present(windows, m, t)
         durations = [sim.step_seconds / speeds[i] * max(
             1.0 + sim.step_jitter * rng.standard_normal() if sim.step_jitter else 1.0, 0.1)
             for i in present]

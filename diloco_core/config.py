@@ -635,6 +635,14 @@ class ExperimentConfig:
                        for i, tokens in enumerate(self.learner_step_tokens))
         return max(1, int(self.token_budget // per_step))
 
+    def capacity_windows(self) -> dict[int, tuple[float, float]]:
+        """learner -> (joins, leaves) in simulated seconds for `simulation.capacity` (leaves
+        is infinite for a learner that stays to the end); learners not listed are absent."""
+        run_seconds = self.nominal_run_seconds
+        return {c.learner: (c.join * run_seconds,
+                            c.leave * run_seconds if c.leave < 1 else math.inf)
+                for c in self.simulation.capacity}
+
     @property
     def nominal_run_seconds(self) -> float:
         """The simulated time a speed-1.0 learner takes for `total_learner_steps` steps: the

@@ -202,14 +202,13 @@ class Simulation:
         for outage in self.cfg.simulation.outages:
             self._push(outage.start, "down", outage.learner)
             self._push(outage.end, "up", outage.learner)
-        run_seconds = self.cfg.nominal_run_seconds
-        for capacity in self.cfg.simulation.capacity:
-            if capacity.join > 0:   # not here yet: no step, no offer, not live for quorums
-                learner = self.learners[capacity.learner]
+        for index, (joins, leaves) in self.cfg.capacity_windows().items():
+            if joins > 0:   # not here yet: no step, no offer, not live for quorums
+                learner = self.learners[index]
                 learner.up, learner.absent_since = False, 0.0
-                self._push(capacity.join * run_seconds, "join", capacity.learner)
-            if capacity.leave < 1:
-                self._push(capacity.leave * run_seconds, "leave", capacity.learner)
+                self._push(joins, "join", index)
+            if leaves < math.inf:
+                self._push(leaves, "leave", index)
         for learner in self.learners:
             if learner.up:
                 self._schedule_step(learner, self.now)

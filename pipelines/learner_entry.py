@@ -99,9 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                   else LearnerFaults(store, tape, params["learner"], attempt, log))
         runtime = LearnerRuntime(store, params["learner"], attempt, log=log,
                                  use_ocdbt=bool(params.get("use_ocdbt", True)), faults=faults)
-        record = runtime.run()
-        if process_id == 0:
-            report(record)
+        report(runtime.run())   # a no-op on processes other than 0 (no Pipes session)
     return 0
 
 
