@@ -16,7 +16,12 @@ from resources.learner.runtime import LearnerRuntime
 
 pytestmark = pytest.mark.timeout(300)
 
-FAST = ["orchestration.checkpoint_every_steps=4", "orchestration.poll_seconds=0.05",
+# Blocking checkpoints: these tests run several learner runtimes as threads of one process, and
+# Orbax's background saves of two managers in one process can hang (a fresh-clone CI run hung
+# in the stale-rejoin test); a real learner is a process of its own with one manager. The
+# background path has its own test below and runs in every learner subprocess elsewhere.
+FAST = ["orchestration.async_checkpoints=false",
+        "orchestration.checkpoint_every_steps=4", "orchestration.poll_seconds=0.05",
         "orchestration.heartbeat_seconds=0.2", "orchestration.learner_timeout_seconds=5",
         "orchestration.round_timeout_seconds=0.5", "orchestration.rejoin_max_versions_behind=1"]
 
