@@ -291,11 +291,21 @@ class LearnersConfig:
     # learners' batches together) before the learners fork from its parameters and AdamW state;
     # 0: the learners start apart from the first step. Reference simulator only for now.
     warm_start_fraction: float = 0.0
+    # Orchestrated runs: the last `standby` learners of the roster start without capacity (not
+    # launched); `diloco capacity --join`, the `capacity` job or a fault tape's learner_join
+    # brings them in while the run goes on (scavenged capacity), and --leave releases any
+    # learner. Each keeps its own data shard, so data stays disjoint as the learner set
+    # changes. The simulator's counterpart is simulation.capacity.
+    standby: int = 0
 
     def __post_init__(self):
         _require(isinstance(self.num_learners, int) and not isinstance(self.num_learners, bool)
                  and 1 <= self.num_learners <= MAX_LEARNERS, "num_learners",
                  f"must be an integer in [1, {MAX_LEARNERS}], got {self.num_learners!r}")
+        _require(isinstance(self.standby, int) and not isinstance(self.standby, bool)
+                 and 0 <= self.standby < self.num_learners, "standby",
+                 f"must be an integer in [0, num_learners - 1 = {self.num_learners - 1}], got "
+                 f"{self.standby!r}")
         _in_unit(self.warm_start_fraction, "warm_start_fraction", low_open=False,
                  high_open=True)
         _require(self.sharding in ("replicated", "fsdp"), "sharding",
@@ -326,6 +336,11 @@ class LearnersConfig:
     @property
     def learner_regions(self) -> tuple[str, ...]:
         return self.regions or ("local",) * self.num_learners
+
+    @property
+    def standby_names(self) -> tuple[str, ...]:
+        """The learners that start without capacity (the roster's last `standby`)."""
+        return self.learner_names[self.num_learners - self.standby:]
 
 
 def _is_safe_name(value: object) -> bool:
@@ -563,6 +578,9 @@ class ExperimentConfig:
         m = self.learners.num_learners
         _require(self.sync.min_quorum <= m, "sync.min_quorum",
                  f"must be <= learners.num_learners ({m}), got {self.sync.min_quorum}")
+        _require(self.sync.min_quorum <= m - self.learners.standby, "learners.standby",
+                 f"leaves {m - self.learners.standby} learners at the start, fewer than "
+                 f"sync.min_quorum ({self.sync.min_quorum}): no round could merge")
         if self.task == "text":
             _require(self.data.seq_len <= self.model.max_seq_len, "data.seq_len",
                      f"must be <= model.max_seq_len ({self.model.max_seq_len}), "

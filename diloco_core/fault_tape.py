@@ -7,7 +7,9 @@ units each fault lives in, never in wall-clock time where that would make replay
 - contribution, merge and syncer faults fire at a round (`at_round`; a syncer fault as the
   syncer service is about to merge that round);
 - Dagster restarts fire `at_seconds` after launch (they are about the orchestrator, not the
-  algorithm; the driver executes them).
+  algorithm; the driver executes them);
+- capacity changes (a learner joins or leaves: scavenged compute coming and going) take effect
+  once round `at_round` is open (the learner supervisor applies them).
 Every fault has an id; the injector records a fault as fired before it acts, so a learner
 relaunched from a checkpoint below `at_step` does not die at the same step forever.
 """
@@ -24,7 +26,8 @@ LEARNER_KINDS = ("learner_kill", "learner_hang", "learner_slow", "clock_skew", "
 ROUND_KINDS = ("bad_contribution", "merge_crash", "merge_store_errors", "syncer_kill",
                "syncer_hang")
 DAGSTER_KINDS = ("daemon_restart", "webserver_restart", "instance_restart")
-FAULT_KINDS = LEARNER_KINDS + ROUND_KINDS + DAGSTER_KINDS
+CAPACITY_KINDS = ("learner_join", "learner_leave")
+FAULT_KINDS = LEARNER_KINDS + ROUND_KINDS + DAGSTER_KINDS + CAPACITY_KINDS
 
 BAD_CONTRIBUTIONS = ("nan", "truncated", "absurd", "pickle", "wrong_shape")
 MERGE_PHASES = ("before_commit", "during_commit", "after_commit")
@@ -51,6 +54,8 @@ _PARAMS: dict[str, dict[str, Any]] = {
     "daemon_restart": {},
     "webserver_restart": {},
     "instance_restart": {},
+    "learner_join": {},     # a standby (or departed) learner gets compute and is launched
+    "learner_leave": {},    # a learner's compute is reclaimed: it offers what it has, exits
 }
 
 
@@ -100,6 +105,11 @@ class FaultTape:
                  ) -> tuple[Fault, ...]:
         return tuple(f for f in self.faults if f.kind == kind and f.at_round == round_index
                      and (learner is None or f.learner == learner))
+
+    def capacity_changes(self) -> tuple[Fault, ...]:
+        """learner_join / learner_leave, in the order they take effect (round, then tape)."""
+        return tuple(sorted((f for f in self.faults if f.kind in CAPACITY_KINDS),
+                            key=lambda f: f.at_round))
 
     def dagster_faults(self) -> tuple[Fault, ...]:
         return tuple(sorted((f for f in self.faults if f.kind in DAGSTER_KINDS),
@@ -162,7 +172,8 @@ def _fault(where: str, index: int, item: Any, learners: Sequence[str] | None) ->
         raise TapeError(f"{where}.id: use 1-63 characters of a-z, 0-9, '-' and '_', got "
                         f"{fid!r}")
     learner = item.get("learner")
-    needs_learner = kind in LEARNER_KINDS or kind == "bad_contribution"
+    needs_learner = (kind in LEARNER_KINDS or kind in CAPACITY_KINDS
+                     or kind == "bad_contribution")
     if needs_learner:
         if not isinstance(learner, str):
             raise TapeError(f"{where}.learner: required for {kind}")
@@ -171,7 +182,7 @@ def _fault(where: str, index: int, item: Any, learners: Sequence[str] | None) ->
                             f"({', '.join(learners)})")
     elif learner is not None:
         raise TapeError(f"{where}.learner: {kind} does not take a learner")
-    trigger = {"at_step": LEARNER_KINDS, "at_round": ROUND_KINDS,
+    trigger = {"at_step": LEARNER_KINDS, "at_round": ROUND_KINDS + CAPACITY_KINDS,
                "at_seconds": DAGSTER_KINDS}
     values: dict[str, Any] = {}
     for key, kinds in trigger.items():

@@ -12,8 +12,8 @@ that is now replaced, and is *superseded*. So, per attempt and exactly:
 Syncer side (`build_ledger`): each claim takes the fate of its offer in the store: merged,
 late, rejected (with the merge's reason), in a round that committed nothing, undecided when
 the run ended, or never offered at all (the process died before its upload); unclaimed tokens
-at the end of an attempt were lost because it died (or stopped, or was superseded by a newer
-attempt of the same learner) before offering them.
+at the end of an attempt were lost because it died (or stopped, left, or was superseded by a
+newer attempt of the same learner) before offering them.
 """
 
 from collections.abc import Iterable, Mapping
@@ -30,6 +30,8 @@ FATES = {
     "offer_not_stored": "the learner died before its offer reached the store",
     "died_before_offer": "processed by a learner process that died before offering them",
     "stopped_before_offer": "processed after the last offer of a learner that stopped",
+    "left_before_offer": "processed after the last offer of a learner that left (its "
+                         "capacity was reclaimed) before it could offer them",
     "superseded_on_receipt": "processed after the last offer, then the fragment was "
                              "replaced by a merged version",
     "duplicate_offer": "carried by an offer refused because the round already had one from "
@@ -164,7 +166,7 @@ def build_ledger(num_fragments: int, attempts: Iterable[Mapping[str, Any]],
         ledger.add(name, "superseded_on_receipt", sum(book["superseded"]))
         status = record.get("status")
         lost = ("stopped_before_offer" if status in ("done", "superseded")
-                else "died_before_offer")
+                else "left_before_offer" if status == "left" else "died_before_offer")
         ledger.add(name, lost, sum(book["unclaimed"]))
     for key, stored in sorted(offers.items()):
         if key not in matched and stored.get("claim") is not None:

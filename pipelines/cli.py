@@ -329,6 +329,39 @@ def _cmd_stop(args) -> int:
     return 0
 
 
+def _cmd_capacity(args) -> int:
+    import getpass
+
+    from diloco_core.capacity import CapacityError
+    from diloco_core.config_loading import config_from_mapping
+    from pipelines.capacity_control import change_capacity, current_capacity, describe
+
+    store = _open_experiment(args)
+    if store is None:
+        return 2
+    cfg = config_from_mapping(store.get_config())
+    join, leave = _names(args.join), _names(args.leave)
+    if not join and not leave:
+        print(describe(current_capacity(store, cfg), cfg))
+        return 0
+    try:
+        record = change_capacity(store, cfg, join=join, leave=leave,
+                                 requested_by=f"{getpass.getuser()} (diloco capacity)",
+                                 reason=args.reason)
+    except CapacityError as err:
+        print(f"diloco capacity: {err}", file=sys.stderr)
+        return 2
+    print(describe(record, cfg))
+    print("the learner supervisor launches joining learners at its next tick; leaving ones "
+          "offer what they have to the coming rounds, then exit (watch with `diloco status`)")
+    return 0
+
+
+def _names(values: list[str] | None) -> list[str]:
+    """--join a,b --join c -> [a, b, c]"""
+    return [n.strip() for v in values or [] for n in v.split(",") if n.strip()]
+
+
 def build_parser() -> argparse.ArgumentParser:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -404,6 +437,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_store_args(sp)
     sp.add_argument("--reason", default="", help="why (kept in the STOP record)")
     sp.set_defaults(func=_cmd_stop)
+
+    cp = sub.add_parser("capacity", help="add learners to a running experiment or release "
+                        "them (scavenged capacity); without --join/--leave, show who is "
+                        "present. The roster is fixed at launch (learners.num_learners; "
+                        "learners.standby start absent)")
+    _add_store_args(cp)
+    cp.add_argument("--join", action="append", metavar="LEARNER[,LEARNER]",
+                    help="learners that get compute: launched at the supervisor's next tick")
+    cp.add_argument("--leave", action="append", metavar="LEARNER[,LEARNER]",
+                    help="learners whose compute is reclaimed: they offer what they have, then "
+                         "exit, and are not relaunched")
+    cp.add_argument("--reason", default="", help="why (kept in the capacity record)")
+    cp.set_defaults(func=_cmd_capacity)
 
     man = sub.add_parser("manifests", help="the Pod or JobSet of every learner placed on GKE by "
                          "the deployment file, validated, as YAML (for review or kubectl "

@@ -13,6 +13,9 @@ runs too), on wall-clock time. What this module adds is how the store shows them
   the syncer's clock (`pipelines.liveness`); a learner that declined a final round says so in
   its heartbeat.
 - Offers to an already-decided round are late: recorded, never merged into it.
+- A learner the capacity record marks absent (standby, or asked to leave) is not live from the
+  moment the record says so, whatever its heartbeat: no round waits for a departing learner.
+  Its offers still count if they arrive in time.
 """
 
 import math
@@ -147,6 +150,8 @@ class RoundController:
         # (and skips the two reads per offer that describing it costs).
         self.describe_offers = describe_offers
         self._stop_request_read_at = -math.inf
+        self._absent: frozenset[str] = frozenset(self.cfg.learners.standby_names)
+        self._capacity_read_at = -math.inf
 
     def tick(self, state: dict | None, now: float | None = None) -> TickResult:
         now = time.time() if now is None else now
@@ -171,7 +176,8 @@ class RoundController:
             if why is not None:
                 refused[name] = why     # reads as no heartbeat: the learner is not live
         state["seen"] = observe(state.get("seen"), beats, now)
-        live = live_learners(beats, state["seen"], now, orch.learner_timeout_seconds)
+        live = [n for n in live_learners(beats, state["seen"], now, orch.learner_timeout_seconds)
+                if n not in self._read_absent(now)]
         estimates = self._estimates(state, beats)
 
         self._watch_published(state, now)
@@ -319,6 +325,18 @@ class RoundController:
         self.store.request_stop({"reason": reason, "at": now, "tokens": total,
                                  "final_left": P})
         state["stop"], state["final_left"] = True, P
+
+    def _read_absent(self, now: float) -> frozenset[str]:
+        """The learners without capacity now, read at most every STOP_REQUEST_POLL_SECONDS (a
+        malformed record keeps the last good one: only the control plane writes it)."""
+        if now - self._capacity_read_at >= STOP_REQUEST_POLL_SECONDS:
+            self._capacity_read_at = now
+            try:
+                record, _ = self.store.capacity(self.cfg.learners.standby_names)
+                self._absent = frozenset(record.absent)
+            except (RejectedArtifact, Conflict):
+                pass
+        return self._absent
 
     def _read_stop_request(self, now: float) -> dict | None:
         self._stop_request_read_at = now

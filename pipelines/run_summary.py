@@ -126,6 +126,9 @@ def build_summary(store: ArtifactStore, eval_batches: int | None = None) -> dict
         "decided_by": _counts(str(r.get("decided_by", "sensor")) for r in rounds),
         "bytes_up": sum(int(b.get("bytes_up", 0)) for b in beats.values()),
         "ledger": {**ledger.summary(), "rejections": rejections},
+        # Scavenged capacity: who was absent at the end, and every join and leave in order.
+        "capacity": store.capacity(cfg.learners.standby_names)[0].to_json(),
+        "learner_status": {n: b.get("status") for n, b in beats.items()},
         **resilience_report(store, cfg, merges, ledger),
         "rounds": rounds,
     }

@@ -33,12 +33,18 @@ def _decisions(store: ArtifactStore, open_round: int | None) -> list[dict]:
 
 
 def learner_state(beat: dict | None, decisions: list[dict], name: str, timeout: float,
-                  now: float) -> str:
+                  now: float, absent: bool = False) -> str:
+    """`absent`: the capacity record says the learner has no compute now (standby, or asked
+    to leave)."""
     if beat is None:
-        return "not started"
+        return "standby" if absent else "not started"
     status = beat.get("status")
     if status == "done":
         return "done"
+    if status in ("left", "leaving"):
+        return status if absent else "joining"   # present again: its next attempt comes
+    if absent:
+        return "leaving"    # asked to; it reads the request at its next poll
     if status not in LIVE_STATUSES or now - float(beat.get("time", 0.0)) > timeout:
         return "down"
     since = [d for d in decisions if d.get("decided_at", 0.0) >= beat.get("started_at", 0.0)]
@@ -56,12 +62,14 @@ def run_status(store: ArtifactStore, now: float | None = None, last_rounds: int 
     cfg: ExperimentConfig = config_from_mapping(store.get_config())
     open_round = (store.latest_open_round() or {}).get("round")
     decisions = _decisions(store, open_round)
+    capacity, _ = store.capacity(cfg.learners.standby_names)
     learners = []
     for name, region in zip(cfg.learners.learner_names, cfg.learners.learner_regions,
                             strict=True):
         beat = store.get_heartbeat(name)
         state = learner_state(beat, decisions, name,
-                              cfg.orchestration.learner_timeout_seconds, now)
+                              cfg.orchestration.learner_timeout_seconds, now,
+                              absent=name in capacity.absent)
         beat = beat or {}
         learners.append({
             "learner": name, "region": region, "state": state,

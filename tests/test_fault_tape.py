@@ -44,6 +44,8 @@ FULL = {
         {"id": "webserver", "kind": "webserver_restart", "at_seconds": 90.5},
         {"id": "daemon", "kind": "daemon_restart", "at_seconds": 30},
         {"id": "instance", "kind": "instance_restart", "at_seconds": 60.0},
+        {"id": "leave", "kind": "learner_leave", "learner": "l0", "at_round": 9},
+        {"id": "join", "kind": "learner_join", "learner": "l1", "at_round": 4},
     ],
 }
 
@@ -66,6 +68,9 @@ def test_full_tape_covers_every_kind_and_round_trips():
     assert tape.faults[1].params["seconds"] == math.inf
     assert tape.to_mapping()["faults"][1]["params"] == {"seconds": "inf"}
     assert tape_from_mapping(tape.to_mapping(), LEARNERS) == tape
+    # Capacity changes, in the order they take effect; never handed to a learner's injector.
+    assert [f.id for f in tape.capacity_changes()] == ["join", "leave"]
+    assert all(f.kind not in ("learner_join", "learner_leave") for f in tape.for_learner("l0"))
 
 
 def test_parsing_does_not_mutate_the_input():

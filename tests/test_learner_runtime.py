@@ -432,3 +432,48 @@ def test_a_background_checkpoint_lets_the_learner_train_on_and_is_reported_once_
         from resources.store.checkpoints import LearnerCheckpoints
         saved = LearnerCheckpoints(h.store.checkpoint_uri("learner-0"), read_only=True)
         assert saved.latest_step() == 12 and saved.restore()[1]["step"] == 12
+
+
+def test_a_learner_whose_capacity_is_reclaimed_offers_what_it_has_and_leaves(tmp_path):
+    # Leaving (`diloco capacity --leave`): it stops training, offers each fragment it has news
+    # on to the rounds that come, exits with status "left", and its ledger has nothing
+    # unoffered. A longer round timeout than FAST's: it bounds the leave (P timeouts).
+    with dg.instance_for_test() as instance:
+        h = Harness(instance, str(tmp_path / "store"),
+                    [*FAST, "orchestration.round_timeout_seconds=6"])
+        h.start()
+        _leave(h)
+
+
+def _leave(h: Harness) -> None:
+    from pipelines.capacity_control import change_capacity
+    from pipelines.token_ledger import run_ledger
+
+    runtime, thread, result = _start(h, "learner-0", max_steps=None)
+    _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("step", 0) >= 4,
+          what="4 steps")
+    h.store.open_round(0, {"fragment": 0, "opened_at": time.time(), "final": False})
+    _wait(lambda: h.store.list_contributions(0) == ["learner-0"], what="an offer")
+    change_capacity(h.store, h.cfg, leave=["learner-0"], requested_by="test",
+                    reason="spot VM reclaimed")
+    _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("status") == "leaving",
+          what="leaving")
+    step = h.store.get_heartbeat("learner-0")["step"]
+    time.sleep(1.0)
+    assert thread.is_alive()                                   # fragment 1 is not offered yet
+    assert h.store.get_heartbeat("learner-0")["step"] == step   # and it trains no more
+    h.store.open_round(1, {"fragment": 1, "opened_at": time.time(), "final": False})
+    _wait(lambda: h.store.list_contributions(1) == ["learner-0"], what="fragment 1's offer")
+    assert h.store.load_contribution(1, "learner-0").steps == step
+    # Fragment 0's news since round 0 goes to its next round (once round 0's offer is no
+    # longer in flight: a round timeout after it, as no merge comes), then it exits.
+    h.store.open_round(2, {"fragment": 0, "opened_at": time.time(), "final": False})
+    thread.join(30)
+    assert not thread.is_alive() and result["status"] == "left"
+    assert h.store.get_heartbeat("learner-0")["status"] == "left"
+    offers = [h.store.load_contribution(r, "learner-0") for r in (0, 2)]
+    assert offers[1].steps == step   # counters since its last receipt (it received nothing)
+    ledger, _ = run_ledger(h.store, h.cfg)
+    row = ledger.summary()["by_learner"]["learner-0"]
+    assert row["left_before_offer"] == 0 and row["died_before_offer"] == 0
+    assert ledger.balanced

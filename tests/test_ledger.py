@@ -173,6 +173,13 @@ def _b0() -> AttemptLedger:
     return b.after_step(1)                    # unclaimed (1, 1)
 
 
+def _c0() -> AttemptLedger:
+    """Learner c: one merged offer, then its capacity was reclaimed (it left)."""
+    b = AttemptLedger.start(P).after_step(2)
+    b, _ = b.offered(0, 5)                    # 2, merged
+    return b.after_step(1)                    # unclaimed (1, 3): left before offering them
+
+
 def _scenario(b_final: bool = False):
     attempts = [
         {"learner": "a", "attempt": 0, "status": "failed", "final": True,
@@ -181,25 +188,29 @@ def _scenario(b_final: bool = False):
          "ledger": _a1().to_record()},
         {"learner": "b", "attempt": 0, "status": "running", "final": b_final,
          "ledger": _b0().to_record()},
+        {"learner": "c", "attempt": 0, "status": "left", "final": True,
+         "ledger": _c0().to_record()},
     ]
     offers = {(0, "a"): {"attempt": 0, "claim": 10}, (1, "a"): {"attempt": 0, "claim": 15},
               (2, "a"): {"attempt": 0, "claim": 4}, (3, "a"): {"attempt": 0, "claim": 7},
               (4, "a"): {"attempt": 0, "claim": 5},
-              (0, "b"): {"attempt": 0, "claim": 8}, (1, "b"): {"attempt": 0, "claim": 10}}
+              (0, "b"): {"attempt": 0, "claim": 8}, (1, "b"): {"attempt": 0, "claim": 10},
+              (5, "c"): {"attempt": 0, "claim": 2}}
     fates = {(0, "a"): "merged", (1, "a"): "late", (2, "a"): "rejected",
-             (3, "a"): "round_not_merged", (0, "b"): "merged", (1, "b"): "merged"}
+             (3, "a"): "round_not_merged", (0, "b"): "merged", (1, "b"): "merged",
+             (5, "c"): "merged"}
     return attempts, offers, fates
 
 
-# Fragment-tokens per fate in the scenario above (the sum is 90 = (27 + 7 + 11) x P).
-EXPECTED = {"merged": 10 + 8 + 10, "late": 15, "rejected": 4, "round_not_merged": 7,
+# Fragment-tokens per fate in the scenario above (the sum is 96 = (27 + 7 + 11 + 3) x P).
+EXPECTED = {"merged": 10 + 8 + 10 + 2, "late": 15, "rejected": 4, "round_not_merged": 7,
             "undecided": 5, "offer_not_stored": 3, "duplicate_offer": 6,
             "superseded_on_receipt": 5 + 6 + 2, "died_before_offer": 5 + 2,
-            "stopped_before_offer": 2}
+            "stopped_before_offer": 2, "left_before_offer": 4}
 
 
 def test_the_scenario_records_are_self_consistent():
-    for book in (_a0(), _a1(), _b0()):
+    for book in (_a0(), _a1(), _b0(), _c0()):
         assert _identity_holds(book, P)
 
 
@@ -207,7 +218,7 @@ def test_every_fate_gets_exactly_its_tokens():
     ledger = build_ledger(P, *_scenario())
     assert set(EXPECTED) == set(FATES)  # the scenario covers every fate
     assert ledger.fates == EXPECTED
-    assert ledger.processed == 90
+    assert ledger.processed == 96
     assert ledger.problems == []
     assert ledger.balanced
 
@@ -221,18 +232,20 @@ def test_fates_per_learner():
     assert (a["died_before_offer"], a["superseded_on_receipt"]) == (5, 11)
     assert (b["merged"], b["superseded_on_receipt"], b["died_before_offer"]) == (18, 2, 2)
     assert b["late"] == b["duplicate_offer"] == 0
+    c = ledger.by_learner["c"]
+    assert (c["processed"], c["merged"], c["left_before_offer"]) == (3 * P, 2, 4)
     # Per learner, too, everything processed is accounted for.
-    for row in (a, b):
+    for row in (a, b, c):
         assert sum(v for k, v in row.items() if k != "processed") == row["processed"]
 
 
 def test_summary_reports_tokens_not_fragment_tokens():
     summary = build_ledger(P, *_scenario()).summary()
-    assert summary["tokens_processed"] == 45
+    assert summary["tokens_processed"] == 48
     assert summary["tokens"] == {k: v / P for k, v in EXPECTED.items()}
-    assert summary["merged_fraction"] == pytest.approx(28 / 90)
+    assert summary["merged_fraction"] == pytest.approx(30 / 96)
     assert summary["by_learner"]["b"]["merged"] == 9
-    assert list(summary["by_learner"]) == ["a", "b"]
+    assert list(summary["by_learner"]) == ["a", "b", "c"]
     assert summary["balanced"] is True and summary["problems"] == []
     assert summary["reasons"] == FATES
 
@@ -249,6 +262,7 @@ def test_a_heartbeat_record_makes_the_ledger_inexact():
 
 @pytest.mark.parametrize("status, fate", [("done", "stopped_before_offer"),
                                           ("superseded", "stopped_before_offer"),
+                                          ("left", "left_before_offer"),
                                           ("failed", "died_before_offer"),
                                           ("running", "died_before_offer"),
                                           (None, "died_before_offer")])

@@ -79,3 +79,13 @@ def test_down_done_and_not_started_learners(harness):
 def test_status_without_an_experiment_says_what_to_do(tmp_path, capsys):
     assert main(["status", "--store", str(tmp_path / "empty")]) == 2
     assert "no active experiment" in capsys.readouterr().err
+
+
+def test_capacity_shows_in_a_learners_state():
+    from pipelines.status_command import learner_state
+
+    beat = {"status": "training", "time": 100.0, "attempt": 0}
+    assert learner_state(None, [], "a", 15.0, 100.0, absent=True) == "standby"
+    assert learner_state(beat, [], "a", 15.0, 100.0, absent=True) == "leaving"
+    assert learner_state({**beat, "status": "left"}, [], "a", 15.0, 1e9, absent=True) == "left"
+    assert learner_state({**beat, "status": "left"}, [], "a", 15.0, 1e9) == "joining"

@@ -98,12 +98,15 @@ def start_experiment(context: dg.AssetExecutionContext, config: TrainingConfig,
         except Conflict:
             raise dg.Failure(description=f"experiment {cfg.name!r} already has a different "
                                          "fault tape") from None
-        from diloco_core.fault_tape import DAGSTER_KINDS
+        from diloco_core.fault_tape import CAPACITY_KINDS, DAGSTER_KINDS
 
         driven = [f["id"] for f in tape["faults"] if f["kind"] in DAGSTER_KINDS]
+        capacity = [f["id"] for f in tape["faults"] if f["kind"] in CAPACITY_KINDS]
         context.log.warning(
-            f"chaos run: {len(tape['faults']) - len(driven)} faults will be injected by the "
-            "learners and merges"
+            f"chaos run: {len(tape['faults']) - len(driven) - len(capacity)} faults will be "
+            "injected by the learners and merges"
+            + (f"; {len(capacity)} capacity changes ({', '.join(capacity)}) are applied by "
+               "the learner supervisor as their rounds open" if capacity else "")
             + (f"; {len(driven)} Dagster restarts ({', '.join(driven)}) are executed only by "
                "the driver that owns the instance (`diloco demo --fault-tape`), not by this "
                "job" if driven else ""))
@@ -115,7 +118,9 @@ def start_experiment(context: dg.AssetExecutionContext, config: TrainingConfig,
             artifacts.commit_global(p, 0, jax.device_get(fragment), tx.init(fragment),
                                     {"round": None, "initial": True})
     names = list(cfg.learners.learner_names)
-    context.instance.add_dynamic_partitions(learners.name, names)
+    # A standby learner gets its partition when it joins (the learner supervisor adds it).
+    context.instance.add_dynamic_partitions(
+        learners.name, [n for n in names if n not in cfg.learners.standby_names])
     store.set_active(cfg.name)
     context.log.info(f"experiment {cfg.name} is active: {len(names)} learners, "
                      f"{param_count(cfg.model):,} parameters in {plan.num_fragments} fragments")
@@ -123,6 +128,7 @@ def start_experiment(context: dg.AssetExecutionContext, config: TrainingConfig,
     yield dg.MaterializeResult(asset_key="experiment", metadata={
         "experiment": cfg.name, "store": dg.MetadataValue.path(artifacts.blobs.uri),
         "learners": ", ".join(names), "num_learners (M)": len(names),
+        "standby": ", ".join(cfg.learners.standby_names) or "none",
         "min_quorum (K)": s.min_quorum, "sync_period (H)": s.sync_period,
         "num_fragments (P)": s.num_fragments, "overlap_steps (tau)": s.overlap_steps,
         "grace_gamma": s.grace_gamma, "encoding": s.encoding, "merge_rule": s.merge_rule,

@@ -20,6 +20,7 @@ from pipelines.defs.partitions import (
     REGION_TAG,
     ROUND_TAG,
     SYNCER_TAG,
+    learners,
     rounds,
 )
 from pipelines.defs.rounds import merge_job
@@ -246,6 +247,7 @@ def supervise_tick(context: dg.SensorEvaluationContext, store: ArtifactStoreReso
         state = {"experiment": exp, "checkpoints": {}}
     stopping = artifacts.stop_requested() is not None
     requests, events, notes = [], [], []
+    absent, partitions = _capacity(context, artifacts, cfg, notes, now)
     beats = {name: artifacts.get_heartbeat(name) for name in cfg.learners.learner_names}
     state["seen"] = observe(state.get("seen"), beats, now)
     regions = dict(zip(cfg.learners.learner_names, cfg.learners.learner_regions, strict=True))
@@ -278,6 +280,8 @@ def supervise_tick(context: dg.SensorEvaluationContext, store: ArtifactStoreReso
             continue
         if stopping:
             continue  # the run is ending: no relaunch
+        if name in absent:
+            continue  # no capacity: standby, or it left (a leaving one exits by itself)
         attempt = len(records)
         blocked = _relaunch_blocked(records, orch, now)
         if blocked is not None:
@@ -296,8 +300,42 @@ def supervise_tick(context: dg.SensorEvaluationContext, store: ArtifactStoreReso
         notes += [note] if note else []
     reason = "; ".join(notes) or "every learner and the syncer have a live run"
     return dg.SensorResult(run_requests=requests, asset_events=events,
+                           dynamic_partitions_requests=partitions,
                            cursor=json.dumps(state),
-                           skip_reason=None if requests or events else reason)
+                           skip_reason=None if requests or events or partitions else reason)
+
+
+def _capacity(context: dg.SensorEvaluationContext, artifacts, cfg, notes: list[str],
+              now: float) -> tuple[frozenset[str], list]:
+    """Apply the fault tape's capacity changes whose round is open, then read which learners
+    are absent; and the request adding a `learners` partition for each present learner that
+    has none yet (a learner that joined). A departed learner keeps its partition: its updates
+    stay in the asset's history."""
+    from diloco_core.capacity import CapacityError
+    from pipelines.capacity_control import apply_tape
+    from resources.faults import load_tape
+    from resources.store.artifact_store import Conflict, RejectedArtifact
+
+    roster = cfg.learners.learner_names
+    try:
+        tape = load_tape(artifacts, list(roster))
+        if tape is not None and tape.capacity_changes():
+            opened = (artifacts.latest_open_round() or {}).get("round")
+            for note in apply_tape(artifacts, cfg, tape, opened, now):
+                context.log.info(f"capacity: {note}")
+                notes.append(note)
+        record, _ = artifacts.capacity(cfg.learners.standby_names)
+    except (CapacityError, Conflict, RejectedArtifact) as err:
+        # Launch nothing on a record that cannot be read: a learner started now might have
+        # to leave at once.
+        notes.append(f"capacity record unreadable ({err}); launching no learner this tick")
+        return frozenset(roster), []
+    present = record.present(roster)
+    if not record.changes:
+        return frozenset(record.absent), []   # as at launch: the train job added partitions
+    have = set(context.instance.get_dynamic_partitions(learners.name))
+    new = [n for n in present if n not in have]
+    return frozenset(record.absent), [learners.build_add_request(new)] if new else []
 
 
 def _relaunch_blocked(records: list[dg.RunRecord], orch, now: float) -> str | None:

@@ -13,7 +13,10 @@ Within its slice the learner is data-parallel over every device JAX sees (`diloc
 each batch is split across them and the state is replicated or FSDP-sharded
 (`learners.sharding`); with one device this is the plain single-device step.
 When the syncer asks to stop (token budget reached) the learner stops training, offers its
-progress to the final rounds (one per fragment), and exits.
+progress to the final rounds (one per fragment), and exits. When its capacity is reclaimed
+(the capacity record marks it absent: `pipelines/capacity_control.py`) it leaves the same
+way: it stops training, offers each fragment it has news on to the rounds that come, and exits
+with status "left" (never counted as live meanwhile, so no round waits for it).
 On a multi-host slice the learner is several processes of one JAX program (`jax.distributed`,
 see `resources/learner/distributed.py`): the mesh spans every process's devices, process 0 (the
 leader) alone talks to the store, and once per loop iteration it broadcasts what it saw (round,
@@ -121,6 +124,10 @@ class LearnerRuntime:
         # Final rounds this learner answered with nothing to offer: named in its heartbeat so
         # that the syncer stops waiting for it (it would, up to round_timeout_seconds).
         self.declined: list[int] = []
+        # Leaving (capacity reclaimed): the step of this process's latest offer of each
+        # fragment, to tell when every fragment's news has been offered.
+        self.leaving = False
+        self.offered_at_step: dict[int, int] = {}
         self.checkpoint_step: int | None = None
         self.ledger = AttemptLedger.start(self.cfg.sync.num_fragments)
         # block_on_overlap: offers whose merged fragment has not come back, round -> (fragment,
@@ -251,12 +258,13 @@ class LearnerRuntime:
             # Only the leader links to the store; every process sees its view (SharedLink).
             link = (StoreLink(self.store, self.name, cfg.sync.num_fragments,
                               [f.version for f in self.sync.fragments], orch.poll_seconds,
-                              self.log, self.attempt) if self.lockstep.leader else None)
+                              self.log, self.attempt, cfg.learners.standby_names)
+                    if self.lockstep.leader else None)
             self.link = SharedLink(link, self.lockstep, self._fragment_shapes())
         else:
             self.link = StoreLink(self.store, self.name, cfg.sync.num_fragments,
                                   [f.version for f in self.sync.fragments], orch.poll_seconds,
-                                  self.log, self.attempt)
+                                  self.log, self.attempt, cfg.learners.standby_names)
         self.status = "training"
         self._beat()
         next_beat = time.monotonic() + orch.heartbeat_seconds
@@ -283,12 +291,18 @@ class LearnerRuntime:
                         seen_here = time.monotonic()
                         stop_seen_at = self._now(seen_here)
                         self.training_seconds = seen_here - self.loop_started
-                        self.status = "stopping"
-                        self.log(f"{self.name}: stop requested ({stop.get('reason')}); offering "
-                                 "the final rounds")
+                        self.leaving = bool(stop.get("leave"))
+                        self.status = "leaving" if self.leaving else "stopping"
+                        self.log(f"{self.name}: " + (
+                            f"leaving ({stop.get('reason')}); offering what it has to the "
+                            "coming rounds" if self.leaving else
+                            f"stop requested ({stop.get('reason')}); offering the final "
+                            "rounds"))
                         self._checkpoint()
                         self._beat()
-                    done = len(final_offered) == cfg.sync.num_fragments
+                    done = (all(self._nothing_left_to_offer(p)
+                                for p in range(cfg.sync.num_fragments)) if self.leaving
+                            else len(final_offered) == cfg.sync.num_fragments)
                     timed_out = (self._now() - stop_seen_at
                                  > orch.round_timeout_seconds * cfg.sync.num_fragments)
                     if done or timed_out:
@@ -309,7 +323,7 @@ class LearnerRuntime:
                     self._report_progress()
                     next_report = time.monotonic() + PROGRESS_SECONDS
             if self.status != "superseded":
-                self.status = "done"
+                self.status = "left" if self.leaving else "done"
         except BaseException:
             self.status = "failed"   # not "training": the syncer must not count it as live
             raise
@@ -431,7 +445,14 @@ class LearnerRuntime:
             extra["fault"] = bad
         self.link.offer(contribution, extra, after_put, record=self.attempt_record())
         self.offers += 1
+        self.offered_at_step[p] = int(self.train.step)
         return rnd
+
+    def _nothing_left_to_offer(self, fragment: int) -> bool:
+        """A leaving learner's news on `fragment` is all offered: none since it last received
+        the fragment, or its latest offer was made after its last step."""
+        return (self.sync.fragments[fragment].steps < 1
+                or self.offered_at_step.get(fragment) == int(self.train.step))
 
     def _offer_in_flight(self, fragment: int) -> bool:
         """Whether an offer of `fragment` awaits its merge: answered when a newer version of

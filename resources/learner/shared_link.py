@@ -50,7 +50,9 @@ class SharedLink:
             link = self._link
             rnd, stop, superseded = link.open_round, link.stop, link.superseded_by
             merged = link.take_merged()
-            words[:6] = [NONE if superseded is None else superseded, int(stop is not None),
+            # 0: train on; 1: STOP (the run ends); 2: this learner leaves (capacity reclaimed).
+            halt = 0 if stop is None else (2 if stop.get("leave") else 1)
+            words[:6] = [NONE if superseded is None else superseded, halt,
                          NONE if rnd is None else int(rnd["round"]),
                          0 if rnd is None else int(rnd["fragment"]),
                          int(bool(rnd and rnd.get("final"))),
@@ -67,7 +69,9 @@ class SharedLink:
         if self._link is not None:
             self.stop, self.open_round = self._stop_record, self._round_record
         else:
-            self.stop = {"reason": "the leader read a stop record"} if has_stop else None
+            self.stop = (None if not has_stop else
+                         {"reason": "the leader read a leave request", "leave": True}
+                         if has_stop == 2 else {"reason": "the leader read a stop record"})
             self.open_round = (None if round_index == NONE else
                                {"round": round_index, "fragment": fragment,
                                 "final": bool(final)})

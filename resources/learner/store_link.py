@@ -2,10 +2,10 @@
 
 The thread uploads contributions and heartbeats in order (a heartbeat is not written over one
 from a newer attempt of the same learner: the link then reports `superseded_by`), and every
-`poll_seconds` reads the small control records (the OPEN round pointer, the STOP marker, each
-fragment's CURRENT pointer), downloading a fragment only when its version moved. The training
-loop takes what arrived between steps. Store errors are retried on the next cycle; the thread
-never raises into the training loop, it reports through `log`.
+`poll_seconds` reads the small control records (the OPEN round pointer, the STOP marker, the
+capacity record, each fragment's CURRENT pointer), downloading a fragment only when its version
+moved. The training loop takes what arrived between steps. Store errors are retried on the next
+cycle; the thread never raises into the training loop, it reports through `log`.
 """
 
 import queue
@@ -15,14 +15,15 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from diloco_core.contribution import Contribution
-from resources.store.artifact_store import ArtifactStore, Conflict
+from resources.store.artifact_store import ArtifactStore, Conflict, RejectedArtifact
 
 Log = Callable[[str], None]
 
 
 class StoreLink:
     def __init__(self, store: ArtifactStore, learner: str, num_fragments: int,
-                 known_versions: list[int], poll_seconds: float, log: Log, attempt: int = 0):
+                 known_versions: list[int], poll_seconds: float, log: Log, attempt: int = 0,
+                 standby: tuple[str, ...] = ()):
         self.store, self.learner, self.poll_seconds, self.log = store, learner, poll_seconds, log
         self._num_fragments = num_fragments
         self._known = list(known_versions)
@@ -30,6 +31,8 @@ class StoreLink:
         self._merged: dict[int, tuple[int, dict, int | None]] = {}
         self._open_round: dict | None = None
         self._stop: dict | None = None
+        self._leave: dict | None = None
+        self._standby = tuple(standby)   # absent at launch, until the capacity record says
         self._outbox: queue.Queue = queue.Queue()
         self._pending: list[tuple[str, Any]] = []
         self._beat: dict | None = None
@@ -80,8 +83,10 @@ class StoreLink:
 
     @property
     def stop(self) -> dict | None:
+        """What ends this learner's training: STOP (the run ends), or a leave request (this
+        learner's capacity is reclaimed; marked `"leave": True`). STOP wins if both."""
         with self._lock:
-            return self._stop
+            return self._stop or self._leave
 
     def fenced(self) -> bool:
         """Whether a newer attempt of this learner has started (read from the store now, not
@@ -196,10 +201,26 @@ class StoreLink:
             with self._lock:
                 self._beat = self._beat or beat
 
+    def _leave_request(self) -> dict | None:
+        """{"leave": True, reason, ...} if the capacity record says this learner is absent."""
+        try:
+            record, _ = self.store.capacity(self._standby)
+        except RejectedArtifact as err:
+            # Only the control plane writes it; a malformed one must not stop training.
+            self.log(f"capacity record refused, ignored: {err}")
+            return None
+        if self.learner not in record.absent:
+            return None
+        last = next((c for c in reversed(record.changes) if c.learner == self.learner), None)
+        return {"leave": True, "reason": (f"capacity reclaimed ({last.by}: {last.reason})"
+                                          if last is not None else "capacity reclaimed"),
+                "time": last.at if last is not None else None}
+
     def _poll(self) -> None:
         try:
             open_round = self.store.latest_open_round()
             stop = self.store.stop_requested()
+            leave = self._leave_request()
             arrived = {}
             for p in range(self._num_fragments):
                 version = self.store.current_version(p)
@@ -215,4 +236,7 @@ class StoreLink:
             return
         with self._lock:
             self._open_round, self._stop = open_round, stop
+            # Once asked to leave, the learner leaves: a join that follows is for a new attempt
+            # (the supervisor launches it once this one has exited).
+            self._leave = self._leave or leave
             self._merged.update(arrived)

@@ -18,12 +18,13 @@ import contextlib
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from diloco_core.capacity import Capacity
 from diloco_core.config import ENCODINGS
 from diloco_core.contribution import Contribution
 from diloco_core.round_records import MAX_INT, Heartbeat, RecordError, RoundDecision, RoundOpen
@@ -559,6 +560,35 @@ class ArtifactStore:
 
     def stop_requested(self) -> dict | None:
         return self._read_json(layout.stop(self.experiment))
+
+    def capacity(self, standby: Sequence[str] = ()) -> tuple[Capacity, int]:
+        """Which learners are absent now, and the generation the record was read at for a
+        conditional `put_capacity` (0: none written yet; then it is the launch state, the
+        `standby` learners absent). `RejectedArtifact` if the stored record is malformed."""
+        key = layout.capacity(self.experiment)
+        for _ in range(10):
+            info = self.blobs.info(key)
+            if info is None:
+                return Capacity.at_launch(standby), 0
+            raw = self._read_json(key)
+            again = self.blobs.info(key)
+            if raw is None or again is None or again.generation != info.generation:
+                continue   # moved while read: read again
+            try:
+                return Capacity.from_json(raw), info.generation
+            except RecordError as err:
+                raise RejectedArtifact(key, str(err)) from None
+        raise Conflict("the capacity record keeps changing")
+
+    def put_capacity(self, record: Capacity, if_generation: int) -> None:
+        """Write the capacity record only if it is still at `if_generation` (`Conflict`
+        otherwise): two operators (or an operator and a fault tape) changing capacity at once
+        never lose one another's change."""
+        try:
+            self.blobs.write(layout.capacity(self.experiment), _json_bytes(record.to_json()),
+                             if_generation=if_generation)
+        except PreconditionFailed:
+            raise Conflict("the capacity record was changed concurrently") from None
 
     def put_stop_request(self, record: Mapping[str, Any]) -> bool:
         """An operator asks to end the run before its budget (`diloco stop`, the `stop` job).

@@ -21,6 +21,8 @@
     experiments/{exp}/faults/fired/{fault}.json                    a fault that fired (write-once)
     experiments/{exp}/STOP                                         token budget reached
     experiments/{exp}/STOP_REQUEST                                 an operator asked to stop
+    experiments/{exp}/CAPACITY                                     learners absent now, every
+                                                                   join and leave (moves)
     experiments/{exp}/syncer/LEASE                                 who may decide and merge (moves)
     experiments/{exp}/syncer/RETENTION                             how far retention got (moves)
     experiments/{exp}/FINISHED                                     final rounds done (write-once)
@@ -144,6 +146,10 @@ def stop(exp: str) -> str:
 
 def stop_request(exp: str) -> str:
     return f"{experiment(exp)}/STOP_REQUEST"
+
+
+def capacity(exp: str) -> str:
+    return f"{experiment(exp)}/CAPACITY"
 
 
 def syncer_lease(exp: str) -> str:
