@@ -649,17 +649,28 @@ class ExperimentConfig:
         """Inner steps per learner if all M learners step in lock-step until the budget (each
         counted for the share of the run it is present, under `simulation.capacity`)."""
         presence = {c.learner: c.presence for c in self.simulation.capacity}
+        # Standby learners are capacity that may never come: the schedule is laid out for the
+        # learners sure to be there, so a run where none joins is the run without standby.
+        for i in range(self.learners.num_learners - self.learners.standby,
+                       self.learners.num_learners):
+            presence.setdefault(i, 0.0)
         per_step = sum(tokens * presence.get(i, 1.0)
                        for i, tokens in enumerate(self.learner_step_tokens))
         return max(1, int(self.token_budget // per_step))
 
     def capacity_windows(self) -> dict[int, tuple[float, float]]:
         """learner -> (joins, leaves) in simulated seconds for `simulation.capacity` (leaves
-        is infinite for a learner that stays to the end); learners not listed are absent."""
+        is infinite for a learner that stays to the end; both for a `learners.standby` learner
+        with no window: it never joins); learners not listed are present throughout."""
         run_seconds = self.nominal_run_seconds
-        return {c.learner: (c.join * run_seconds,
-                            c.leave * run_seconds if c.leave < 1 else math.inf)
-                for c in self.simulation.capacity}
+        windows = {c.learner: (c.join * run_seconds,
+                               c.leave * run_seconds if c.leave < 1 else math.inf)
+                   for c in self.simulation.capacity}
+        # A standby learner without a window never joins (infinite join time).
+        for i in range(self.learners.num_learners - self.learners.standby,
+                       self.learners.num_learners):
+            windows.setdefault(i, (math.inf, math.inf))
+        return windows
 
     @property
     def nominal_run_seconds(self) -> float:

@@ -206,7 +206,8 @@ class Simulation:
             if joins > 0:   # not here yet: no step, no offer, not live for quorums
                 learner = self.learners[index]
                 learner.up, learner.absent_since = False, 0.0
-                self._push(joins, "join", index)
+                if joins < math.inf:   # a standby learner without a window never joins
+                    self._push(joins, "join", index)
             if leaves < math.inf:
                 self._push(leaves, "leave", index)
         for learner in self.learners:

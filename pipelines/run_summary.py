@@ -65,6 +65,7 @@ def build_summary(store: ArtifactStore, eval_batches: int | None = None) -> dict
                        "decided_by": decision.get("decided_by", "sensor"),
                        "admitted": decision["members"], "late": decision["late"],
                        "missing": decision["missing"], "final": decision.get("final", False),
+                       "decided_at": decision.get("decided_at"),
                        "reason": decision["reason"]})
     merged_rounds = {m["round"]: m for m in merges}
     for entry in rounds:
@@ -129,6 +130,9 @@ def build_summary(store: ArtifactStore, eval_batches: int | None = None) -> dict
         # Scavenged capacity: who was absent at the end, and every join and leave in order.
         "capacity": store.capacity(cfg.learners.standby_names)[0].to_json(),
         "learner_status": {n: b.get("status") for n, b in beats.items()},
+        # Where each learner's latest process took its state from (own checkpoint, a peer's
+        # AdamW state and the global parameters, or fresh).
+        "learner_started_from": {n: b.get("rejoined_from") for n, b in beats.items()},
         **resilience_report(store, cfg, merges, ledger),
         "rounds": rounds,
     }

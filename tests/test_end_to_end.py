@@ -159,3 +159,56 @@ def test_a_bad_postgres_url_is_refused_before_anything_starts(tmp_path, url, cap
         run_demo(cfg, chaos=False, json_path=None, workdir=str(tmp_path / "demo"), port=None,
                  timeout=1, postgres_url=url)
     assert not (tmp_path / "demo").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_daemon_run_where_a_learner_joins_and_another_leaves(tmp_path, monkeypatch):
+    # Scavenged capacity on the real daemon: learner-3 starts on standby and joins when round
+    # 3 opens; learner-1's capacity is reclaimed when round 8 opens. A fault tape drives both
+    # (the learner supervisor applies them), so the run replays exactly. Rounds every 30 steps
+    # (~3 s): about 25 rounds, so the run goes on well past the leave.
+    tape = tmp_path / "capacity.json"
+    tape.write_text(json.dumps({"faults": [
+        {"id": "join-3", "kind": "learner_join", "learner": "learner-3", "at_round": 3},
+        {"id": "leave-1", "kind": "learner_leave", "learner": "learner-1", "at_round": 8}]}))
+    monkeypatch.setenv("DILOCO_TICK_SECONDS", "2")
+    cfg = load_config(None, [*E2E, "learners.num_learners=4", "learners.standby=1",
+                             "learners.speeds=[1.0, 1.0, 0.8, 1.0]", "sync.sync_period=60"])
+    out = tmp_path / "summary.json"
+    code = run_demo(cfg, chaos=False, json_path=str(out), workdir=str(tmp_path / "demo"),
+                    port=None, timeout=600, fault_tape_path=str(tape))
+    assert code == 0, (tmp_path / "demo" / "dagster_home" / "dagster-dev.log").read_text()[-5000:]
+    s = json.loads(out.read_text())
+    changes = {c["learner"]: c for c in s["capacity"]["changes"]}
+    assert [(c["learner"], c["action"]) for c in s["capacity"]["changes"]] == [
+        ("learner-3", "join"), ("learner-1", "leave")]
+    assert changes["learner-3"]["round"] >= 3 and changes["learner-1"]["round"] >= 8
+    assert s["capacity"]["absent"] == ["learner-1"]
+    rounds = [r for r in s["rounds"] if r["admitted"]]
+    # The joiner: never in a round before it joined, merged after it did.
+    joined_at = changes["learner-3"]["round"]
+    assert all("learner-3" not in r["admitted"] for r in rounds if r["round"] <= joined_at)
+    assert any("learner-3" in r["admitted"] for r in rounds if r["round"] > joined_at)
+    assert s["learner_started_from"]["learner-3"].startswith("peer"), s["learner_started_from"]
+    # The leaver: it offers what it has to the next rounds (at most one per fragment, and a
+    # round in flight), then never again; no round waits for it once the controller has read
+    # the record (every few seconds).
+    left_at = changes["learner-1"]["round"]
+    P = cfg.sync.num_fragments
+    after = [r for r in rounds if r["round"] > left_at + P + 1]
+    assert len(after) >= 5, [r["round"] for r in rounds]
+    assert all("learner-1" not in r["admitted"] for r in after)
+    read_by = changes["learner-1"]["at"] + 5.0
+    for r in s["rounds"]:
+        decision = r.get("decided_at") or 0.0
+        if decision > read_by:
+            assert "learner-1" not in r["missing"], r
+    assert s["learner_status"]["learner-1"] == "left"
+    assert s["learner_status"]["learner-3"] == "done"
+    assert s["learner_attempts"]["learner-1"] == 1   # never relaunched
+    # The ledger balances exactly with the departed learner in it.
+    ledger = s["ledger"]
+    assert ledger["balanced"] and ledger["exact"], ledger["problems"]
+    assert ledger["by_learner"]["learner-3"]["merged"] > 0
+    assert s["final_eval_loss"] < s["initial_eval_loss"] - 0.2

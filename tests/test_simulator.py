@@ -382,6 +382,23 @@ def test_scavenged_capacity_joins_from_the_global_model_and_leaves_for_good(corp
     assert dp.bytes_up == param_count(cfg.model) * 2 * sum(s.steps for s in dp.learners)
 
 
+def test_a_standby_learner_never_joins_without_a_window_and_the_schedule_ignores_it(corpus):
+    """`learners.standby` is capacity that may not come: the schedule is the base's, and in the
+    simulator a standby learner without a capacity window takes no step; with one, it joins."""
+    base = tiny_cfg("learners.num_learners=2", "learners.speeds=[1.0, 1.0]")
+    cfg = tiny_cfg("learners.standby=1")
+    assert cfg.total_learner_steps == base.total_learner_steps == 9216 // 256
+    result = run_simulation(cfg, corpus.learner_streams, corpus.heldout_stream)
+    assert result.learners[2].steps == 0 and result.learners[0].steps > 0
+    assert result.tokens_processed >= cfg.token_budget
+    dp = run_data_parallel(cfg, corpus.learner_streams, corpus.heldout_stream)
+    assert dp.learners[2].steps == 0
+    windowed = tiny_cfg("learners.standby=1", SCAVENGED)
+    assert windowed.total_learner_steps == 28     # its window counts, as without standby
+    assert run_simulation(windowed, corpus.learner_streams,
+                          corpus.heldout_stream).learners[2].steps > 0
+
+
 @pytest.mark.parametrize("overrides, field", [
     (["simulation.capacity=[{learner: 0, join: 0.1}, {learner: 1, join: 0.2}]",
       "sync.min_quorum=2"], "sync.min_quorum"),
