@@ -1,0 +1,183 @@
+"""Compute scavenging on the orchestrated path: extra learners join a running experiment and
+leave it again, on the real Dagster daemon, against the same run without them.
+
+    python benchmarks/scavenging_orchestrated.py          # ~8 min on 2 cores
+
+Two `diloco demo` runs of one config (the `tiny` model; every learner's inner step padded to
+0.2 s, `orchestration.step_seconds_floor`, so four to eight learner processes emulate separate
+machines on two cores instead of competing for them):
+- base: 4 learners;
+- +100%: a roster of 8, the last 4 on standby (`learners.standby`); a fault tape makes them join
+  when the round at 25% of the base run's rounds opens and leave at 50% (`learner_join`,
+  `learner_leave`, applied by the learner supervisor).
+For each: time from the first token to the token budget (STOP), final held-out loss, rounds,
+merged share of the processed tokens, and the learners' final statuses. The reference
+simulator runs both arms on the same config with the same window as fractions of the run
+(`simulation.capacity`), so the orchestrated ratios can be read against the simulated ones.
+Writes `benchmarks/results/scavenging_orchestrated.json`.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.orchestration_demo import tokens_so_far  # noqa: E402
+from pipelines.reporting import code_revision, machine_info  # noqa: E402
+
+OUT = REPO / "benchmarks" / "results" / "scavenging_orchestrated.json"
+BASE, EXTRA = 4, 4
+WINDOW = (0.25, 0.5)    # the extra learners' presence, as fractions of the base run's rounds
+COMMON = ["model.preset=tiny", "data.seq_len=64", "data.batch_size=8",
+          "token_budget=1200000", "sync.sync_period=32", "sync.num_fragments=4",
+          "sync.min_quorum=2", "sync.overlap_steps=2", "sync.grace_min_seconds=0.4",
+          "orchestration.step_seconds_floor=0.2", "orchestration.eval_batches=16",
+          "orchestration.checkpoint_every_steps=100"]
+
+
+def arm_overrides(extra: int) -> list[str]:
+    m = BASE + extra
+    return [*COMMON, f"name=scavenge-{extra}", f"learners.num_learners={m}",
+            "learners.speeds=[" + ", ".join(["1.0"] * m) + "]",
+            f"learners.standby={extra}"]
+
+
+def window_rounds() -> tuple[int, int]:
+    """The rounds at which the extra learners join and leave: WINDOW of the base run's rounds
+    (its expected rounds before the final ones)."""
+    from pipelines.cli import load_config
+
+    base = load_config(None, arm_overrides(0), base=_launch_defaults())
+    rounds = base.expected_rounds - base.sync.num_fragments
+    return int(WINDOW[0] * rounds), int(WINDOW[1] * rounds)
+
+
+def tape(extra: int, joins: int, leaves: int) -> dict:
+    names = [f"learner-{BASE + i}" for i in range(extra)]
+    return {"faults": [
+        *({"id": f"join-{n}", "kind": "learner_join", "learner": n, "at_round": joins}
+          for n in names),
+        *({"id": f"leave-{n}", "kind": "learner_leave", "learner": n, "at_round": leaves}
+          for n in names)]}
+
+
+def run_arm(extra: int, workdir: Path, joins: int, leaves: int) -> dict:
+    out = workdir / "summary.json"
+    command = [sys.executable, "-m", "pipelines.cli", "demo", "--workdir", str(workdir / "demo"),
+               "--json", str(out), "--set",
+               f"orchestration.compilation_cache_dir={workdir / 'jax-cache'}"]
+    for override in arm_overrides(extra):
+        command += ["--set", override]
+    if extra:
+        path = workdir / "tape.json"
+        path.write_text(json.dumps(tape(extra, joins, leaves)))
+        command += ["--fault-tape", str(path)]
+    progress: list[tuple[float, int]] = []
+    started = time.monotonic()
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            progress.append((time.monotonic() - started,
+                             tokens_so_far(workdir / "demo" / "store")))
+            stop.wait(0.5)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    code = subprocess.run(command, cwd=REPO).returncode
+    stop.set()
+    sampler.join()
+    if code != 0:
+        raise SystemExit(f"diloco demo failed with exit code {code}")
+    s = json.loads(out.read_text())
+    first = next(t for t, n in progress if n > 0)
+    budget = next((t for t, n in progress if n >= s["token_budget"]), progress[-1][0])
+    ledger = s["ledger"]
+    return {"extra_learners": extra, "seconds_first_token_to_budget": budget - first,
+            "wall_seconds": s["wall_seconds"], "final_eval_loss": s["final_eval_loss"],
+            "rounds_merged": s["rounds_merged"], "tokens": s["tokens"],
+            "merged_fraction": ledger["merged_fraction"],
+            "left_before_offer_tokens": ledger["tokens"]["left_before_offer"],
+            "ledger_balanced": ledger["balanced"], "ledger_exact": ledger["exact"],
+            "capacity_changes": [(c["learner"], c["action"], c.get("round"))
+                                 for c in s["capacity"]["changes"]],
+            "learner_status": s["learner_status"],
+            "learner_started_from": s["learner_started_from"]}
+
+
+def simulate(extra: int) -> dict:
+    from diloco_core.simulator import run_simulation
+    from pipelines.cli import load_config
+    from resources.corpus import load_corpus
+
+    overrides = arm_overrides(extra)
+    if extra:
+        windows = ", ".join(f"{{learner: {BASE + i}, join: {WINDOW[0]}, leave: {WINDOW[1]}}}"
+                            for i in range(extra))
+        overrides.append(f"simulation.capacity=[{windows}]")
+    cfg = load_config(None, overrides, base=_launch_defaults())
+    corpus = load_corpus(cfg.data.corpus, cfg.learners.num_learners, cfg.data.heldout_fraction)
+    s = run_simulation(cfg, corpus.learner_streams, corpus.heldout_stream).summary()
+    return {"extra_learners": extra, "simulated_seconds": s["wall_seconds"],
+            "final_heldout_loss": s["final_heldout_loss"], "rounds_merged": s["rounds_merged"]}
+
+
+def _launch_defaults() -> list[str]:
+    from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
+
+    return list(ORCHESTRATED_DEFAULTS)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(OUT))
+    args = parser.parse_args()
+    revision = code_revision()
+    joins, leaves = window_rounds()
+    arms = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for extra in (0, EXTRA):
+            workdir = Path(tmp) / f"extra-{extra}"
+            workdir.mkdir()
+            arms.append(run_arm(extra, workdir, joins, leaves))
+    sims = [simulate(extra) for extra in (0, EXTRA)]
+    base, more = arms
+    result = {
+        "benchmark": "scavenging_orchestrated",
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": machine_info(), **revision,
+        "command": "python benchmarks/scavenging_orchestrated.py",
+        "config": {"common": COMMON, "base_learners": BASE, "extra_learners": EXTRA,
+                   "window_fraction_of_base_rounds": WINDOW,
+                   "join_round": joins, "leave_round": leaves},
+        "orchestrated": arms, "simulator": sims,
+        "orchestrated_time_vs_base": (more["seconds_first_token_to_budget"]
+                                      / base["seconds_first_token_to_budget"]),
+        "orchestrated_loss_vs_base": more["final_eval_loss"] / base["final_eval_loss"],
+        "simulator_time_vs_base": sims[1]["simulated_seconds"] / sims[0]["simulated_seconds"],
+        "simulator_loss_vs_base": sims[1]["final_heldout_loss"] / sims[0]["final_heldout_loss"],
+    }
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    for a in arms:
+        print(f"+{a['extra_learners']} learners: {a['seconds_first_token_to_budget']:.0f}s to "
+              f"the budget, loss {a['final_eval_loss']:.3f}, {a['rounds_merged']} merges, "
+              f"merged {a['merged_fraction']:.1%}, changes {a['capacity_changes']}")
+    for sim in sims:
+        print(f"simulator +{sim['extra_learners']}: {sim['simulated_seconds']:.0f}s, loss "
+              f"{sim['final_heldout_loss']:.3f}")
+    print(f"orchestrated: time {result['orchestrated_time_vs_base']:.3f}x, loss "
+          f"{result['orchestrated_loss_vs_base']:.3f}x; simulator: time "
+          f"{result['simulator_time_vs_base']:.3f}x, loss {result['simulator_loss_vs_base']:.3f}x")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
