@@ -39,7 +39,9 @@ WINDOW = (0.25, 0.5)    # the extra learners' presence, as fractions of the base
 COMMON = ["model.preset=tiny", "data.seq_len=64", "data.batch_size=8",
           "token_budget=1200000", "sync.sync_period=32", "sync.num_fragments=4",
           "sync.min_quorum=2", "sync.overlap_steps=2", "sync.grace_min_seconds=0.4",
-          "orchestration.step_seconds_floor=0.2", "orchestration.eval_batches=16",
+          "orchestration.step_seconds_floor=0.2",
+          # The same 16 held-out batches for the orchestrated evals and the simulator's.
+          "orchestration.eval_batches=16", "simulation.eval_batches=16",
           "orchestration.checkpoint_every_steps=100",
           # Heartbeats (the syncer's view of each learner's tokens) every ~1 step, not the
           # launch defaults' 2 s (10 steps here): a round opens once K learners each made H/P

@@ -16,7 +16,7 @@ from diloco_core.config_loading import config_from_mapping
 from diloco_core.contribution import Contribution
 from pipelines.definitions import defs as load_defs
 from pipelines.defs.sensors import quorum_tick
-from pipelines.round_control import round_key
+from pipelines.round_control import learner_partition_key, partition_key
 from resources.store.resource import ArtifactStoreResource
 
 
@@ -159,11 +159,18 @@ class Harness:
         """The round controller's state in the sensor's cursor."""
         return json.loads(self.cursor)["controller"]
 
+    def key(self, round_index: int) -> str:
+        """The round's Dagster partition key (the experiment's, one round per partition)."""
+        return partition_key(self.store.experiment, round_index)
+
+    def learner_key(self, learner: str) -> str:
+        return learner_partition_key(self.store.experiment, learner)
+
     def merged_rounds(self) -> set[str]:
         return set(self.instance.get_materialized_partitions(dg.AssetKey("global_params")))
 
     def merge_metadata(self, round_index: int) -> dict:
         records = self.instance.fetch_materializations(
             dg.AssetRecordsFilter(asset_key=dg.AssetKey("global_params"),
-                                  asset_partitions=[round_key(round_index)]), limit=1).records
+                                  asset_partitions=[self.key(round_index)]), limit=1).records
         return records[0].asset_materialization.metadata

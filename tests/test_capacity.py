@@ -94,7 +94,8 @@ def _launched(result) -> list[str]:
 
 def test_a_standby_learner_is_launched_only_once_it_joins_and_gets_its_partition(harness):
     h = harness
-    assert h.instance.get_dynamic_partitions("learners") == ["learner-0", "learner-1"]
+    assert h.instance.get_dynamic_partitions("learners") == ["exp-test/learner-0",
+                                                            "exp-test/learner-1"]
     first = _supervise(h)
     assert _launched(first) == ["learner-0", "learner-1"]
     assert not first.dynamic_partitions_requests
@@ -104,7 +105,7 @@ def test_a_standby_learner_is_launched_only_once_it_joins_and_gets_its_partition
     assert "learner-2" in _launched(joined)
     (request,) = joined.dynamic_partitions_requests
     assert request.partitions_def_name == "learners"
-    assert list(request.partition_keys) == ["learner-2"]
+    assert list(request.partition_keys) == ["exp-test/learner-2"]
     change = current_capacity(h.store, h.cfg).changes[-1]
     assert (change.learner, change.action, change.reason) == ("learner-2", "join",
                                                               "spot capacity")

@@ -80,7 +80,7 @@ def test_checkpoints_are_recorded_once_per_new_step(harness):
                                         "checkpoint_step": 40, "attempt": 0})
     first = _tick(h, h.now)
     (event,) = first.asset_events
-    assert event.partition == "learner-1" and event.metadata["step"].value == 40
+    assert event.partition == "exp-test/learner-1" and event.metadata["step"].value == 40
     again = _tick(h, h.now, cursor=first.cursor)
     assert not again.asset_events
 

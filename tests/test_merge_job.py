@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from orchestration_harness import Harness
 
-from pipelines.round_control import round_key
+from pipelines.round_control import partition_key
 from resources.hostile_records import CONTRIBUTION_ATTACKS
 from resources.store import layout
 from resources.store.artifact_store import Conflict
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(300)
 def _decide(h: Harness, round_index: int, members: list[str]) -> None:
     """What the quorum sensor commits before requesting a merge."""
     h.store.open_round(round_index, {"fragment": 0, "opened_at": h.now, "final": False})
-    h.instance.add_dynamic_partitions("rounds", [round_key(round_index)])
+    h.instance.add_dynamic_partitions("rounds", [h.key(round_index)])
     h.store.put_decision(round_index, {
         "round": round_index, "fragment": 0, "members": members, "late": [], "missing": [],
         "reason": f"test decision for round {round_index}", "quorum_at": h.now,
@@ -27,7 +27,7 @@ def _decide(h: Harness, round_index: int, members: list[str]) -> None:
 
 def _merge(h: Harness, round_index: int) -> dict:
     result = h.defs.resolve_job_def("merge_round").execute_in_process(
-        instance=h.instance, partition_key=round_key(round_index),
+        instance=h.instance, partition_key=h.key(round_index),
         tags={"diloco/experiment": h.store.experiment})
     assert result.success
     (mat,) = result.asset_materializations_for_node("global_params")
@@ -107,14 +107,31 @@ def test_a_retried_merge_run_does_not_merge_twice(harness):
 
 def test_a_round_without_a_decision_fails_clearly(harness):
     h = harness
-    h.instance.add_dynamic_partitions("rounds", [round_key(5)])
+    h.instance.add_dynamic_partitions("rounds", [h.key(5)])
     result = h.defs.resolve_job_def("merge_round").execute_in_process(
-        instance=h.instance, partition_key=round_key(5), raise_on_error=False,
+        instance=h.instance, partition_key=h.key(5), raise_on_error=False,
         tags={"diloco/experiment": h.store.experiment})
     assert not result.success
     failure = [e for e in result.all_events if e.is_step_failure][0]
     assert "round 5 has no quorum decision" in str(failure.step_failure_data.error.message) \
         or "round 5 has no quorum decision" in str(failure.step_failure_data.user_failure_data)
+
+
+def test_a_run_works_on_its_partitions_experiment_and_refuses_a_tag_naming_another(harness):
+    h = harness
+    h.offer("learner-0", 0)
+    _decide(h, 0, ["learner-0"])
+    mixed = h.defs.resolve_job_def("merge_round").execute_in_process(
+        instance=h.instance, partition_key=h.key(0), raise_on_error=False,
+        tags={"diloco/experiment": "other-exp"})
+    assert not mixed.success
+    failure = [e for e in mixed.all_events if e.is_step_failure][0]
+    assert "belongs to 'exp-test'" in str(failure.step_failure_data.user_failure_data.description)
+    assert h.store.current_version(0) == 0                 # nothing merged
+    # Without a tag the partition says which experiment (not "whichever is active").
+    untagged = h.defs.resolve_job_def("merge_round").execute_in_process(
+        instance=h.instance, partition_key=h.key(0))
+    assert untagged.success and h.store.current_version(0) == 1
 
 
 def test_a_commit_whose_pointer_move_was_lost_is_adopted_not_redone(harness):
@@ -256,9 +273,10 @@ def test_the_eval_schedule_evaluates_the_active_experiments_newest_merged_round(
         h.offer("learner-0", r)
         _decide(h, r, ["learner-0"])
         _merge(h, r)
-    h.instance.add_dynamic_partitions("rounds", [round_key(7)])   # another experiment's round
+    # Another experiment's newer round on the same instance: never this experiment's.
+    h.instance.add_dynamic_partitions("rounds", [partition_key("other-exp", 7)])
     (request,) = [evaluate()]
-    assert request.partition_key == round_key(1)
+    assert request.partition_key == h.key(1)
     assert request.tags["diloco/experiment"] == h.store.experiment
     result = h.defs.resolve_job_def("evaluate_round").execute_in_process(
         instance=h.instance, partition_key=request.partition_key, tags=request.tags,

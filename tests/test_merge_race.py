@@ -16,8 +16,6 @@ import pytest
 from gcs_emulator import BUCKET
 from orchestration_harness import Harness
 
-from pipelines.round_control import round_key
-
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 REPO = Path(__file__).resolve().parent.parent
 ROUNDS = 8   # 4 rounds for each of 2 fragments
@@ -28,7 +26,7 @@ def _decided_rounds(h: Harness) -> None:
         for learner in ("learner-0", "learner-1"):
             h.offer(learner, r, seed=r, fragment=r % 2)
         h.store.open_round(r, {"fragment": r % 2, "opened_at": h.now, "final": False})
-        h.instance.add_dynamic_partitions("rounds", [round_key(r)])
+        h.instance.add_dynamic_partitions("rounds", [h.key(r)])
         h.store.put_decision(r, {
             "round": r, "fragment": r % 2, "members": ["learner-0", "learner-1"], "late": [],
             "missing": [], "reason": f"test decision {r}", "quorum_at": h.now,

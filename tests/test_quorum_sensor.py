@@ -9,8 +9,6 @@ import dagster as dg
 import pytest
 from orchestration_harness import Harness
 
-from pipelines.round_control import round_key
-
 pytestmark = pytest.mark.timeout(300)
 
 
@@ -47,7 +45,7 @@ def test_three_rounds_with_k_of_m_and_one_learner_absent(harness):
             h.offer(name, r)
         h.tick()
         assert h.state()["decided"]
-    assert h.merged_rounds() == {round_key(r) for r in range(3)}
+    assert h.merged_rounds() == {h.key(r) for r in range(3)}
     for r in range(3):
         meta = h.merge_metadata(r)
         assert meta["members"].value == "learner-0, learner-1"
@@ -60,8 +58,8 @@ def test_three_rounds_with_k_of_m_and_one_learner_absent(harness):
     # Fragment 0 merged in rounds 0 and 2, fragment 1 in round 1.
     assert h.store.current_version(0) == 2 and h.store.current_version(1) == 1
     events = _update_events(h)
-    assert {k for k in events} == {f"learner-{i}|{round_key(r)}" for r in range(3)
-                                   for i in (0, 1)}
+    assert {k for k in events} == {f"{h.learner_key(f'learner-{i}')}|{h.key(r)}"
+                                   for r in range(3) for i in (0, 1)}
     assert all(e["late"] is False and e["train/loss"] == 3.0 for e in events.values())
     assert all(e["staleness"] == 0 and e["encoding"] == "bf16" for e in events.values())
     # Lineage: the eval ran after every merge.
@@ -104,7 +102,7 @@ def test_a_late_contribution_is_recorded_but_not_merged_into_its_closed_round(ha
     h.offer("learner-2", 0)                    # arrives after the round closed
     h.tick()
     events = _update_events(h)
-    assert events[f"learner-2|{round_key(0)}"]["late"] is True
+    assert events[f"{h.learner_key('learner-2')}|{h.key(0)}"]["late"] is True
     assert h.merge_metadata(0)["members"].value == "learner-0, learner-1"
     # The next round merges only offers made to it; learner-2's round-0 delta is not reused.
     _progress(h, everyone)
@@ -131,7 +129,7 @@ def test_quorum_unreachable_while_learners_are_down_then_resumes(harness):
     _progress(h, ["learner-1"], 0)                 # learner-1 is back
     h.offer("learner-1", 0)
     h.tick()
-    assert h.merged_rounds() == {round_key(0)}
+    assert h.merged_rounds() == {h.key(0)}
 
 
 def _merge_round_0_then_pass_the_budget(h: Harness) -> None:
@@ -202,7 +200,7 @@ def test_a_cursor_behind_the_store_recovers_and_requests_the_missing_merge(harne
     h.cursor = stale
     result = h.tick()                      # must not raise on the write-once decision
     assert [r.run_key for r in result.run_requests] == ["merge:exp-test:0"]
-    assert h.merged_rounds() == {round_key(0)}
+    assert h.merged_rounds() == {h.key(0)}
     assert h.state()["decided"] and not h.tick().run_requests
 
 
@@ -217,12 +215,12 @@ def test_a_round_opened_by_a_tick_that_failed_still_gets_its_partition(harness):
     assert opened == [0] and h.instance.get_dynamic_partitions("rounds") == []
     h.cursor = stale
     h.tick()
-    assert h.instance.get_dynamic_partitions("rounds") == [round_key(0)]
+    assert h.instance.get_dynamic_partitions("rounds") == [h.key(0)]
     h.offer("learner-0", 0)
     h.offer("learner-1", 0)
     result = h.tick()
-    assert [r.partition_key for r in result.run_requests] == [round_key(0)]
-    assert h.merged_rounds() == {round_key(0)}
+    assert [r.partition_key for r in result.run_requests] == [h.key(0)]
+    assert h.merged_rounds() == {h.key(0)}
 
 
 def test_a_malformed_offer_is_recorded_and_does_not_stop_the_sensor(harness):
@@ -260,7 +258,7 @@ def test_offers_from_unknown_or_unsafe_names_are_ignored_not_merged(harness):
     decision = h.store.get_decision(0)
     assert decision["members"] == ["learner-0", "learner-1"]
     assert "learner-9" not in decision["late"]
-    assert h.merged_rounds() == {round_key(0)}
+    assert h.merged_rounds() == {h.key(0)}
 
 
 @pytest.mark.parametrize("final_rounds", ["average", "outer_step"])

@@ -9,20 +9,31 @@ from orchestration_harness import Harness
 from diloco_core.config import ROUND_PARTITIONS_MAX
 from pipelines.cli import load_config
 from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
-from pipelines.round_control import partition_key, partition_rounds
+from pipelines.round_control import (
+    learner_partition_key,
+    partition_experiment,
+    partition_key,
+    partition_rounds,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
-WINDOWS = ["00000000-00000001", "00000002-00000003"]
+WINDOWS = ["exp-test/00000000-00000001", "exp-test/00000002-00000003"]
 PAIR = ["learner-0", "learner-1"]
 
 
-def test_partition_keys_name_their_rounds():
-    assert partition_key(7) == "00000007" and partition_rounds("00000007") == range(7, 8)
-    assert partition_key(130, 64) == "00000128-00000191"
-    assert list(partition_rounds(partition_key(130, 64))) == list(range(128, 192))
-    keys = [partition_key(r, 24) for r in (0, 23, 24, 99_999_999)]
+def test_partition_keys_name_their_experiment_and_rounds():
+    assert partition_key("e1", 7) == "e1/00000007"
+    assert partition_rounds("e1/00000007") == range(7, 8)
+    assert partition_key("e1", 130, 64) == "e1/00000128-00000191"
+    assert list(partition_rounds(partition_key("e1", 130, 64))) == list(range(128, 192))
+    keys = [partition_key("e1", r, 24) for r in (0, 23, 24, 99_999_999)]
     assert keys == sorted(keys) and keys[0] == keys[1] != keys[2]
+    # Two experiments on one instance never share a round's or a learner's partition.
+    assert partition_key("e1", 7) != partition_key("e2", 7)
+    assert partition_experiment(partition_key("e2", 130, 64)) == "e2"
+    assert learner_partition_key("e1", "learner-0") != learner_partition_key("e2", "learner-0")
+    assert partition_experiment(learner_partition_key("e2", "learner-0")) == "e2"
 
 
 def test_automatic_partitions_keep_a_month_at_the_papers_cadence_under_the_limit():
@@ -77,7 +88,7 @@ def test_two_rounds_per_partition_on_both_paths(tmp_path, path):
         updates = instance.fetch_materializations(
             dg.AssetRecordsFilter(asset_key=dg.AssetKey("learner_update")), limit=100).records
         assert sorted(r.partition_key for r in updates) == sorted(
-            f"{n}|{WINDOWS[r // 2]}" for r in range(4) for n in PAIR)
+            f"exp-test/{n}|{WINDOWS[r // 2]}" for r in range(4) for n in PAIR)
         evals = _events(h, "heldout_eval")
         if path == "sensor":
             assert evals == expected                    # each merge run evaluates its round

@@ -16,7 +16,6 @@ import dagster as dg
 import pytest
 from orchestration_harness import Harness, wait_until
 
-from pipelines.round_control import round_key
 from pipelines.syncer_service import SyncerService
 from resources.store.lease import LeaseLost, LeaseRefused, SyncerLease
 
@@ -92,8 +91,8 @@ def test_the_service_merges_at_once_and_the_sensor_mirrors_it(harness):
     # The sensor, with the lease moving, only mirrors: partitions, offers, merges, checks, eval.
     result = h.tick()
     assert not result.run_requests, result.run_requests
-    assert h.instance.get_dynamic_partitions("rounds") == [round_key(0), round_key(1)]
-    assert h.merged_rounds() == {round_key(0), round_key(1)}
+    assert h.instance.get_dynamic_partitions("rounds") == [h.key(0), h.key(1)]
+    assert h.merged_rounds() == {h.key(0), h.key(1)}
     mirrored = h.merge_metadata(0)
     assert mirrored["merged_by"].value == "syncer-a0"
     assert mirrored["members"].value == "learner-0, learner-1"
@@ -101,7 +100,7 @@ def test_the_service_merges_at_once_and_the_sensor_mirrors_it(harness):
         dg.AssetCheckKey(dg.AssetKey("global_params"), "params_finite"), limit=10)
     assert len(checks) == 2
     evals = h.instance.get_materialized_partitions(dg.AssetKey("heldout_eval"))
-    assert evals == {round_key(1)}
+    assert evals == {h.key(1)}
     updates = h.instance.fetch_materializations(
         dg.AssetRecordsFilter(asset_key=dg.AssetKey("learner_update")), limit=100).records
     assert len(updates) == 4
@@ -126,7 +125,7 @@ def test_a_stale_lease_hands_the_rounds_to_the_sensor_and_back_without_double_me
     h.tick()
     decision = h.store.get_decision(1)
     assert decision["decided_by"] == "sensor"
-    assert [r.partition_key for r in h.launched if r.job_name == "merge_round"] == [round_key(1)]
+    assert [r.partition_key for r in h.launched if r.job_name == "merge_round"] == [h.key(1)]
     assert h.store.version_meta(1)["merged_by"] == "run"
     # The hung service wakes up: it is behind the store, rebuilds from it, and carries on.
     for name in NAMES:
@@ -141,7 +140,7 @@ def test_a_stale_lease_hands_the_rounds_to_the_sensor_and_back_without_double_me
     assert h.store.version_meta(0)["round"] == 2
     h.tick()                                   # the lease moved again: back to mirroring
     assert json.loads(h.cursor)["mode"] == "mirror"
-    assert h.merged_rounds() == {round_key(0), round_key(1), round_key(2)}
+    assert h.merged_rounds() == {h.key(0), h.key(1), h.key(2)}
     assert h.merge_metadata(2)["merged_by"].value == "syncer-a0"
     merged = _versions_by_round(h.store, 2)
     assert merged == {0: [(0, 1)], 1: [(1, 1)], 2: [(0, 2)]}
@@ -299,10 +298,10 @@ def test_a_tick_replayed_after_its_cursor_was_lost_does_not_wedge_the_sensor(har
     h.tick()                                             # the same rounds again: no error
     checks = h.instance.event_log_storage.get_asset_check_execution_history(
         dg.AssetCheckKey(dg.AssetKey("global_params"), "params_finite"), limit=10)
-    assert sorted(c.partition for c in checks) == [round_key(0), round_key(1)]
+    assert sorted(c.partition for c in checks) == [h.key(0), h.key(1)]
     _round(h, service, 2)
     h.tick()                                             # and the sensor goes on
-    assert round_key(2) in h.merged_rounds()
+    assert h.key(2) in h.merged_rounds()
 
 
 def _payloads(store, directory: str) -> list[str]:

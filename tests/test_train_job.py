@@ -28,7 +28,8 @@ def test_the_launchpad_defaults_start_an_orchestrated_experiment(tmp_path):
         assert active is not None and active.experiment == "diloco-demo"
         cfg = active.get_config()
         assert cfg["learners"]["num_learners"] == 4 and cfg["sync"]["sync_period"] == 16
-        assert instance.get_dynamic_partitions("learners") == [f"learner-{i}" for i in range(4)]
+        assert instance.get_dynamic_partitions("learners") == [
+            f"diloco-demo/learner-{i}" for i in range(4)]
         assert all(active.current_version(p) == 0 for p in range(4))
 
 

@@ -12,6 +12,7 @@ from pydantic import Field
 from pipelines.config_schema import form_model
 from pipelines.defs.partitions import learners
 from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS, require_orchestratable
+from pipelines.round_control import learner_partition_key
 from resources.compute import LearnerCompute
 from resources.store.resource import ArtifactStoreResource
 
@@ -120,7 +121,8 @@ def start_experiment(context: dg.AssetExecutionContext, config: TrainingConfig,
     names = list(cfg.learners.learner_names)
     # A standby learner gets its partition when it joins (the learner supervisor adds it).
     context.instance.add_dynamic_partitions(
-        learners.name, [n for n in names if n not in cfg.learners.standby_names])
+        learners.name, [learner_partition_key(cfg.name, n) for n in names
+                        if n not in cfg.learners.standby_names])
     store.set_active(cfg.name)
     context.log.info(f"experiment {cfg.name} is active: {len(names)} learners, "
                      f"{param_count(cfg.model):,} parameters in {plan.num_fragments} fragments")

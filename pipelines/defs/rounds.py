@@ -181,7 +181,8 @@ def eval_latest_round(context: dg.ScheduleEvaluationContext, store: ArtifactStor
     from diloco_core.config_loading import config_from_mapping
 
     latest = max(merged)
-    key = partition_key(latest, config_from_mapping(config).rounds_per_partition)
+    key = partition_key(artifacts.experiment, latest,
+                        config_from_mapping(config).rounds_per_partition)
     if not context.instance.has_dynamic_partition(rounds.name, key):
         return dg.SkipReason(f"{artifacts.experiment}: round {latest} is not yet a partition")
     when = context.scheduled_execution_time

@@ -28,7 +28,7 @@ from pipelines.defs.summary import summary_job
 from pipelines.defs.syncer import syncer
 from pipelines.experiment_context import EXPERIMENT_TAG
 from pipelines.liveness import LIVE_STATUSES, observe, silent_for
-from pipelines.round_control import RoundController, partition_key
+from pipelines.round_control import RoundController, learner_partition_key, partition_key
 from pipelines.round_mirror import fresh_mirror, mirror_tick
 from resources.store.resource import ArtifactStoreResource
 
@@ -37,14 +37,14 @@ IN_PROGRESS = {dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED,
                dg.DagsterRunStatus.CANCELING}
 
 
-def _partitions_request(round_indices, per_partition: int) -> list:
+def _partitions_request(exp: str, round_indices, per_partition: int) -> list:
     """One request adding the partitions that hold these rounds (adding a key that exists
     is a no-op, so a window of rounds is asked for again while its rounds open)."""
-    keys = sorted({partition_key(r, per_partition) for r in round_indices})
+    keys = sorted({partition_key(exp, r, per_partition) for r in round_indices})
     return [rounds.build_add_request(keys)] if keys else []
 
 
-def _offer_event(offer: dict, per_partition: int) -> dg.AssetMaterialization:
+def _offer_event(exp: str, offer: dict, per_partition: int) -> dg.AssetMaterialization:
     metadata = {k: offer[k] for k in ("fragment", "base_version", "tokens", "steps", "nbytes",
                                       "learner_step", "staleness") if offer.get(k) is not None}
     metadata["encoding"] = offer.get("encoding") or ""
@@ -55,8 +55,9 @@ def _offer_event(offer: dict, per_partition: int) -> dg.AssetMaterialization:
         metadata["train/loss"] = float(offer["train_loss"])
     return dg.AssetMaterialization(
         asset_key="learner_update",
-        partition=dg.MultiPartitionKey({"round": partition_key(offer["round"], per_partition),
-                                        "learner": offer["learner"]}),
+        partition=dg.MultiPartitionKey({
+            "round": partition_key(exp, offer["round"], per_partition),
+            "learner": learner_partition_key(exp, offer["learner"])}),
         description="late: offered after its round was decided" if offer["late"] else None,
         metadata=metadata)
 
@@ -123,7 +124,8 @@ def _decide_here(context: dg.SensorEvaluationContext, artifacts, cfg, cursor: di
     exp = artifacts.experiment
     per_partition = cfg.rounds_per_partition
     requests = [dg.RunRequest(job_name="merge_round",
-                              partition_key=partition_key(d["round"], per_partition),
+                              partition_key=partition_key(artifacts.experiment, d["round"],
+                                                            per_partition),
                               run_key=f"merge:{exp}:{d['round']}",
                               tags={EXPERIMENT_TAG: exp, ROUND_TAG: str(d["round"]),
                                     FRAGMENT_TAG: str(d["fragment"]), MERGE_TAG: "1",
@@ -150,11 +152,11 @@ def _decide_here(context: dg.SensorEvaluationContext, artifacts, cfg, cursor: di
         since = latest - 4 * cfg.sync.num_fragments - 1   # a lost cursor: the recent rounds
     added = sorted(set(range(max(since + 1, 0), latest + 1)) | set(result.opened))
     cursor["partitions_upto"] = max(latest, since)
-    partitions = _partitions_request(added, per_partition)
+    partitions = _partitions_request(artifacts.experiment, added, per_partition)
     reason = f"{why}; {result.reason}" if why else result.reason
     return dg.SensorResult(
         run_requests=requests, dynamic_partitions_requests=partitions,
-        asset_events=[_offer_event(o, per_partition) for o in result.offers
+        asset_events=[_offer_event(artifacts.experiment, o, per_partition) for o in result.offers
                       if not o.get("foreign")],
         cursor=json.dumps(cursor),
         skip_reason=None if requests or partitions or result.offers else reason)
@@ -197,17 +199,17 @@ def _mirror(instance: dg.DagsterInstance, artifacts, cfg, cursor: dict) -> dg.Se
     # Several rounds per partition: their checks are held and evaluated once per partition.
     held = cursor.setdefault("held_checks", {})
     closed = int(cursor.get("checks_closed_upto", -1))
-    events: list = [_offer_event(o, per_partition) for o in result.offers
+    events: list = [_offer_event(artifacts.experiment, o, per_partition) for o in result.offers
                     if not o.get("foreign")]
     for round_index, record, decision, version in result.merges:
-        key = partition_key(round_index, per_partition)
+        key = partition_key(artifacts.experiment, round_index, per_partition)
         events += mirrored_global_params(artifacts, key, record, decision, version,
                                          with_checks=single)
         if not single and round_index > closed:
             hold_checks(held, key, "global_params", global_params_checks(
                 record, version, bool(record.get("finite", True))), round_index)
     for round_index, evaluation, previous in result.evals:
-        key = partition_key(round_index, per_partition)
+        key = partition_key(artifacts.experiment, round_index, per_partition)
         events += mirrored_eval(key, round_index, evaluation, previous, with_check=single)
         if not single and round_index > closed:
             hold_checks(held, key, "heldout_eval", [eval_regression(evaluation, previous)],
@@ -219,7 +221,7 @@ def _mirror(instance: dg.DagsterInstance, artifacts, cfg, cursor: dict) -> dg.Se
         events += released
     events = _not_yet_evaluated(instance, events)
     requests = [_summary_request(artifacts.experiment)] if result.finished else []
-    partitions = _partitions_request(result.opened, per_partition)
+    partitions = _partitions_request(artifacts.experiment, result.opened, per_partition)
     return dg.SensorResult(
         run_requests=requests, dynamic_partitions_requests=partitions, asset_events=events,
         cursor=json.dumps(cursor),
@@ -257,7 +259,7 @@ def supervise_tick(context: dg.SensorEvaluationContext, store: ArtifactStoreReso
         if step is not None and state["checkpoints"].get(name) != step:
             state["checkpoints"][name] = step
             events.append(dg.AssetMaterialization(
-                asset_key="learner_checkpoint", partition=name,
+                asset_key="learner_checkpoint", partition=learner_partition_key(exp, name),
                 metadata={"step": step, "attempt": beat.get("attempt", 0),
                           "tokens_total": beat.get("tokens_total", 0),
                           "versions": dg.MetadataValue.json(beat.get("versions", [])),
@@ -334,7 +336,8 @@ def _capacity(context: dg.SensorEvaluationContext, artifacts, cfg, notes: list[s
     if not record.changes:
         return frozenset(record.absent), []   # as at launch: the train job added partitions
     have = set(context.instance.get_dynamic_partitions(learners.name))
-    new = [n for n in present if n not in have]
+    new = [key for n in present
+           if (key := learner_partition_key(artifacts.experiment, n)) not in have]
     return frozenset(record.absent), [learners.build_add_request(new)] if new else []
 
 
