@@ -167,6 +167,8 @@ class RoundController:
         self._stop_request_read_at = -math.inf
         self._absent: frozenset[str] = frozenset(self.cfg.learners.standby_names)
         self._capacity_read_at = -math.inf
+        self._budget = self.cfg.token_budget     # raised on resume (`BUDGET` in the store)
+        self._budget_read_at = -math.inf
 
     def tick(self, state: dict | None, now: float | None = None) -> TickResult:
         now = time.time() if now is None else now
@@ -325,8 +327,9 @@ class RoundController:
             return
         tokens = self._tokens(beats)
         total, P = sum(tokens.values()), final_rounds(self.cfg.sync.num_fragments)
-        if budget_reached(tokens, self.cfg.token_budget):
-            reason = f"token budget reached ({total} >= {self.cfg.token_budget})"
+        budget = self._read_budget(now)
+        if budget_reached(tokens, budget):
+            reason = f"token budget reached ({total} >= {budget})"
         elif (now - self._stop_request_read_at >= STOP_REQUEST_POLL_SECONDS
               and (request := self._read_stop_request(now)) is not None):
             # An operator's request ends the run the same way the budget does, so the final
@@ -340,6 +343,18 @@ class RoundController:
         self.store.request_stop({"reason": reason, "at": now, "tokens": total,
                                  "final_left": P})
         state["stop"], state["final_left"] = True, P
+
+    def _read_budget(self, now: float) -> int:
+        """The token budget in force (the config's, or a larger one set when `train` resumed
+        the run), read at most every STOP_REQUEST_POLL_SECONDS; a malformed record keeps the
+        last good value."""
+        if now - self._budget_read_at >= STOP_REQUEST_POLL_SECONDS:
+            self._budget_read_at = now
+            try:
+                self._budget = self.store.token_budget(self.cfg.token_budget)
+            except RejectedArtifact:
+                pass
+        return self._budget
 
     def _read_absent(self, now: float) -> frozenset[str]:
         """The learners without capacity now, read at most every STOP_REQUEST_POLL_SECONDS (a

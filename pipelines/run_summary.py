@@ -114,7 +114,7 @@ def build_summary(store: ArtifactStore, eval_batches: int | None = None) -> dict
         "final_bits_per_byte": final["bits_per_byte"],
         "final_sample": final["sample"],
         "tokens": sum(int(b.get("tokens_total", 0)) for b in beats.values()),
-        "token_budget": cfg.token_budget,
+        "token_budget": store.token_budget(cfg.token_budget),   # raised on resume, if it was
         "uptime": uptime(publish),
         "learner_idle_fraction": (training - compute) / training if training > 0 else 0.0,
         "learners_rejoined": sorted(rejoined),

@@ -111,6 +111,9 @@ def test_a_learner_process_writes_only_where_its_rules_allow(tmp_path):
     ("experiments/e1/global/f000/CURRENT", False),
     ("experiments/e1/config.json", False),
     ("experiments/e1/faults/tape.json", False),
+    ("experiments/e1/STOP_REQUEST", False),
+    ("experiments/e1/CAPACITY", False),            # which learners have compute: not theirs
+    ("experiments/e1/BUDGET", False),
     ("experiments/e1/faults/fired/k1.json", False),                      # not a chaos run
     ("experiments/e2/learners/learner-0/heartbeat.json", False),         # another experiment
     ("ACTIVE", False),

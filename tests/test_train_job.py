@@ -90,3 +90,40 @@ def test_a_second_experiment_does_not_orphan_the_active_one_and_a_relaunch_resum
         assert store.active().experiment == "second"
         store.store("second").mark_finished({"reason": "test"})
         assert train("third").success and store.active().experiment == "third"
+
+
+def test_a_resume_may_raise_the_token_budget_and_the_run_stops_at_the_new_one(tmp_path):
+    from orchestration_harness import Harness
+
+    with dg.instance_for_test() as instance:
+        h = Harness(instance, str(tmp_path / "store"), ["token_budget=20000"])
+        h.start()
+
+        def relaunch(*overrides):
+            return h.defs.resolve_job_def("train").execute_in_process(
+                instance=instance, raise_on_error=False,
+                run_config={"ops": {"start_experiment": {"config": {
+                    "overrides": [*h.overrides, *overrides],
+                    "orchestrated_defaults": False}}}})
+
+        def refusal(result) -> str:
+            assert not result.success
+            failure = next(e for e in result.all_events if e.is_step_failure)
+            return str(failure.step_failure_data.user_failure_data.description)
+
+        assert relaunch("token_budget=50000").success
+        assert h.store.token_budget(h.cfg.token_budget) == 50000
+        assert "can only be raised" in refusal(relaunch("token_budget=30000"))
+        assert "a resume may change only token_budget" in refusal(
+            relaunch("token_budget=60000", "sync.min_quorum=1"))
+        assert h.store.token_budget(h.cfg.token_budget) == 50000       # nothing written
+        # Past the configured budget, short of the raised one: the run goes on.
+        for name in ("learner-0", "learner-1", "learner-2"):
+            h.beat(name, 60)                    # 3 x 60 x 128 = 23,040 tokens
+        h.tick()
+        assert h.store.stop_requested() is None
+        for name in ("learner-0", "learner-1", "learner-2"):
+            h.beat(name, 80)                    # 53,760 tokens in all
+        h.tick(advance=3.0)
+        assert "token budget reached (53760 >= 50000)" in h.store.stop_requested()["reason"]
+        assert "already stopped" in refusal(relaunch("token_budget=90000"))

@@ -6,6 +6,8 @@ the run with the field and the reason. The experiment then becomes the active on
 supervisor dispatches its learners and the quorum sensor starts opening rounds.
 """
 
+import time
+
 import dagster as dg
 from pydantic import Field
 
@@ -90,9 +92,7 @@ def start_experiment(context: dg.AssetExecutionContext, config: TrainingConfig,
     try:
         artifacts.put_config(config_to_mapping(cfg))
     except Conflict:
-        raise dg.Failure(description=(
-            f"experiment {cfg.name!r} already exists in {store.base_uri} with a different "
-            "config; choose another `name`")) from None
+        _resume_with_a_larger_budget(context, artifacts, cfg)
     if tape is not None:
         try:
             artifacts.put_fault_tape(tape)
@@ -142,6 +142,37 @@ def start_experiment(context: dg.AssetExecutionContext, config: TrainingConfig,
         "fragment_sizes": dg.MetadataValue.json(list(plan.sizes)),
         "seed": cfg.seed,
     })
+
+
+def _resume_with_a_larger_budget(context, artifacts, cfg) -> None:
+    """A relaunch whose config differs from the stored one only in a larger `token_budget`
+    resumes the run with that budget (`BUDGET` in the store, read by the syncer's STOP rule);
+    any other difference is a new experiment that needs another name. The learners' schedule
+    keeps the horizon of the original budget: past it they train at its final learning rate."""
+    from diloco_core.config_loading import config_from_mapping, config_to_mapping
+
+    stored = config_from_mapping(artifacts.get_config())
+    if config_to_mapping(stored.replace(token_budget=cfg.token_budget)) != config_to_mapping(cfg):
+        raise dg.Failure(description=(
+            f"experiment {cfg.name!r} already exists in {artifacts.blobs.uri} with a different "
+            "config; choose another `name` (a resume may change only token_budget, upwards)"))
+    current = artifacts.token_budget(stored.token_budget)
+    if cfg.token_budget == current:
+        return
+    if cfg.token_budget < current:
+        raise dg.Failure(description=(
+            f"token_budget: {cfg.token_budget:,} is below the run's budget of {current:,}; a "
+            "budget can only be raised (end the run early with `diloco stop`)"))
+    if artifacts.stop_requested() is not None or artifacts.finished() is not None:
+        raise dg.Failure(description=(
+            f"token_budget: experiment {cfg.name!r} has already stopped (STOP written, final "
+            "rounds merged or under way); its budget can no longer be raised: start a new "
+            "experiment from its export"))
+    budget = artifacts.raise_token_budget(cfg.token_budget, stored.token_budget, {
+        "by": context.run.tags.get("dagster/user") or f"Dagster run {context.run_id[:8]}",
+        "previous": current, "time": time.time()})
+    context.log.info(f"experiment {cfg.name}: token budget raised from {current:,} to "
+                     f"{budget:,} tokens")
 
 
 def _refuse_to_orphan(store: ArtifactStoreResource, name: str, replace_active: bool) -> None:

@@ -590,6 +590,37 @@ class ArtifactStore:
         except PreconditionFailed:
             raise Conflict("the capacity record was changed concurrently") from None
 
+    def token_budget(self, configured: int) -> int:
+        """The run's token budget: the config's, or a larger one set on resume
+        (`raise_token_budget`). A malformed record is refused (`RejectedArtifact`)."""
+        raw = self._read_json(layout.budget(self.experiment))
+        if raw is None:
+            return configured
+        budget = raw.get("token_budget") if isinstance(raw, dict) else None
+        if not isinstance(budget, int) or isinstance(budget, bool) or not 0 < budget <= MAX_INT:
+            raise RejectedArtifact(layout.budget(self.experiment),
+                                   f"token_budget must be a positive integer, got {budget!r}")
+        return max(configured, budget)
+
+    def raise_token_budget(self, budget: int, configured: int, record: Mapping[str, Any]
+                           ) -> int:
+        """Raise the run's token budget to `budget` if that is larger than the one in force
+        (the control plane, when `train` resumes a run with a larger one); returns the budget
+        in force after. Conditional on the record read: two raises at once both count."""
+        key = layout.budget(self.experiment)
+        for _ in range(10):
+            info = self.blobs.info(key)
+            current = self.token_budget(configured)
+            if budget <= current:
+                return current
+            try:
+                self.blobs.write(key, _json_bytes({**record, "token_budget": budget}),
+                                 if_generation=0 if info is None else info.generation)
+                return budget
+            except PreconditionFailed:
+                continue
+        raise Conflict("the token budget keeps changing")
+
     def put_stop_request(self, record: Mapping[str, Any]) -> bool:
         """An operator asks to end the run before its budget (`diloco stop`, the `stop` job).
         The round controller turns it into STOP at its next tick, so the run ends as at the

@@ -23,6 +23,7 @@
     experiments/{exp}/STOP_REQUEST                                 an operator asked to stop
     experiments/{exp}/CAPACITY                                     learners absent now, every
                                                                    join and leave (moves)
+    experiments/{exp}/BUDGET                                       a raised token budget (moves)
     experiments/{exp}/syncer/LEASE                                 who may decide and merge (moves)
     experiments/{exp}/syncer/RETENTION                             how far retention got (moves)
     experiments/{exp}/FINISHED                                     final rounds done (write-once)
@@ -146,6 +147,10 @@ def stop(exp: str) -> str:
 
 def stop_request(exp: str) -> str:
     return f"{experiment(exp)}/STOP_REQUEST"
+
+
+def budget(exp: str) -> str:
+    return f"{experiment(exp)}/BUDGET"
 
 
 def capacity(exp: str) -> str:
