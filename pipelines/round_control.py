@@ -18,6 +18,7 @@ runs too), on wall-clock time. What this module adds is how the store shows them
   Its offers still count if they arrive in time.
 """
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -350,10 +351,8 @@ class RoundController:
         last good value."""
         if now - self._budget_read_at >= STOP_REQUEST_POLL_SECONDS:
             self._budget_read_at = now
-            try:
+            with contextlib.suppress(RejectedArtifact):
                 self._budget = self.store.token_budget(self.cfg.token_budget)
-            except RejectedArtifact:
-                pass
         return self._budget
 
     def _read_absent(self, now: float) -> frozenset[str]:
