@@ -227,6 +227,10 @@ def _print_summary(s: dict) -> None:
     if s.get("faults_fired"):
         fired = ", ".join(f"{k} x{v}" for k, v in sorted(s["faults_fired"].items()))
         print(f"faults fired         {fired}")
+    changes = (s.get("capacity") or {}).get("changes") or []
+    if changes:
+        print("capacity             " + ", ".join(
+            f"{c['learner']} {c['action']}s (round {c.get('round')})" for c in changes))
     if s.get("goodput") is not None:
         print(f"goodput              {s['goodput']:.3f} (tokens merged / learner capacity)")
     ledger = s.get("ledger")
