@@ -384,3 +384,14 @@ def test_kill_loop_refuses_an_unknown_restart_kind():
     with pytest.raises(TapeError, match="'daemon_restrat' is not one of daemon_restart"):
         kill_loop_tape(0, ["a"], steps=10, kills=0, min_gap_steps=1,
                        restarts=[("daemon_restrat", 5.0)])
+
+
+def test_the_documented_example_tape_is_valid_and_uses_every_kind():
+    # docs/chaos.md shows one tape "valid for the 4 learners of the embedded defaults".
+    import json
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "chaos.md").read_text()
+    example = json.loads(text.split("```json\n", 1)[1].split("```", 1)[0])
+    tape = tape_from_mapping(example, [f"learner-{i}" for i in range(4)])
+    assert {f.kind for f in tape.faults} == set(FAULT_KINDS)
