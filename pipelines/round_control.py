@@ -167,9 +167,8 @@ class RoundController:
         self.describe_offers = describe_offers
         self._stop_request_read_at = -math.inf
         self._absent: frozenset[str] = frozenset(self.cfg.learners.standby_names)
-        self._capacity_read_at = -math.inf
         self._budget = self.cfg.token_budget     # raised on resume (`BUDGET` in the store)
-        self._budget_read_at = -math.inf
+        self._control_read_at = -math.inf        # when CAPACITY and BUDGET were last read
 
     def tick(self, state: dict | None, now: float | None = None) -> TickResult:
         now = time.time() if now is None else now
@@ -194,8 +193,9 @@ class RoundController:
             if why is not None:
                 refused[name] = why     # reads as no heartbeat: the learner is not live
         state["seen"] = observe(state.get("seen"), beats, now)
+        self._read_control_records(now)
         live = [n for n in live_learners(beats, state["seen"], now, orch.learner_timeout_seconds)
-                if n not in self._read_absent(now)]
+                if n not in self._absent]
         estimates = self._estimates(state, beats)
 
         self._watch_published(state, now)
@@ -328,7 +328,7 @@ class RoundController:
             return
         tokens = self._tokens(beats)
         total, P = sum(tokens.values()), final_rounds(self.cfg.sync.num_fragments)
-        budget = self._read_budget(now)
+        budget = self._budget
         if budget_reached(tokens, budget):
             reason = f"token budget reached ({total} >= {budget})"
         elif (now - self._stop_request_read_at >= STOP_REQUEST_POLL_SECONDS
@@ -345,27 +345,19 @@ class RoundController:
                                  "final_left": P})
         state["stop"], state["final_left"] = True, P
 
-    def _read_budget(self, now: float) -> int:
-        """The token budget in force (the config's, or a larger one set when `train` resumed
-        the run), read at most every STOP_REQUEST_POLL_SECONDS; a malformed record keeps the
-        last good value."""
-        if now - self._budget_read_at >= STOP_REQUEST_POLL_SECONDS:
-            self._budget_read_at = now
-            with contextlib.suppress(RejectedArtifact):
-                self._budget = self.store.token_budget(self.cfg.token_budget)
-        return self._budget
-
-    def _read_absent(self, now: float) -> frozenset[str]:
-        """The learners without capacity now, read at most every STOP_REQUEST_POLL_SECONDS (a
-        malformed record keeps the last good one: only the control plane writes it)."""
-        if now - self._capacity_read_at >= STOP_REQUEST_POLL_SECONDS:
-            self._capacity_read_at = now
-            try:
-                record, _ = self.store.capacity(self.cfg.learners.standby_names)
-                self._absent = frozenset(record.absent)
-            except (RejectedArtifact, Conflict):
-                pass
-        return self._absent
+    def _read_control_records(self, now: float) -> None:
+        """The learners without capacity now and the token budget in force (the config's, or
+        a larger one set when `train` resumed the run), read at most every
+        STOP_REQUEST_POLL_SECONDS. A malformed record keeps the last good value: only the
+        control plane writes them."""
+        if now - self._control_read_at < STOP_REQUEST_POLL_SECONDS:
+            return
+        self._control_read_at = now
+        with contextlib.suppress(RejectedArtifact, Conflict):
+            self._absent = frozenset(self.store.capacity(self.cfg.learners.standby_names)[0]
+                                     .absent)
+        with contextlib.suppress(RejectedArtifact):
+            self._budget = self.store.token_budget(self.cfg.token_budget)
 
     def _read_stop_request(self, now: float) -> dict | None:
         self._stop_request_read_at = now
