@@ -16,9 +16,17 @@
   the relaunch.
 - ledger: where every processed token went (`pipelines.token_ledger`); faults, rejoins and
   goodput (`pipelines.resilience`).
+- evals: the initial (every fragment at version 0) and final held-out evals the losses come
+  from, with the versions and batches they saw. An eval passed in (the syncer's own, made with
+  its warm eval program) is used only if it saw exactly those versions and batches.
+
+Who writes it: the syncer service, as soon as the final rounds are merged and every learner's
+last process has ended (its ledger records are final then); the `summarize` run the quorum
+sensor requests then records it as the `run_summary` asset, reusing those evals.
 """
 
 import statistics
+import time
 
 from diloco_core.config_loading import config_from_mapping
 from pipelines.resilience import resilience_report
@@ -51,7 +59,40 @@ def uptime(publish_times: list[float], median_gap: float | None = None) -> float
     return 1.0 - down / span if span > 0 else 1.0
 
 
-def build_summary(store: ArtifactStore, eval_batches: int | None = None) -> dict:
+# A learner's last process has ended: its final heartbeat carries its final ledger record.
+ENDED = frozenset({"done", "left", "failed", "superseded"})
+
+
+def learners_settled(store: ArtifactStore, cfg, now: float | None = None) -> bool:
+    """Every learner on the roster has ended its last process, or stopped beating for longer
+    than the learner timeout (a crash the supervisor will not relaunch after STOP), or never
+    started (standby): the summary's ledger and token counts are final."""
+    now = time.time() if now is None else now
+    for name in cfg.learners.learner_names:
+        beat = store.get_heartbeat(name)
+        if beat is None or beat.get("status") in ENDED:
+            continue
+        if now - float(beat.get("time", 0.0)) <= cfg.orchestration.learner_timeout_seconds:
+            return False
+    return True
+
+
+def _eval(store: ArtifactStore, given: dict | None, batches: int, num_fragments: int,
+          version: int | None) -> dict:
+    """`given` if it evaluated exactly these fragment versions on these batches, else a fresh
+    evaluation (a JAX program to compile in a fresh process: seconds)."""
+    expected = ([0] * num_fragments if version == 0
+                else [store.current_version(p) for p in range(num_fragments)])
+    if (isinstance(given, dict) and isinstance(given.get("loss"), float)
+            and given.get("versions") == expected and given.get("batches") == batches):
+        return dict(given)
+    return evaluate_global(store, batches, version=version)
+
+
+def build_summary(store: ArtifactStore, eval_batches: int | None = None,
+                  evals: dict | None = None) -> dict:
+    """The run's summary; `evals` ({"initial": ..., "final": ...}, as `evaluate_global` returns
+    them) are reused where they saw the right versions."""
     cfg = config_from_mapping(store.get_config())
     names = cfg.learners.learner_names
     merges = merge_records(store, cfg.sync.num_fragments)
@@ -102,8 +143,12 @@ def build_summary(store: ArtifactStore, eval_batches: int | None = None) -> dict
                 for m in merges):
             rejoined.append(n)
     ledger, rejections = run_ledger(store, cfg)
-    initial = evaluate_global(store, eval_batches, version=0)
-    final = evaluate_global(store, eval_batches)
+    batches = eval_batches or cfg.orchestration.eval_batches
+    evals = evals if isinstance(evals, dict) else {}
+    initial = _eval(store, evals.get("initial"), batches, cfg.sync.num_fragments,
+                    version=0)
+    final = _eval(store, evals.get("final"), batches, cfg.sync.num_fragments,
+                  version=None)
     publish = [m["published_at"] for m in merges if m.get("published_at")]
     return {
         "experiment": store.experiment,
@@ -134,6 +179,7 @@ def build_summary(store: ArtifactStore, eval_batches: int | None = None) -> dict
         # AdamW state and the global parameters, or fresh).
         "learner_started_from": {n: b.get("rejoined_from") for n, b in beats.items()},
         **resilience_report(store, cfg, merges, ledger),
+        "evals": {"initial": initial, "final": final},
         "rounds": rounds,
     }
 

@@ -17,6 +17,10 @@ programs kept warm: decision to published is the merge itself, not a run launch.
 - It evaluates the global model every `orchestration.eval_every_rounds` merged rounds (0:
   every P) and stores the result; the quorum sensor mirrors decisions, merges and evals into
   Dagster as asset materializations.
+- Once the final rounds are merged it waits for the learners' last processes to end (their
+  ledger records are final then) and writes the run summary with its own initial and final
+  evals: the summary is there a poll after the run ends, not after a sensor tick, a run launch
+  and a fresh process compiling the eval (the `summarize` run records it in Dagster after).
 """
 
 import contextlib
@@ -29,6 +33,7 @@ from pipelines.retention import Retention
 from pipelines.round_control import RoundController
 from pipelines.round_eval import evaluate_global
 from pipelines.round_metadata import global_params_metadata, round_scalars
+from pipelines.run_summary import build_summary, learners_settled
 from pipelines.store_merge import MergeInputError, MergeOutcome, MergePlan, merge_from_store
 from resources.compile_cache import enable_compilation_cache
 from resources.faults import MergeFaults, SyncerFaults, load_tape
@@ -62,6 +67,10 @@ class SyncerService:
         self.decision_to_publish: list[float] = []
         self.last_eval_round: int | None = None
         self.merges_since_eval = 0
+        # The summary's evals, made with this process's warm eval program: version 0 of every
+        # fragment (during the warm-up) and the last eval after a merge.
+        self.initial_eval: dict | None = None
+        self.last_eval: dict | None = None
         self.state: dict | None = None
         self.metrics = open_sink(self.cfg.orchestration.tensorboard_dir, store.experiment,
                                  self.name, log)
@@ -110,6 +119,7 @@ class SyncerService:
                 if self.state.get("finished"):
                     self.status = "done"
                     self.log(f"syncer: the run is finished ({self.merged} rounds merged)")
+                    self._summarize()
                     break
                 if max_seconds is not None and time.monotonic() - started > max_seconds:
                     self.status = "stopped"
@@ -185,7 +195,8 @@ class SyncerService:
                                               is_embedding, "warm-up")
                 if merged is not None:
                     all_finite(merged)
-        evaluate_global(self.store)
+        # The eval program compiles on the initial parameters: the summary's first eval.
+        self.initial_eval = evaluate_global(self.store, version=0)
         self.log(f"syncer: merge and eval programs compiled in "
                  f"{time.monotonic() - started:.1f}s")
 
@@ -244,6 +255,7 @@ class SyncerService:
             return
         self.lease.check()
         result = evaluate_global(self.store)
+        self.last_eval = result
         round_index = int(self.state["round"])
         with contextlib.suppress(Conflict):   # a fallback merge run evaluated this round
             self.store.put_eval(round_index, {**result, "by": "syncer"})
@@ -252,6 +264,31 @@ class SyncerService:
                                                "eval/bits_per_byte": result["bits_per_byte"]})
         self.merges_since_eval = 0
         self.last_eval_round = round_index
+
+    def _summarize(self) -> None:
+        """Write the run summary once every learner's last process has ended (bounded by the
+        learner timeout: a learner that stopped beating has ended too). A failure is logged:
+        the `summarize` run the quorum sensor requests builds it from the store alone."""
+        orch = self.cfg.orchestration
+        deadline = time.monotonic() + orch.learner_timeout_seconds + orch.heartbeat_seconds
+        try:
+            while (not learners_settled(self.store, self.cfg)
+                   and time.monotonic() < deadline):
+                self.lease.renew()
+                time.sleep(orch.syncer_poll_seconds)
+            if self._warm is not None:      # its eval is the summary's initial eval
+                self._warm.join(timeout=300)
+            self.lease.check()
+            summary = build_summary(self.store, evals={"initial": self.initial_eval,
+                                                       "final": self.last_eval})
+            self.store.put_summary({**summary, "summarized_by": self.name})
+            self.log(f"syncer: run summary written (held-out loss "
+                     f"{summary['initial_eval_loss']:.3f} -> {summary['final_eval_loss']:.3f})")
+        except LeaseLost:
+            raise
+        except Exception as err:  # noqa: BLE001 - the summarize run writes it instead
+            self.log(f"syncer: could not write the run summary ({err!r}); the summarize run "
+                     "will")
 
     # ---- reporting ----------------------------------------------------------------------------
     def _progress(self, reason: str) -> str:

@@ -357,3 +357,90 @@ def test_retention_deletes_what_left_the_window_and_a_new_syncer_carries_on(tmp_
         successor = SyncerService(h.store, attempt=1, log=lambda _: None)
         assert (successor.retention.versions_from, successor.retention.rounds_from) == (
             [4, 3], 7)
+
+
+def _finish(h: Harness, service: SyncerService) -> None:
+    """The budget reached: the service runs the final rounds (everyone offers) to FINISHED."""
+    for name in NAMES:
+        h.beat(name, h.cfg.token_budget)     # far past the budget: STOP at the next tick
+    for _ in range(20):
+        h.now += 1.0
+        service.step(now=h.now)
+        opened = h.store.latest_open_round()
+        if opened is not None and opened.get("final"):
+            for name in NAMES:
+                if h.store.contribution_manifest(opened["round"], name) is None:
+                    h.offer(name, opened["round"])
+        if h.store.finished() is not None:
+            return
+    raise AssertionError("the final rounds did not finish")
+
+
+def test_the_service_writes_the_summary_with_its_own_evals_once_the_learners_ended(
+        harness, monkeypatch):
+    """At FINISHED the syncer waits for every learner's last process to end (their ledger
+    records are final then), then writes the summary with the evals it made with its warm
+    program; the `summarize` run records it in Dagster without evaluating again."""
+    import pipelines.run_summary as run_summary
+
+    h = harness
+    service = _service_after_round_0(h)
+    service.initial_eval = run_summary.evaluate_global(h.store, version=0)
+    _finish(h, service)
+    assert service.last_eval is not None     # the final eval, after the last final merge
+    assert service.last_eval["versions"] == [h.store.current_version(p) for p in range(2)]
+
+    # Learners still beating "stopping": not settled; the syncer would wait for them.
+    for name in NAMES:
+        h.beat(name, h.cfg.token_budget, status="stopping")
+    assert not run_summary.learners_settled(h.store, h.cfg, now=h.now)
+    # One crashed and stopped beating: it has ended as far as the summary is concerned.
+    assert not run_summary.learners_settled(
+        h.store, h.cfg, now=h.now + h.cfg.orchestration.learner_timeout_seconds / 2)
+    assert run_summary.learners_settled(
+        h.store, h.cfg, now=h.now + h.cfg.orchestration.learner_timeout_seconds + 1)
+    for name in NAMES:
+        h.beat(name, h.cfg.token_budget, status="done")
+    assert run_summary.learners_settled(h.store, h.cfg, now=h.now)
+
+    def no_second_eval(*args, **kwargs):
+        raise AssertionError("evaluated again although the syncer's evals were current")
+
+    monkeypatch.setattr(run_summary, "evaluate_global", no_second_eval)
+    service._summarize()
+    summary = h.store.get_summary()
+    assert summary["summarized_by"] == "syncer-a0"
+    assert summary["initial_eval_loss"] == service.initial_eval["loss"]
+    assert summary["final_eval_loss"] == service.last_eval["loss"]
+    # (the harness's offers are synthetic: the losses differ, without a direction)
+    assert summary["final_eval_loss"] != summary["initial_eval_loss"]
+    assert summary["evals"]["final"]["versions"] == service.last_eval["versions"] != [0, 0]
+
+    result = h.defs.resolve_job_def("summarize").execute_in_process(instance=h.instance)
+    assert result.success
+    recorded = h.store.get_summary()
+    assert recorded["summarized_by"] == "summarize"
+    assert recorded["final_eval_loss"] == summary["final_eval_loss"]
+
+
+def test_the_summary_evaluates_again_where_a_given_eval_saw_other_versions(harness,
+                                                                            monkeypatch):
+    """An eval made before the last merge (or on other batches) is never passed off as the
+    final one."""
+    import pipelines.run_summary as run_summary
+
+    h = harness
+    service = _service_after_round_0(h)
+    _round(h, service, 1)
+    stale = {**run_summary.evaluate_global(h.store), "versions": [0, 0]}
+    other_batches = {**stale, "versions": [h.store.current_version(p) for p in range(2)],
+                     "batches": stale["batches"] + 1}
+    calls = []
+    original = run_summary.evaluate_global
+    monkeypatch.setattr(run_summary, "evaluate_global",
+                        lambda *a, **k: calls.append(k.get("version")) or original(*a, **k))
+    run_summary.build_summary(h.store, evals={"initial": stale, "final": stale})
+    assert calls == [None]          # the version-0 eval was current as the initial one
+    calls.clear()
+    run_summary.build_summary(h.store, evals={"initial": None, "final": other_batches})
+    assert calls == [0, None]

@@ -1,8 +1,14 @@
-"""The run summary: requested by the quorum sensor once the final rounds are merged."""
+"""The run summary: requested by the quorum sensor once the final rounds are merged.
+
+The syncer service usually wrote the summary already (as soon as the final rounds were merged
+and the learners had ended): this run records it as an asset, reusing the syncer's evals
+where they saw the final versions, and builds it from the store alone where no syncer did
+(the sensor fallback)."""
 
 import dagster as dg
 
 from pipelines.experiment_context import run_store
+from resources.store.artifact_store import ArtifactStore
 from resources.store.resource import ArtifactStoreResource
 
 
@@ -13,7 +19,9 @@ def run_summary(context: dg.AssetExecutionContext, store: ArtifactStoreResource)
     from pipelines.run_summary import build_summary
 
     artifacts = run_store(context, store)
-    summary = build_summary(artifacts)
+    written = artifacts.get_summary() or {}
+    summary = {**build_summary(artifacts, evals=written.get("evals")),
+               "summarized_by": ArtifactStore.SUMMARY_RECORDED_BY}
     artifacts.put_summary(summary)
     active = store.active()
     if active is not None and active.experiment == artifacts.experiment:

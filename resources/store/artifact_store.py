@@ -157,6 +157,10 @@ class ArtifactStore:
     def get_config(self) -> dict | None:
         return self._read_json(layout.config(self.experiment))
 
+    # The summary's `summarized_by` once the `summarize` run has recorded it as Dagster's
+    # `run_summary` asset (the syncer service writes it first, under its own name).
+    SUMMARY_RECORDED_BY = "summarize"
+
     def put_summary(self, summary: Mapping[str, Any]) -> None:
         # The one object that is rewritten: the latest summary of a (possibly resumed) run.
         self.blobs.write(layout.summary(self.experiment), _json_bytes(dict(summary)))
