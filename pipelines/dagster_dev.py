@@ -88,6 +88,11 @@ def instance_yaml(max_concurrent_runs: int, postgres_url: str | None = None) -> 
             "config": {
                 "max_concurrent_runs": max_concurrent_runs,
                 "dequeue_interval_seconds": 1,
+                # Launch what one dequeue admits side by side (a launch is mostly waiting on
+                # the code server and a process start): the M learners and the syncer that
+                # the supervisor requests at the start otherwise launch one after another.
+                "dequeue_use_threads": True,
+                "dequeue_num_workers": 4,
                 "tag_concurrency_limits": [
                     {"key": "diloco/learner", "value": {"applyLimitPerUniqueValue": True},
                      "limit": 1},
