@@ -192,9 +192,16 @@ class OuterOptConfig:
     # rounds carry little new progress, so an outer step there is mostly momentum: measured
     # (benchmarks/final_rounds.py), "average" ends 0.07-0.11 lower in held-out loss.
     final_rounds: str = "average"
+    # "constant": every outer step at `lr`. "inner": the outer lr follows the inner schedule's
+    # cosine (down to inner.min_lr_ratio of `lr`) over the outer steps a fragment takes in the
+    # run (inner steps per learner / sync_period), so that late rounds, whose learners barely
+    # move, are not pushed by a full-size step and the momentum they carry.
+    lr_schedule: str = "constant"
 
     def __post_init__(self):
         _finite_positive(self.lr, "lr")
+        _require(self.lr_schedule in OUTER_LR_SCHEDULES, "lr_schedule",
+                 f"must be one of {OUTER_LR_SCHEDULES}, got {self.lr_schedule!r}")
         _in_unit(self.momentum, "momentum", low_open=False, high_open=True)
         _require(isinstance(self.momentum_warmup_steps, int) and self.momentum_warmup_steps >= 0,
                  "momentum_warmup_steps",
@@ -204,6 +211,7 @@ class OuterOptConfig:
 
 
 FINAL_ROUND_STEPS = ("outer_step", "average")
+OUTER_LR_SCHEDULES = ("constant", "inner")
 MERGE_RULES = ("rda", "mean")
 RECEIVE_RULES = ("overwrite", "blend", "rebase")
 WEIGHTINGS = ("tokens", "uniform")
@@ -657,6 +665,11 @@ class ExperimentConfig:
         per_step = sum(tokens * presence.get(i, 1.0)
                        for i, tokens in enumerate(self.learner_step_tokens))
         return max(1, int(self.token_budget // per_step))
+
+    @property
+    def outer_steps_per_fragment(self) -> int:
+        """Outer steps each fragment takes in the run (the outer lr schedule's horizon)."""
+        return max(1, self.total_learner_steps // self.sync.sync_period)
 
     def capacity_windows(self) -> dict[int, tuple[float, float]]:
         """learner -> (joins, leaves) in simulated seconds for `simulation.capacity` (leaves

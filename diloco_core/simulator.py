@@ -47,7 +47,7 @@ from diloco_core.inner_step import InnerStep, TrainState
 from diloco_core.learner import LearnerSync
 from diloco_core.model import init_model, is_embedding
 from diloco_core.objectives import batch_tokens, concat_batches
-from diloco_core.outer import build_outer_optimizer
+from diloco_core.outer import outer_optimizer_for
 from diloco_core.quorum import Estimates
 from diloco_core.round_protocol import (
     decide_round,
@@ -137,7 +137,7 @@ class Simulation:
         self.plan = plan_fragments({k: v.shape for k, v in params.items()},
                                    cfg.sync.num_fragments)
         self.inner = InnerStep(self.model_def, cfg.inner, cfg.total_learner_steps)
-        self.tx = build_outer_optimizer(cfg.outer)
+        self.tx = outer_optimizer_for(cfg)
         self.syncer = SyncerState.start(split_params(params, self.plan), self.tx)
         self.heldout = heldout_data(cfg, heldout_stream)
         self.estimates = Estimates(step_seconds=cfg.simulation.step_seconds,

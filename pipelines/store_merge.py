@@ -22,7 +22,7 @@ from diloco_core.config import ExperimentConfig
 from diloco_core.config_loading import config_from_mapping
 from diloco_core.fragments import FragmentPlan, plan_fragments
 from diloco_core.model import abstract_params, is_embedding
-from diloco_core.outer import build_outer_optimizer
+from diloco_core.outer import outer_optimizer_for
 from diloco_core.syncer import FragmentState, all_finite, merge_fragment
 from resources.store.artifact_store import ArtifactStore, RejectedArtifact
 
@@ -62,7 +62,7 @@ class MergePlan:
     def of(cls, cfg: ExperimentConfig) -> "MergePlan":
         shapes = {k: v.shape for k, v in abstract_params(cfg.model).items()}
         plan = plan_fragments(shapes, cfg.sync.num_fragments)
-        tx = build_outer_optimizer(cfg.outer)
+        tx = outer_optimizer_for(cfg)
         templates = tuple(tx.init({n: jnp.zeros(shapes[n], jnp.float32) for n in names})
                           for names in plan.fragments)
         return cls(cfg, plan, tx, templates, shapes)

@@ -9,7 +9,7 @@ import jax
 from diloco_core.config_loading import config_from_mapping, config_to_mapping
 from diloco_core.fragments import plan_fragments, split_params
 from diloco_core.model import init_model
-from diloco_core.outer import build_outer_optimizer
+from diloco_core.outer import outer_optimizer_for
 from resources.store.artifact_store import ArtifactStore
 from resources.store.backends import open_blob_store
 
@@ -21,7 +21,7 @@ def committed_experiment(root: str, name: str, overrides: list[str]) -> Artifact
     store.put_config(config_to_mapping(cfg))
     _, params = init_model(cfg.model, cfg.seed)
     plan = plan_fragments({k: v.shape for k, v in params.items()}, cfg.sync.num_fragments)
-    tx = build_outer_optimizer(cfg.outer)
+    tx = outer_optimizer_for(cfg)
     for p, fragment in enumerate(split_params(params, plan)):
         store.commit_global(p, 0, jax.device_get(fragment), tx.init(fragment), {"round": None})
     return store

@@ -10,7 +10,7 @@ import pytest
 from diloco_core.config_loading import config_to_mapping
 from diloco_core.fragments import plan_fragments, split_params
 from diloco_core.model import init_model
-from diloco_core.outer import build_outer_optimizer
+from diloco_core.outer import outer_optimizer_for
 from pipelines.cli import load_config, main
 from pipelines.round_eval import evaluate_global
 from resources.model_export import ExportError, export_global, load_exported
@@ -30,7 +30,7 @@ def store(tmp_path):
     artifacts.put_config(config_to_mapping(cfg))
     _, params = init_model(cfg.model, cfg.seed)
     plan = plan_fragments({k: v.shape for k, v in params.items()}, cfg.sync.num_fragments)
-    tx = build_outer_optimizer(cfg.outer)
+    tx = outer_optimizer_for(cfg)
     fragments = split_params(params, plan)
     for p, fragment in enumerate(fragments):
         artifacts.commit_global(p, 0, jax.device_get(fragment), tx.init(fragment),

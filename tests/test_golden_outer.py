@@ -124,6 +124,38 @@ def test_momentum_warmup_ramps_each_fragments_momentum_from_zero():
     np.testing.assert_array_equal(a["w"], b["w"])
 
 
+def test_the_inner_lr_schedule_decays_each_fragments_outer_lr_by_hand():
+    # lr 0.5, no momentum, lr_schedule "inner" over a horizon of 4 outer steps, floor 0.1:
+    # lr_n = 0.5 * (0.1 + 0.9 * (1 + cos(pi * n / 4)) / 2) = 0.5, 0.4268, 0.275, 0.1232, 0.05
+    # (and 0.05 after the horizon). Theta0 = 1, g = 0.2 at every step.
+    cfg = OuterOptConfig(lr=0.5, momentum=0.0, lr_schedule="inner")
+    tx = build_outer_optimizer(cfg, horizon_steps=4, min_lr_ratio=0.1)
+    theta = {"w": jnp.array([1.0])}
+    state = tx.init(theta)
+    expected = 1.0
+    for n in range(6):
+        lr = 0.5 * (0.1 + 0.9 * (1 + np.cos(np.pi * min(n, 4) / 4)) / 2)
+        expected -= lr * 0.2
+        theta, state = outer_step(tx, theta, state, {"w": jnp.array([0.2])})
+        np.testing.assert_allclose(theta["w"], [expected], rtol=1e-6)
+    # A constant schedule keeps lr: six steps of 0.5 * 0.2.
+    tx = build_outer_optimizer(OuterOptConfig(lr=0.5, momentum=0.0), 4, 0.1)
+    theta, state = {"w": jnp.array([1.0])}, None
+    state = tx.init(theta)
+    for _ in range(6):
+        theta, state = outer_step(tx, theta, state, {"w": jnp.array([0.2])})
+    np.testing.assert_allclose(theta["w"], [1.0 - 6 * 0.1], rtol=1e-6)
+
+
+def test_the_outer_schedule_spans_the_runs_outer_steps_per_fragment():
+    from diloco_core.config_loading import config_from_mapping
+
+    cfg = config_from_mapping({"token_budget": 1_000_000, "outer": {"lr_schedule": "inner"}})
+    # 1M tokens / (4 learners x 16 x 128 tokens a step) = 122 inner steps; H = 16: 7 outer
+    # steps per fragment.
+    assert cfg.total_learner_steps == 122 and cfg.outer_steps_per_fragment == 122 // 16
+
+
 def _contribution(learner, theta_m, global_value, tokens=64, steps=2, base_version=0):
     delta = {"w": encode(jnp.asarray(global_value - theta_m), "fp32", 64)}
     return Contribution(learner, 0, 0, base_version, tokens, steps, steps, 0.0, delta)

@@ -15,7 +15,7 @@ from diloco_core.inner_step import InnerStep
 from diloco_core.merge import weighted_mean
 from diloco_core.model import init_model, param_count
 from diloco_core.objectives import concat_batches
-from diloco_core.outer import build_outer_optimizer, outer_step
+from diloco_core.outer import outer_optimizer_for, outer_step
 from diloco_core.simulator import Simulation, learner_data, run_simulation
 from resources.corpus import load_corpus
 
@@ -127,7 +127,7 @@ def test_full_quorum_single_fragment_no_overlap_is_synchronous_diloco(corpus):
     m, h = cfg.learners.num_learners, cfg.sync.sync_period
     model_def, theta = init_model(cfg.model, cfg.seed)
     inner = InnerStep(model_def, cfg.inner, cfg.total_learner_steps)
-    tx = build_outer_optimizer(cfg.outer)
+    tx = outer_optimizer_for(cfg)
     opt = tx.init(theta)
     states = [inner.init(jax.tree.map(jnp.array, theta)) for _ in range(m)]
     data = [learner_data(cfg, i, corpus.learner_streams[i]) for i in range(m)]

@@ -85,7 +85,7 @@ def start_experiment(context: dg.AssetExecutionContext, config: TrainingConfig,
 
     from diloco_core.fragments import plan_fragments, split_params
     from diloco_core.model import init_model, param_count
-    from diloco_core.outer import build_outer_optimizer
+    from diloco_core.outer import outer_optimizer_for
     from resources.store.artifact_store import Conflict
 
     artifacts = store.store(cfg.name)
@@ -113,7 +113,7 @@ def start_experiment(context: dg.AssetExecutionContext, config: TrainingConfig,
                "job" if driven else ""))
     _, params = init_model(cfg.model, cfg.seed)
     plan = plan_fragments({k: v.shape for k, v in params.items()}, cfg.sync.num_fragments)
-    tx = build_outer_optimizer(cfg.outer)
+    tx = outer_optimizer_for(cfg)
     for p, fragment in enumerate(split_params(params, plan)):
         if artifacts.current_version(p) is None:
             artifacts.commit_global(p, 0, jax.device_get(fragment), tx.init(fragment),
