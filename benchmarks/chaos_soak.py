@@ -1,14 +1,18 @@
 """Chaos soak: a seeded random kill/restart loop on the real Dagster path, Decoupled DiLoCo
 against synchronous DiLoCo on the same tape.
 
-Four runs of `diloco demo` (Dagster daemon, sensors, one process per learner, a merge run per
-round), one after the other on this machine, same model, data, learners and token budget:
+Runs of `diloco demo` (Dagster daemon, sensors, one process per learner, the syncer service),
+one after the other on this machine, same model, data, learners and token budget:
 
   decoupled            K=2 of M=4, P=2 fragments, adaptive grace window; no faults
   decoupled + tape     the same, under the fault tape
   synchronous          K=M, P=1, no overlap, no grace, every learner blocks at each sync
                        until the merge arrives (orchestration.block_on_overlap); no faults
   synchronous + tape   the same, under the same tape
+
+and, for each `--extra-seeds` seed, both methods under that seed's tape ("<method>/tape-s<seed>"):
+where a kill lands in a learner's interval moves the final loss by percents, so the comparison
+at equal tokens is the mean over the tapes (`comparison` in the result).
 
 The tape (`kill_loop_tape`, seeded) SIGKILLs learner processes at given steps (the learner
 supervisor relaunches them from their last checkpoint), SIGKILLs the syncer service at given
@@ -24,7 +28,7 @@ for synchronous DiLoCo K = M, so any dead learner stops it); goodput
 rejoin time (kill -> first merge that includes the relaunched learner) median and max; final
 held-out loss against the fault-free run; wall time to the token budget; the ledger.
 
-    python benchmarks/chaos_soak.py                 # ~30 min on 2 cores
+    python benchmarks/chaos_soak.py                 # two tapes, six runs: ~30 min on 2 cores
     python benchmarks/chaos_soak.py --budget 300000 --kills 4   # a shorter soak
 """
 
@@ -201,7 +205,8 @@ def plot(result: dict, path: Path) -> None:
     colors = {"decoupled": "tab:blue", "synchronous": "tab:red"}
     for name, r in result["runs"].items():
         method, faulty = name.split("/")
-        style = {"linestyle": "-" if faulty == "tape" else ":", "color": colors[method]}
+        style = {"linestyle": ("-" if faulty == "tape" else "--" if faulty.startswith("tape")
+                               else ":"), "color": colors[method]}
         label = f"{method}, {faulty.replace('_', '-')}"
         curve = r["eval_curve"]
         axes[0].plot([t for t, _ in curve], [v for _, v in curve], label=label, **style)
@@ -210,7 +215,7 @@ def plot(result: dict, path: Path) -> None:
         publish = r["merges_published"]
         axes[1].step(publish, [(i + 1) / P for i in range(len(publish))], where="post",
                      label=label, **style)
-        for outage in r["outages"] if faulty == "tape" else []:
+        for outage in r["outages"] if faulty == "tape" else []:   # the first tape's only
             axes[1].axvspan(outage["at"], outage["relaunched"], color=colors[method],
                             alpha=0.08, lw=0)
     axes[0].set(xlabel="wall seconds after launch", ylabel="held-out loss",
@@ -232,6 +237,10 @@ def main() -> None:
     parser.add_argument("--syncer-kills", type=int, default=2,
                         help="SIGKILLs of the syncer service on the tape")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--extra-seeds", type=int, nargs="*", default=[8],
+                        help="more tapes (seeded like --seed) replayed against both methods: "
+                             "where a kill falls in a learner's interval moves the loss by "
+                             "percents, so one tape per method does not settle the comparison")
     parser.add_argument("--daemon-restart-at", type=float, default=120.0)
     parser.add_argument("--webserver-restart-at", type=float, default=200.0)
     parser.add_argument("--out", default=str(DEFAULT_OUT))
@@ -258,18 +267,23 @@ def main() -> None:
     restarts = [("daemon_restart", args.daemon_restart_at),
                 ("webserver_restart", args.webserver_restart_at)]
     tape = make_tape(args.seed, args.budget, args.kills, restarts, args.syncer_kills)
+    # The first tape's runs keep the names "<method>/tape"; each extra seed adds "tape-s<seed>".
+    tapes = {"tape": tape, **{f"tape-s{seed}": make_tape(seed, args.budget, args.kills,
+                                                         restarts, args.syncer_kills)
+                              for seed in args.extra_seeds if seed != args.seed}}
     cfgs = configs(args.budget)
     runs: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
-        tape_path = Path(tmp) / "tape.json"
-        tape_path.write_text(json.dumps(tape))
+        paths = {}
+        for label, mapping in tapes.items():
+            paths[label] = Path(tmp) / f"{label}.json"
+            paths[label].write_text(json.dumps(mapping))
         for method, cfg in cfgs.items():
-            for faulty in ("fault_free", "tape"):
+            for faulty in ("fault_free", *tapes):
                 name = f"{method}/{faulty}"
                 print(f"soak: {name}", flush=True)
                 started = time.time()
-                s = soak_run(cfg, tape_path if faulty == "tape" else None,
-                             Path(tmp) / name.replace("/", "-"))
+                s = soak_run(cfg, paths.get(faulty), Path(tmp) / name.replace("/", "-"))
                 runs[name] = {**s, "started": started}
     result = {
         "benchmark": "chaos_soak",
@@ -281,17 +295,43 @@ def main() -> None:
                    "synchronous": "synchronous_config(decoupled) + "
                                   "orchestration.block_on_overlap=true"},
         "tape": tape,
+        "extra_tapes": {label: t for label, t in tapes.items() if label != "tape"},
         "fragments": {method: cfg.sync.num_fragments for method, cfg in cfgs.items()},
         "runs": {name: figures(s, None if name.endswith("fault_free")
-                               else runs[name.replace("tape", "fault_free")],
+                               else runs[f"{name.split('/')[0]}/fault_free"],
                                cfgs[name.split("/")[0]].sync.min_quorum)
                  for name, s in runs.items()},
     }
+    result["comparison"] = compare(result["runs"], list(tapes))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     plot(result, Path(args.plot))
     print_table(result["runs"])
+    mean = result["comparison"].get("mean")
+    if mean:
+        print(f"decoupled / synchronous over {result['comparison']['tapes']} tapes: held-out "
+              f"loss {mean['loss_ratio']:.3f}, wall time {mean['wall_ratio']:.3f}; uptime "
+              f"{mean['uptime_decoupled']:.3f} vs {mean['uptime_synchronous']:.3f}")
     print(f"written to {args.out} and {args.plot}")
+
+
+def compare(runs: dict, tapes: list[str]) -> dict:
+    """Decoupled against synchronous DiLoCo under the same tapes: the final held-out loss at
+    equal tokens and the wall time to the budget, per tape and as means over the tapes."""
+    per_tape = {}
+    for label in tapes:
+        d, s = runs.get(f"decoupled/{label}"), runs.get(f"synchronous/{label}")
+        if d and s:
+            per_tape[label] = {
+                "loss_decoupled": d["final_eval_loss"], "loss_synchronous": s["final_eval_loss"],
+                "loss_ratio": d["final_eval_loss"] / s["final_eval_loss"],
+                "wall_ratio": d["wall_seconds"] / s["wall_seconds"],
+                "uptime_decoupled": d["uptime"], "uptime_synchronous": s["uptime"]}
+    if not per_tape:
+        return {}
+    mean = {k: statistics.fmean(t[k] for t in per_tape.values())
+            for k in next(iter(per_tape.values()))}
+    return {"per_tape": per_tape, "mean": mean, "tapes": len(per_tape)}
 
 
 def print_table(runs: dict) -> None:

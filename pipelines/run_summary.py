@@ -26,7 +26,6 @@ sensor requests then records it as the `run_summary` asset, reusing those evals.
 """
 
 import statistics
-import time
 
 from diloco_core.config_loading import config_from_mapping
 from pipelines.resilience import resilience_report
@@ -63,16 +62,14 @@ def uptime(publish_times: list[float], median_gap: float | None = None) -> float
 ENDED = frozenset({"done", "left", "failed", "superseded"})
 
 
-def learners_settled(store: ArtifactStore, cfg, now: float | None = None) -> bool:
-    """Every learner on the roster has ended its last process, or stopped beating for longer
-    than the learner timeout (a crash the supervisor will not relaunch after STOP), or never
-    started (standby): the summary's ledger and token counts are final."""
-    now = time.time() if now is None else now
+def learners_ended(store: ArtifactStore, cfg) -> bool:
+    """Every learner on the roster has ended its last process (its final heartbeat says so) or
+    never started one (standby): the summary's ledger and token counts are final. A learner
+    that died without saying so is the caller's timeout to bound: a learner's own clock is
+    never compared with the reader's."""
     for name in cfg.learners.learner_names:
         beat = store.get_heartbeat(name)
-        if beat is None or beat.get("status") in ENDED:
-            continue
-        if now - float(beat.get("time", 0.0)) <= cfg.orchestration.learner_timeout_seconds:
+        if beat is not None and beat.get("status") not in ENDED:
             return False
     return True
 

@@ -33,7 +33,7 @@ from pipelines.retention import Retention
 from pipelines.round_control import RoundController
 from pipelines.round_eval import evaluate_global
 from pipelines.round_metadata import global_params_metadata, round_scalars
-from pipelines.run_summary import build_summary, learners_settled
+from pipelines.run_summary import build_summary, learners_ended
 from pipelines.store_merge import MergeInputError, MergeOutcome, MergePlan, merge_from_store
 from resources.compile_cache import enable_compilation_cache
 from resources.faults import MergeFaults, SyncerFaults, load_tape
@@ -266,14 +266,14 @@ class SyncerService:
         self.last_eval_round = round_index
 
     def _summarize(self) -> None:
-        """Write the run summary once every learner's last process has ended (bounded by the
-        learner timeout: a learner that stopped beating has ended too). A failure is logged:
-        the `summarize` run the quorum sensor requests builds it from the store alone."""
+        """Write the run summary once every learner's last process has ended, waiting at most
+        the learner timeout (a learner killed after STOP is not relaunched and never says it
+        ended). A failure is logged: the `summarize` run the quorum sensor requests builds it
+        from the store alone."""
         orch = self.cfg.orchestration
         deadline = time.monotonic() + orch.learner_timeout_seconds + orch.heartbeat_seconds
         try:
-            while (not learners_settled(self.store, self.cfg)
-                   and time.monotonic() < deadline):
+            while not learners_ended(self.store, self.cfg) and time.monotonic() < deadline:
                 self.lease.renew()
                 time.sleep(orch.syncer_poll_seconds)
             if self._warm is not None:      # its eval is the summary's initial eval

@@ -390,18 +390,15 @@ def test_the_service_writes_the_summary_with_its_own_evals_once_the_learners_end
     assert service.last_eval is not None     # the final eval, after the last final merge
     assert service.last_eval["versions"] == [h.store.current_version(p) for p in range(2)]
 
-    # Learners still beating "stopping": not settled; the syncer would wait for them.
+    # Learners still "stopping" (offering, checkpointing): the syncer waits for them.
     for name in NAMES:
         h.beat(name, h.cfg.token_budget, status="stopping")
-    assert not run_summary.learners_settled(h.store, h.cfg, now=h.now)
-    # One crashed and stopped beating: it has ended as far as the summary is concerned.
-    assert not run_summary.learners_settled(
-        h.store, h.cfg, now=h.now + h.cfg.orchestration.learner_timeout_seconds / 2)
-    assert run_summary.learners_settled(
-        h.store, h.cfg, now=h.now + h.cfg.orchestration.learner_timeout_seconds + 1)
-    for name in NAMES:
-        h.beat(name, h.cfg.token_budget, status="done")
-    assert run_summary.learners_settled(h.store, h.cfg, now=h.now)
+    assert not run_summary.learners_ended(h.store, h.cfg)
+    for name, status in zip(NAMES, ("done", "left", "stopping"), strict=True):
+        h.beat(name, h.cfg.token_budget, status=status)
+    assert not run_summary.learners_ended(h.store, h.cfg)
+    h.beat(NAMES[2], h.cfg.token_budget, status="failed")
+    assert run_summary.learners_ended(h.store, h.cfg)
 
     def no_second_eval(*args, **kwargs):
         raise AssertionError("evaluated again although the syncer's evals were current")
