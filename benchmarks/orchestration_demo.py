@@ -19,6 +19,7 @@ overwrote with the merged fragment (the token ledger's `superseded_on_receipt`).
 """
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -112,10 +113,27 @@ def steady_throughput(progress: list[tuple[float, int]], budget: int) -> dict:
 
     started = first_at(1)
     low, high = first_at(0.1 * budget), first_at(0.9 * budget)
+    reached = first_at(budget)
     if low is None or high is None or high[0] <= low[0]:
-        return {"tokens_per_second": None, "seconds_to_first_token": None}
+        return {"tokens_per_second": None, "seconds_to_first_token": None,
+                "seconds_to_budget": None}
     return {"tokens_per_second": (high[1] - low[1]) / (high[0] - low[0]),
-            "seconds_to_first_token": started[0] if started else None}
+            "seconds_to_first_token": started[0] if started else None,
+            # The learners' heartbeats reach the budget; after it: the final rounds, the
+            # learners' last checkpoints and the summary.
+            "seconds_to_budget": reached[0] if reached else None}
+
+
+def learner_starts(store_dir: Path, command_started: float) -> list[float]:
+    """Seconds from the demo command's start to each learner process's start (their latest
+    attempts: the first, in a run without faults)."""
+    starts = []
+    for path in sorted(store_dir.glob("experiments/*/learners/*/heartbeat.json")):
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            at = json.loads(path.read_text()).get("started_at")
+            if at:
+                starts.append(round(float(at) - command_started, 1))
+    return starts
 
 
 def run_demo(chaos: bool, workdir: Path) -> tuple[dict, dict, list[tuple[float, int]]]:
@@ -126,6 +144,7 @@ def run_demo(chaos: bool, workdir: Path) -> tuple[dict, dict, list[tuple[float, 
                "--json", str(out), "--set",
                f"orchestration.compilation_cache_dir={workdir / 'jax-cache'}"
                ] + (["--chaos"] if chaos else [])
+    command_started = time.time()
     process = subprocess.Popen(command, cwd=REPO)
     # The sample with the largest PSS total (the breakdown is of that instant) and the
     # largest RSS total seen, which may come at another instant.
@@ -153,9 +172,11 @@ def run_demo(chaos: bool, workdir: Path) -> tuple[dict, dict, list[tuple[float, 
     sampler.join()
     if code != 0:
         raise SystemExit(f"diloco demo failed with exit code {code}")
-    return json.loads(out.read_text()), {"peak_pss_mib": peak["pss_mib"],
-                                         "peak_rss_mib": max_rss,
-                                         "at_peak_pss": peak}, progress
+    demo = json.loads(out.read_text())
+    demo["learner_process_started_seconds"] = learner_starts(workdir / "demo" / "store",
+                                                             command_started)
+    return demo, {"peak_pss_mib": peak["pss_mib"], "peak_rss_mib": max_rss,
+                  "at_peak_pss": peak}, progress
 
 
 def clock_calibration(store_dir: Path, config_path: Path, demo: dict) -> dict:
@@ -266,6 +287,8 @@ def main() -> None:
     steady = steady_throughput(progress, demo["token_budget"])
     result["demo"]["steady_tokens_per_second"] = steady["tokens_per_second"]
     result["demo"]["seconds_to_first_token"] = steady["seconds_to_first_token"]
+    result["demo"]["seconds_to_budget"] = steady["seconds_to_budget"]
+    result["demo"]["learner_process_started_seconds"] = demo["learner_process_started_seconds"]
     # End to end: the demo's whole wall time (Dagster's start, the job launch, every process's
     # imports and compilation, the final rounds and the summary) against the simulator's whole
     # run (its compilation included). Steady: between 10% and 90% of the budget, against the

@@ -210,7 +210,16 @@ def _experiments() -> tuple[Experiment, ...]:
                ("outer 1/0 (plain average), inner 6e-3", _outer(1.0, 0.0, 0, 6e-3)),
                ("outer 0.7/0.9 warm-up 16, inner 6e-3", _outer(0.7, 0.9, 16, 6e-3)),
                ("new defaults + data-parallel warm start 25%",
-                (*_outer(0.7, 0.9, 8, 6e-3), "learners.warm_start_fraction=0.25"))))))
+                (*_outer(0.7, 0.9, 8, 6e-3), "learners.warm_start_fraction=0.25")))),
+         # What else might close the gap, each on the new defaults (one change at a time).
+         *(Arm(f"Decoupled DiLoCo, new defaults, {what}", DECOUPLED,
+               (*_outer(0.7, 0.9, 8, 6e-3), *overrides), 0, headline)
+           for what, overrides in (
+               ("H = 8 (each fragment synced twice as often)", ("sync.sync_period=8",)),
+               ("outer lr on the inner cosine", ("outer.lr_schedule=inner",)),
+               ("data-parallel warm start 50%", ("learners.warm_start_fraction=0.5",)))),
+         Arm("Decoupled DiLoCo, outer 0.7/0.9 warm-up 8, inner 8e-3", DECOUPLED,
+             _outer(0.7, 0.9, 8, 8e-3), 0, headline)))
     return (exp1, exp2, exp3, exp4, exp5, exp6, exp7, exp8, exp9, exp10, exp11, exp12)
 
 
