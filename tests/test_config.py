@@ -8,7 +8,7 @@ from diloco_core.config_loading import config_from_mapping, config_to_mapping, p
 
 def test_defaults_are_valid_and_match_the_paper_where_it_speaks():
     cfg = ExperimentConfig()
-    assert (cfg.outer.lr, cfg.outer.momentum, cfg.outer.nesterov) == (0.7, 0.9, True)
+    assert (cfg.outer.lr, cfg.outer.momentum, cfg.outer.nesterov) == (0.7, 0.5, True)
     assert cfg.sync.merge_rule == "rda" and cfg.sync.receive_rule == "overwrite"
     assert cfg.sync.weighting == "tokens"
 

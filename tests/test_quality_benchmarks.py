@@ -47,10 +47,13 @@ def test_each_experiment_varies_what_it_studies():
     tuning = {a.label: arm_key(a) for a in EXPERIMENTS[12].arms}
     headline = {(a.label, a.seed): arm_key(a) for a in EXPERIMENTS[1].arms
                 if a.tokens == 1_000_000}
-    assert tuning["Decoupled DiLoCo, outer 0.7/0.9 warm-up 8, inner 6e-3 (new defaults)"] == \
+    assert tuning["Decoupled DiLoCo, outer 0.7/0.5 warm-up 8, inner 6e-3 (defaults)"] == \
         headline[("Decoupled DiLoCo", 0)]
-    assert tuning["Decoupled DiLoCo, outer 0.7/0.9, inner 3e-3 (old defaults)"] != \
-        headline[("Decoupled DiLoCo", 0)]
+    assert tuning["synchronous DiLoCo, outer 0.7/0.5 warm-up 8, inner 6e-3 (defaults)"] == \
+        headline[("synchronous DiLoCo", 0)]
+    for old in ("outer 0.7/0.9, inner 3e-3 (old defaults)",
+                "outer 0.7/0.9 warm-up 8, inner 6e-3 (first tuned defaults)"):
+        assert tuning[f"Decoupled DiLoCo, {old}"] != headline[("Decoupled DiLoCo", 0)]
     outages = [arm_config(a) for a in EXPERIMENTS[9].arms if "no failures" not in a.label]
     assert all(c.simulation.outages for c in outages)
 
