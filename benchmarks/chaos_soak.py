@@ -63,11 +63,11 @@ SOAK = ["name=soak", "model.preset=tiny", "data.seq_len=32", "data.batch_size=4"
         "orchestration.restart_backoff_seconds=5", "orchestration.round_timeout_seconds=90"]
 
 
-def configs(budget: int):
+def configs(budget: int, overrides: list[str] = ()):
     from diloco_core.baselines import synchronous_config
     from pipelines.cli import load_config
 
-    decoupled = load_config(None, SOAK + [f"token_budget={budget}"])
+    decoupled = load_config(None, SOAK + [f"token_budget={budget}", *overrides])
     sync = synchronous_config(decoupled)
     sync = sync.replace(orchestration=dataclasses.replace(sync.orchestration,
                                                           block_on_overlap=True))
@@ -243,6 +243,12 @@ def main() -> None:
                              "percents, so one tape per method does not settle the comparison")
     parser.add_argument("--daemon-restart-at", type=float, default=120.0)
     parser.add_argument("--webserver-restart-at", type=float, default=200.0)
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="FIELD=VALUE",
+                        help="an override on top of the soak's config, for every method "
+                             "(e.g. sync.receive_rule=rebase)")
+    parser.add_argument("--methods", nargs="+", choices=("decoupled", "synchronous"),
+                        default=["decoupled", "synchronous"])
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     parser.add_argument("--plot", default=str(PLOT))
     parser.add_argument("--plot-only", action="store_true",
@@ -271,7 +277,7 @@ def main() -> None:
     tapes = {"tape": tape, **{f"tape-s{seed}": make_tape(seed, args.budget, args.kills,
                                                          restarts, args.syncer_kills)
                               for seed in args.extra_seeds if seed != args.seed}}
-    cfgs = configs(args.budget)
+    cfgs = {m: c for m, c in configs(args.budget, args.overrides).items() if m in args.methods}
     runs: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
         paths = {}
@@ -291,7 +297,7 @@ def main() -> None:
         "commit": revision,
         "machine": machine_info(),
         "command": "python benchmarks/chaos_soak.py " + " ".join(sys.argv[1:]),
-        "config": {"overrides": SOAK, "token_budget": args.budget,
+        "config": {"overrides": SOAK + args.overrides, "token_budget": args.budget,
                    "synchronous": "synchronous_config(decoupled) + "
                                   "orchestration.block_on_overlap=true"},
         "tape": tape,
