@@ -160,8 +160,9 @@ def _launch_from_the_launchpad(page: Page, dagster, shot) -> str:
 
 
 def _wait_for_the_run(dagster, run_id: str, timeout: float = 720.0) -> dict:
-    """Poll the store until the run's summary is committed (its rounds all merged), failing
-    fast if the train run fails or Dagster goes down."""
+    """Poll the store until the run's summary is recorded by the `summarize` run (its rounds all
+    merged and mirrored into Dagster; the syncer's own summary comes a sensor tick earlier),
+    failing fast if the train run fails or Dagster goes down."""
     store = ArtifactStore(open_blob_store(dagster.store_uri), EXPERIMENT)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -171,7 +172,8 @@ def _wait_for_the_run(dagster, run_id: str, timeout: float = 720.0) -> dict:
         assert status not in ("FAILURE", "CANCELED"), f"the train run ended {status}"
         with contextlib.suppress(OSError, ValueError):  # a read racing a write
             summary = store.get_summary()
-            if summary is not None:
+            if (summary is not None
+                    and summary.get("summarized_by") == ArtifactStore.SUMMARY_RECORDED_BY):
                 config = store.get_config()
                 # The YAML typed into the launchpad is what the experiment runs.
                 assert config["model"]["preset"] == "tiny", config["model"]
