@@ -181,9 +181,9 @@ class OuterOptConfig:
     lr: float = 0.7                # outer learning rate
     # Outer momentum (one state per fragment). 0.5, not the 0.9 of runs with H = 500 inner
     # steps: here consecutive outer gradients point the same way, and Nesterov momentum
-    # multiplies a steady step by 1 / (1 - mu): 10 at 0.9, 2 at 0.5. At 1M tokens (quality experiment 12),
-    # H = 16 (7 outer steps per fragment): 0.5 and 0.9 end level (2.025 vs 2.023); H = 8
-    # (15 outer steps): 0.9 ends at 2.163, 0.5 at 2.002, the best of every arm.
+    # multiplies a steady step by 1 / (1 - mu): 10 at 0.9, 2 at 0.5. At 1M tokens (quality
+    # experiment 12), H = 16 (7 outer steps per fragment): 0.5 and 0.9 end level (2.025 vs
+    # 2.023); H = 8 (15 outer steps): 0.9 ends at 2.163, 0.5 at 2.002, the best of every arm.
     momentum: float = 0.5
     nesterov: bool = True          # Nesterov momentum (else heavy ball)
     # Outer steps over which each fragment's momentum ramps linearly from 0 to `momentum` (0:
