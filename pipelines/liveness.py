@@ -10,6 +10,9 @@ every heartbeat look fresh once, for one timeout.
 from collections.abc import Mapping
 
 LIVE_STATUSES = ("starting", "training", "stopping")
+# A learner's last process has ended: its final heartbeat carries its final ledger record. (A
+# "leaving" learner is neither live nor ended: it still offers what it has.)
+ENDED_STATUSES = ("done", "left", "failed", "superseded")
 
 
 def _marker(beat: Mapping | None) -> str | None:

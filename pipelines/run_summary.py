@@ -28,6 +28,7 @@ sensor requests then records it as the `run_summary` asset, reusing those evals.
 import statistics
 
 from diloco_core.config_loading import config_from_mapping
+from pipelines.liveness import ENDED_STATUSES
 from pipelines.resilience import resilience_report
 from pipelines.round_eval import evaluate_global
 from pipelines.token_ledger import run_ledger
@@ -58,10 +59,6 @@ def uptime(publish_times: list[float], median_gap: float | None = None) -> float
     return 1.0 - down / span if span > 0 else 1.0
 
 
-# A learner's last process has ended: its final heartbeat carries its final ledger record.
-ENDED = frozenset({"done", "left", "failed", "superseded"})
-
-
 def learners_ended(store: ArtifactStore, cfg) -> bool:
     """Every learner on the roster has ended its last process (its final heartbeat says so) or
     never started one (standby): the summary's ledger and token counts are final. A learner
@@ -69,7 +66,7 @@ def learners_ended(store: ArtifactStore, cfg) -> bool:
     never compared with the reader's."""
     for name in cfg.learners.learner_names:
         beat = store.get_heartbeat(name)
-        if beat is not None and beat.get("status") not in ENDED:
+        if beat is not None and beat.get("status") not in ENDED_STATUSES:
             return False
     return True
 
