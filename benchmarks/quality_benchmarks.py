@@ -77,8 +77,9 @@ def run_parallel(numbers: list[int], max_tokens: int | None, workers: int) -> No
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
+    from benchmarks.quality.code_identity import is_current
     from benchmarks.quality.report import write_experiment
-    from benchmarks.quality.runner import arm_key, is_current, load_arm, run_arm
+    from benchmarks.quality.runner import arm_key, load_arm, run_arm
 
     todo: dict[str, object] = {}
     for number in numbers:

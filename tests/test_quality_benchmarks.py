@@ -61,8 +61,9 @@ def test_each_experiment_varies_what_it_studies():
 def test_a_stored_result_is_reused_only_while_the_code_that_computed_it_is_unchanged(tmp_path):
     import json
 
+    from benchmarks.quality.code_identity import code_hash, is_current
     from benchmarks.quality.experiments import DECOUPLED, Arm
-    from benchmarks.quality.runner import arm_path, code_hash, is_current, run_arm
+    from benchmarks.quality.runner import arm_path, run_arm
 
     arm = Arm("tiny", DECOUPLED, ("model.preset=tiny", "data.seq_len=32", "data.batch_size=4",
                                   "simulation.eval_points=1", "simulation.eval_batches=1"),
@@ -79,7 +80,7 @@ def test_a_stored_result_is_reused_only_while_the_code_that_computed_it_is_uncha
 
 
 def test_the_code_hash_covers_what_the_simulator_imports_and_only_that():
-    from benchmarks.quality.runner import REPO, code_files
+    from benchmarks.quality.code_identity import REPO, code_files
 
     files = {str(p.relative_to(REPO)) for p in code_files()}
     # Reached through imports, including function-level ones (the vision model, the digits
@@ -92,3 +93,20 @@ def test_the_code_hash_covers_what_the_simulator_imports_and_only_that():
     for unrelated in ("diloco_core/spmd.py", "diloco_core/goodput.py", "diloco_core/bandwidth.py",
                       "resources/learner/runtime.py"):
         assert unrelated not in files, unrelated
+
+
+def test_the_code_hash_ignores_comments_docstrings_and_layout_but_not_code():
+    from benchmarks.quality.code_identity import semantic_source
+
+    base = semantic_source('"""Module."""\nX = 1  # one\n\ndef f(a):\n'
+                           '    """Doc."""\n    return a + X\n')
+    same = semantic_source('X = 1\n\n\ndef f(a):  # reflowed\n    return (a +\n            X)\n')
+    assert base == same
+    # A docstring-only function stays valid; a changed constant, operator or name does not pass.
+    assert semantic_source('def g():\n    """Only a docstring."""\n') == semantic_source(
+        'def g():\n    pass\n')
+    for changed in ('X = 2\n\ndef f(a):\n    return a + X\n',
+                    'X = 1\n\ndef f(a):\n    return a - X\n',
+                    'X = 1\n\ndef f(b):\n    return b + X\n',
+                    'X = 1\n\ndef f(a):\n    return f"{a}" + X\n'):
+        assert semantic_source(changed) != base, changed

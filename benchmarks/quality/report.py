@@ -11,8 +11,9 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks.quality.code_identity import is_current
 from benchmarks.quality.experiments import EXPERIMENTS, HEADLINE_TOKENS, RUN_ORDER, Arm, Experiment
-from benchmarks.quality.runner import is_current, load_arm
+from benchmarks.quality.runner import load_arm
 
 REPO = Path(__file__).resolve().parents[2]
 OUT_DIR = REPO / "benchmarks" / "results" / "quality"

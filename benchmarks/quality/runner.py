@@ -2,10 +2,9 @@
 
 Each arm's result is a JSON file named by a hash of its full config and method, so an arm shared
 by two experiments runs once, and an interrupted sweep resumes where it stopped. Each result
-also records `code`, a hash of the code that computes it (every module the simulator, the
-baselines and the data loaders import), and the commit: a stored result whose code hash is not
-the tree's is stale, and `run_arm` runs it again (a cache never outlives the code it caches);
-the reports say which results are stale.
+also records `code`, a hash of the code that computes it (`code_identity`), and the commit: a
+stored result whose code hash is not the tree's is stale, and `run_arm` runs it again (a cache
+never outlives the code it caches); the reports say which results are stale.
 Nothing is pickled: results are plain JSON figures, never parameters.
 """
 
@@ -15,61 +14,12 @@ import statistics
 import time
 from pathlib import Path
 
+from benchmarks.quality.code_identity import REPO, code_hash, is_current
 from benchmarks.quality.experiments import DATA_PARALLEL, DECOUPLED, SYNCHRONOUS, Arm
 from diloco_core.config import ExperimentConfig
 from diloco_core.config_loading import config_from_mapping, config_to_mapping
 
-REPO = Path(__file__).resolve().parents[2]
 RUNS_DIR = REPO / "benchmarks" / "results" / "quality" / "runs"
-# What an arm's figures depend on: the modules the simulator, the baselines and the data loaders
-# import, found by following their imports (module- and function-level) through the project's
-# own packages, plus this file. Code they cannot reach (the learner mesh, the goodput model)
-# does not make stored results stale.
-ROOTS = ("diloco_core/simulator.py", "diloco_core/baselines.py", "resources/task_data.py",
-         "benchmarks/quality/runner.py")
-PACKAGES = ("diloco_core", "resources")
-
-
-def _imported_modules(path: Path) -> set[Path]:
-    """The project modules one source file imports, at any depth in the file."""
-    import ast
-
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                 [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-                 if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
-        for name in names:
-            if name.split(".")[0] in PACKAGES:
-                candidate = REPO / (name.replace(".", "/") + ".py")
-                if candidate.exists():
-                    found.add(candidate)
-    return found
-
-
-def code_files() -> list[Path]:
-    """Every source file an arm's figures depend on (the import closure of ROOTS)."""
-    seen: set[Path] = set()
-    todo = [REPO / root for root in ROOTS]
-    while todo:
-        path = todo.pop()
-        if path not in seen:
-            seen.add(path)
-            todo.extend(_imported_modules(path) - seen)
-    return sorted(seen)
-
-
-def code_hash() -> str:
-    """A hash of the sources that compute an arm's figures."""
-    digest = hashlib.sha256()
-    for path in code_files():
-        digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-def is_current(record: dict) -> bool:
-    """Whether a stored result was computed by the code in this tree."""
-    return record.get("code") == code_hash()
 
 
 def arm_config(arm: Arm) -> ExperimentConfig:

@@ -1,0 +1,75 @@
+"""Which code computed a quality result: the hash a stored arm is keyed to.
+
+An arm's figures depend on the modules the simulator, the baselines and the data loaders import,
+found by following their imports (module- and function-level) through the project's own
+packages, plus the runner that turns a simulation into figures. Code they cannot reach (the
+learner mesh, the goodput model) does not make stored results stale.
+
+The hash is of each module's syntax tree with docstrings dropped, not of its bytes: a comment,
+a docstring or a line reflowed for the linter cannot change a figure, and used to mark every
+stored result stale (a run of hours to clear). Any change the interpreter sees still does.
+"""
+
+import ast
+import hashlib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+ROOTS = ("diloco_core/simulator.py", "diloco_core/baselines.py", "resources/task_data.py",
+         "benchmarks/quality/runner.py")
+PACKAGES = ("diloco_core", "resources")
+
+
+def _imported_modules(path: Path) -> set[Path]:
+    """The project modules one source file imports, at any depth in the file."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                 if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+        for name in names:
+            if name.split(".")[0] in PACKAGES:
+                candidate = REPO / (name.replace(".", "/") + ".py")
+                if candidate.exists():
+                    found.add(candidate)
+    return found
+
+
+def code_files() -> list[Path]:
+    """Every source file an arm's figures depend on (the import closure of ROOTS)."""
+    seen: set[Path] = set()
+    todo = [REPO / root for root in ROOTS]
+    while todo:
+        path = todo.pop()
+        if path not in seen:
+            seen.add(path)
+            todo.extend(_imported_modules(path) - seen)
+    return sorted(seen)
+
+
+def semantic_source(text: str) -> str:
+    """The module as the interpreter sees it: its syntax tree, without comments (the parser
+    drops them), layout or docstrings (dropped here; an f-string or a constant is kept)."""
+    tree = ast.parse(text)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                    and isinstance(body[0].value.value, str)):
+                # An empty body is not valid syntax: a docstring-only function keeps a `pass`.
+                node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree, annotate_fields=False)
+
+
+def code_hash() -> str:
+    """A hash of the sources that compute an arm's figures."""
+    digest = hashlib.sha256()
+    for path in code_files():
+        digest.update(str(path.relative_to(REPO)).encode() + b"\0"
+                      + semantic_source(path.read_text()).encode() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def is_current(record: dict) -> bool:
+    """Whether a stored result was computed by the code in this tree."""
+    return record.get("code") == code_hash()
