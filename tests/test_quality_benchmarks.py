@@ -110,3 +110,20 @@ def test_the_code_hash_ignores_comments_docstrings_and_layout_but_not_code():
                     'X = 1\n\ndef f(b):\n    return b + X\n',
                     'X = 1\n\ndef f(a):\n    return f"{a}" + X\n'):
         assert semantic_source(changed) != base, changed
+
+
+def test_a_stale_result_names_the_files_that_changed_since_its_commit():
+    import subprocess
+
+    from benchmarks.quality.code_identity import REPO, changed_since, code_files
+
+    files = {str(p.relative_to(REPO)) for p in code_files()}
+    head = changed_since("HEAD")
+    assert head is not None and set(head) <= files   # only uncommitted edits, if any
+    first = subprocess.run(["git", "rev-list", "--max-parents=0", "HEAD"], cwd=REPO,
+                           capture_output=True, text=True).stdout.split()
+    shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=REPO,
+                             capture_output=True, text=True).stdout.strip() == "true"
+    if first and not shallow:  # at the project's first commit nearly every file is new
+        assert len(changed_since(first[0]) or []) >= len(files) // 2
+    assert changed_since("0" * 40) is None

@@ -73,3 +73,30 @@ def code_hash() -> str:
 def is_current(record: dict) -> bool:
     """Whether a stored result was computed by the code in this tree."""
     return record.get("code") == code_hash()
+
+
+def changed_since(commit: str) -> list[str] | None:
+    """The files among today's `code_files()` whose syntax differs from their version at
+    `commit` (added files included): what a reader needs to judge a stale result. None when git
+    cannot say (no repository, an unknown commit)."""
+    import subprocess
+
+    def at_commit(rel: str) -> str | None:
+        done = subprocess.run(["git", "show", f"{commit}:{rel}"], cwd=REPO,
+                              capture_output=True, text=True, timeout=30)
+        return done.stdout if done.returncode == 0 else None
+
+    try:
+        known = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=REPO,
+                               capture_output=True, timeout=30).returncode == 0
+        if not known:
+            return None
+        changed = []
+        for path in code_files():
+            rel = str(path.relative_to(REPO))
+            old = at_commit(rel)
+            if old is None or semantic_source(old) != semantic_source(path.read_text()):
+                changed.append(rel)
+        return changed
+    except (OSError, subprocess.SubprocessError, SyntaxError):
+        return None

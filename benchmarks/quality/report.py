@@ -11,7 +11,7 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.quality.code_identity import is_current
+from benchmarks.quality.code_identity import changed_since, is_current
 from benchmarks.quality.experiments import EXPERIMENTS, HEADLINE_TOKENS, RUN_ORDER, Arm, Experiment
 from benchmarks.quality.runner import load_arm
 
@@ -402,6 +402,16 @@ def _name(exp: Experiment) -> str:
     return f"exp{exp.number}_{exp.slug}"
 
 
+def _what_changed(records: list[dict]) -> str:
+    """Where the code changed since the stale runs' commits, as the files that differ (one
+    commit's list when the stale runs share it), so a reader can judge what a stale row is worth."""
+    commits = {(r.get("commit") or {}).get("commit") for r in records if not is_current(r)}
+    if len(commits) != 1 or None in commits:
+        return ""
+    changed = changed_since(commits.pop())
+    return f" (in {', '.join(f'`{c}`' for c in changed)})" if changed else ""
+
+
 def provenance(exp: Experiment) -> str:
     """Which commits computed the experiment's runs, and whether the code has changed since."""
     records = [r for a in exp.arms if (r := load_arm(a)) is not None]
@@ -410,8 +420,8 @@ def provenance(exp: Experiment) -> str:
     line = (f"Runs computed at commit {', '.join(commits)}." if commits else
             "These runs predate results that record their commit.")
     if stale:
-        line += (f" **{stale} of {len(records)} runs are stale**: the simulator or model code "
-                 "changed since; `python benchmarks/quality_benchmarks.py "
+        line += (f" **{stale} of {len(records)} runs are stale**: the code that computes them "
+                 f"changed since{_what_changed(records)}; `python benchmarks/quality_benchmarks.py "
                  f"{exp.number}` runs them again.")
     versions = {r.get("code") for r in records}
     if len(versions) > 1:
