@@ -4,7 +4,8 @@ against synchronous DiLoCo on the same tape.
 Runs of `diloco demo` (Dagster daemon, sensors, one process per learner, the syncer service),
 one after the other on this machine, same model, data, learners and token budget:
 
-  decoupled            K=2 of M=4, P=2 fragments, adaptive grace window; no faults
+  decoupled            K=2 of M=4, P=2 fragments, adaptive grace window, rebase on receipt;
+                       no faults
   decoupled + tape     the same, under the fault tape
   synchronous          K=M, P=1, no overlap, no grace, every learner blocks at each sync
                        until the merge arrives (orchestration.block_on_overlap); no faults
@@ -60,7 +61,10 @@ SOAK = ["name=soak", "model.preset=tiny", "data.seq_len=32", "data.batch_size=4"
         "sync.num_fragments=2", "sync.min_quorum=2", "sync.grace_min_seconds=1",
         "orchestration.eval_batches=4", "orchestration.checkpoint_every_steps=20",
         "orchestration.heartbeat_seconds=1", "orchestration.learner_timeout_seconds=15",
-        "orchestration.restart_backoff_seconds=5", "orchestration.round_timeout_seconds=90"]
+        "orchestration.restart_backoff_seconds=5", "orchestration.round_timeout_seconds=90",
+        # As the orchestrated defaults (pipelines/launch_defaults.py): a late merge keeps the
+        # learner's progress since its offer. The soak at abcf6ad ran overwrite on receipt.
+        "sync.receive_rule=rebase"]
 
 
 def configs(budget: int, overrides: list[str] = ()):

@@ -5,10 +5,15 @@ merges a decided round in well under a second, so rounds come every few steps: w
 fragments and H = 16, one fragment is synced every H/P = 4 inner steps and each fragment every
 16. On the 2-core demo an inner step of the `small` model takes about 2 s with four learners
 sharing the machine, so a round opens every ~8 s; the grace window's floor (3 s) is about one
-step, and tau = 2 steps covers the grace window plus the merge. Overwrite on receipt loses a
-learner's steps between its offer and the merged fragment's arrival (about one step), so H =
-16 keeps that near 1/16 of each fragment's tokens; H = 8 would halve the period and double
-that share.
+step, and tau = 2 steps covers the grace window plus the merge.
+
+A learner takes a merged fragment by the rebase rule, not the paper's overwrite: it replaces
+what it offered and keeps what it trained since. On the real path a merge can land long after
+the offer (the syncer's relaunch after a crash took 13-20 s in the chaos soak, several rounds),
+and overwrite discarded everything trained meanwhile: 10.6% of the demo's tokens without
+faults, 111k of 600k under the soak's tape, which left Decoupled DiLoCo 1.2% behind synchronous
+DiLoCo at equal tokens; with rebase it ended 1.8% ahead (docs/results.md, chaos soak). On the
+simulator, rebase is level with overwrite or better (experiment 8).
 """
 
 from diloco_core.config import ConfigError, ExperimentConfig
@@ -25,6 +30,7 @@ ORCHESTRATED_DEFAULTS = [
     "sync.min_quorum=2",
     "sync.overlap_steps=2",
     "sync.grace_min_seconds=3",
+    "sync.receive_rule=rebase",
     "orchestration.checkpoint_every_steps=40",
     "orchestration.heartbeat_seconds=2",
     "orchestration.learner_timeout_seconds=30",
