@@ -90,6 +90,13 @@ def _experiments() -> tuple[Experiment, ...]:
                                      ("synchronous DiLoCo", SYNCHRONOUS),
                                      ("Decoupled DiLoCo", DECOUPLED))
            for arm in _seeds(label, method, (), (0, 1, 2), headline)),
+         # The candidates the sweeps found (seed 0), on the three paired seeds: each fragment
+         # synced twice as often (twice the upload bytes), with and without rebase on receipt.
+         *(arm for label, overrides in (
+             ("Decoupled DiLoCo, H = 8", ("sync.sync_period=8",)),
+             ("Decoupled DiLoCo, H = 8, rebase", ("sync.sync_period=8",
+                                                  "sync.receive_rule=rebase")))
+           for arm in _seeds(label, DECOUPLED, overrides, (0, 1, 2), headline)),
          # How the gap moves with the budget (seed 0): 4 to 30 outer steps per fragment.
          *(Arm(label, method, (), 0, tokens)
            for tokens in TREND_TOKENS if tokens != headline
