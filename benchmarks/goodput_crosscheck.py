@@ -81,7 +81,12 @@ def main() -> None:
               "when": datetime.now(UTC).isoformat(timespec="seconds"),
               **code_revision(), "machine": machine_info(), "soak": soak["when"],
               "soak_commit": soak.get("commit"),
-              "command": "python benchmarks/goodput_crosscheck.py", "seeds": args.seeds,
+              # The arguments too: which soak it read is part of what produced the figures.
+              "command": " ".join(["python", "benchmarks/goodput_crosscheck.py",
+                                   *sys.argv[1:]]),
+              "soak_file": str(Path(args.soak).resolve().relative_to(REPO))
+              if Path(args.soak).resolve().is_relative_to(REPO) else args.soak,
+              "seeds": args.seeds,
               "methods": rows}
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"{'method':12} {'kills':>5} {'MTBI s':>7} {'repair s':>13}  {'measured':>8}  "
