@@ -278,10 +278,31 @@ def test_the_eval_schedule_evaluates_the_active_experiments_newest_merged_round(
     (request,) = [evaluate()]
     assert request.partition_key == h.key(1)
     assert request.tags["diloco/experiment"] == h.store.experiment
+    # Round 1's eval not yet in the store (as when the syncer evaluates every P merges): the
+    # schedule's 16-batch eval is Dagster's only; the store keeps one series, on the
+    # experiment's eval_batches.
+    h.store.blobs.delete(layout.evaluation(h.store.experiment, 1))
     result = h.defs.resolve_job_def("evaluate_round").execute_in_process(
         instance=h.instance, partition_key=request.partition_key, tags=request.tags,
         run_config=request.run_config)
     assert result.success
+    (mat,) = result.asset_materializations_for_node("heldout_eval")
+    assert mat.metadata["batches"].value == 16
+    standard = h.cfg.orchestration.eval_batches
+    assert standard != 16
+    assert h.store.get_eval(1) is None and h.store.get_eval(0)["batches"] == standard
     h.resource.set_active(None)                           # the run finished
     skip = evaluate()
     assert isinstance(skip, dg.SkipReason) and "no experiment is active" in skip.skip_message
+
+
+def test_the_eval_regression_check_compares_only_evals_on_the_same_batches():
+    from pipelines.round_metadata import eval_regression
+
+    four = {"loss": 2.0, "batches": 4}
+    assert not eval_regression({"loss": 2.2, "batches": 4}, four)["passed"]     # +10%
+    assert eval_regression({"loss": 2.05, "batches": 4}, four)["passed"]
+    # A 16-batch eval 10% above a 4-batch one measured other text: not a regression.
+    other = eval_regression({"loss": 2.2, "batches": 16}, four)
+    assert other["passed"] and other["metadata"]["previous_loss"] != 2.0
+    assert eval_regression({"loss": 2.2, "batches": 4}, None)["passed"]
