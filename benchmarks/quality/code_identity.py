@@ -11,6 +11,7 @@ stored result stale (a run of hours to clear). Any change the interpreter sees s
 """
 
 import ast
+import functools
 import hashlib
 from pathlib import Path
 
@@ -61,8 +62,11 @@ def semantic_source(text: str) -> str:
     return ast.dump(tree, annotate_fields=False)
 
 
+@functools.cache
 def code_hash() -> str:
-    """A hash of the sources that compute an arm's figures."""
+    """A hash of the sources that compute an arm's figures, taken once per process: the code a
+    process runs is what it imported, so a file edited during a sweep must not relabel the
+    sweep's later results (and a report checks every stored run against the same hash)."""
     digest = hashlib.sha256()
     for path in code_files():
         digest.update(str(path.relative_to(REPO)).encode() + b"\0"
