@@ -426,8 +426,11 @@ def provenance(exp: Experiment) -> str:
     records = [r for a in exp.arms if (r := load_arm(a)) is not None]
     commits = sorted({((r.get("commit") or {}).get("commit") or "")[:7] for r in records} - {""})
     stale = sum(not is_current(r) for r in records)
+    undated = sum(not (r.get("commit") or {}).get("commit") for r in records)
     line = (f"Runs computed at commit {', '.join(commits)}." if commits else
             "These runs predate results that record their commit.")
+    if commits and undated:
+        line = line[:-1] + f"; {undated} of {len(records)} predate results that record one."
     if stale:
         line += (f" **{stale} of {len(records)} runs are stale**: the code that computes them "
                  f"changed since{_what_changed(records)}; `python benchmarks/quality_benchmarks.py "
