@@ -97,6 +97,12 @@ def _experiments() -> tuple[Experiment, ...]:
              ("Decoupled DiLoCo, H = 8, rebase", ("sync.sync_period=8",
                                                   "sync.receive_rule=rebase")))
            for arm in _seeds(label, DECOUPLED, overrides, (0, 1, 2), headline)),
+         # The floor the outer step has to beat: the same four learners (a quarter of the batch
+         # each, their own AdamW states) averaged after every inner step, which no outer
+         # optimizer is involved in and which sends as much as data-parallel.
+         *_seeds("averaging every step", SYNCHRONOUS,
+                 ("sync.sync_period=1", "sync.num_fragments=1", "outer.lr=1.0",
+                  "outer.momentum=0.0"), (0, 1, 2), headline),
          # How the gap moves with the budget (seed 0): 4 to 30 outer steps per fragment.
          *(Arm(label, method, (), 0, tokens)
            for tokens in TREND_TOKENS if tokens != headline
