@@ -145,9 +145,10 @@ def _quorum_rows(exp):
         common = [_common(a) for a in group]
         rows.append({"arm": label, **_seed_columns(exp, group, _loss, "loss", 4),
                      "mean_loss": round(statistics.fmean(c["heldout_loss"] for c in common), 4),
-                     **{k: round(statistics.fmean(c[k] for c in common), 3)
-                        for k in ("goodput", "uptime", "idle_fraction",
-                                  "members_per_merge", "rounds_merged", "sim_seconds")}})
+                     **{k: round(statistics.fmean(c[k] for c in common), digits)
+                        for k, digits in (("goodput", 3), ("uptime", 3), ("idle_fraction", 3),
+                                          ("members_per_merge", 2), ("rounds_merged", 1),
+                                          ("sim_seconds", 1))}})
     return rows
 
 
