@@ -43,6 +43,9 @@ HETEROGENEOUS_MILD = ("learners.speeds=[1.0, 1.0, 0.82, 0.82]", "simulation.step
 # Experiment 3: equal hardware still varies a little from step to step.
 HOMOGENEOUS = ("simulation.step_jitter=0.05",)
 QUORUM_SEEDS = (0, 1, 2)   # experiments 3 and 4: their verdicts compare losses within 1%
+# Experiments 3 and 4: each quorum policy and the overrides that make it.
+QUORUM_POLICIES = (("K=M", ("sync.min_quorum=4",)), ("K=1", ("sync.grace_gamma=0.0",)),
+                   ("K=1 + grace", ()))
 # Experiment 11: the digits task. A "token" is an image; 20% of the 1,797 images are held out.
 # H = 20 steps of 16 images, so a learner syncs each of its 2 fragments every ~1.1 epochs of
 # its 359-image shard.
@@ -128,9 +131,7 @@ def _experiments() -> tuple[Experiment, ...]:
         3, "quorum_homogeneous", "Homogeneous learners: K = M vs K = 1 vs K = 1 with grace",
         "With equal learners (5% step jitter), what does the quorum policy change?", "",
         # Three paired seeds: the policies differ by under 1% in loss, about one seed's spread.
-        tuple(arm for label, extra in (("K=M", ("sync.min_quorum=4",)),
-                                       ("K=1", ("sync.grace_gamma=0.0",)),
-                                       ("K=1 + grace", ()))
+        tuple(arm for label, extra in QUORUM_POLICIES
               for arm in _seeds(label, DECOUPLED, (*HOMOGENEOUS, *extra), QUORUM_SEEDS,
                                 BREADTH_TOKENS)))
     exp4 = Experiment(
@@ -141,9 +142,7 @@ def _experiments() -> tuple[Experiment, ...]:
         "The paper's qualitative finding: K = M loses goodput, K = 1 alone loses quality, "
         "K = 1 with the grace window keeps both",
         tuple(arm for setting, suffix in ((HETEROGENEOUS, ""), (HETEROGENEOUS_MILD, ", 0.82x"))
-              for policy, extra in (("K=M", ("sync.min_quorum=4",)),
-                                    ("K=1", ("sync.grace_gamma=0.0",)),
-                                    ("K=1 + grace", ()))
+              for policy, extra in QUORUM_POLICIES
               for arm in _seeds(f"{policy}{suffix}", DECOUPLED, (*setting, *extra),
                                 QUORUM_SEEDS, BREADTH_TOKENS))
         + _seeds("data-parallel", DATA_PARALLEL, HETEROGENEOUS, QUORUM_SEEDS, BREADTH_TOKENS))
