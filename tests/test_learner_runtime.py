@@ -16,10 +16,12 @@ from resources.learner.runtime import LearnerRuntime
 
 pytestmark = pytest.mark.timeout(300)
 
-# Blocking checkpoints: these tests run several learner runtimes as threads of one process, and
-# Orbax's background saves of two managers in one process can hang (a fresh-clone CI run hung
-# in the stale-rejoin test); a real learner is a process of its own with one manager. The
-# background path has its own test below and runs in every learner subprocess elsewhere.
+# Blocking checkpoints: these tests run several learner runtimes as threads of one process. Two
+# managers saving at once in one process used to hang or lose a save (a fresh-clone CI run hung
+# in the stale-rejoin test; Orbax's process-wide operation ids, fixed in
+# resources/store/checkpoints.py and tested in tests/test_checkpoints.py); blocking saves keep
+# these tests as they were measured. The background path has its own test below and runs in
+# every learner subprocess elsewhere.
 FAST = ["orchestration.async_checkpoints=false",
         "orchestration.checkpoint_every_steps=4", "orchestration.poll_seconds=0.05",
         "orchestration.heartbeat_seconds=0.2", "orchestration.learner_timeout_seconds=5",

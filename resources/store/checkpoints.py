@@ -36,12 +36,24 @@ class LearnerCheckpoints:
     """One learner's checkpoints: save, list, restore (into an abstract target), keep the last N."""
 
     def __init__(self, directory: str, max_to_keep: int = 3, use_ocdbt: bool = True,
-                 read_only: bool = False):
+                 read_only: bool = False, *, directories_in_background: bool = False):
         """`read_only` for reading another learner's checkpoints while it may be saving: the
-        manager then never creates, cleans up or deletes anything there."""
+        manager then never creates, cleans up or deletes anything there.
+        `directories_in_background`: Orbax's default, unsafe with two managers saving in one
+        process (see below); only `benchmarks/checkpoint_save.py` sets it, to measure what
+        creating them on the caller's thread costs."""
         self.directory = directory
+        # Directories created before the save returns, not in Orbax's background: Orbax
+        # numbers save operations process-wide, so with two managers saving at once in one
+        # process (learner runtimes as threads) one manager's item was written before its
+        # directory existed, or a save waited forever on a signal meant for the other
+        # (tests/test_checkpoints.py::test_two_learners_in_one_process_save_side_by_side).
+        # The cost is a few directory creations on the caller's thread per save.
         options = (ocp.CheckpointManagerOptions(read_only=True, create=False) if read_only else
-                   ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True))
+                   ocp.CheckpointManagerOptions(
+                       max_to_keep=max_to_keep, create=True,
+                       async_options=ocp.AsyncOptions(
+                           create_directories_asynchronously=directories_in_background)))
         self.manager = ocp.CheckpointManager(
             directory, options=options,
             item_handlers={"state": ocp.StandardCheckpointHandler(use_ocdbt=use_ocdbt),
