@@ -169,7 +169,7 @@ def _resume_with_a_larger_budget(context, artifacts, cfg) -> None:
             "rounds merged or under way); its budget can no longer be raised: start a new "
             "experiment from its export"))
     budget = artifacts.raise_token_budget(cfg.token_budget, stored.token_budget, {
-        "by": context.run.tags.get("dagster/user") or f"Dagster run {context.run_id[:8]}",
+        "by": context.run.tags.get("dagster/user") or f"Dagster run {context.run.run_id[:8]}",
         "previous": current, "time": time.time()})
     context.log.info(f"experiment {cfg.name}: token budget raised from {current:,} to "
                      f"{budget:,} tokens")

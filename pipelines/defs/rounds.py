@@ -63,7 +63,7 @@ def _to_metrics_sink(context: dg.AssetExecutionContext, artifacts, round_index: 
     from resources.metrics_sink import open_sink
 
     logdir = config_from_mapping(artifacts.get_config()).orchestration.tensorboard_dir
-    sink = open_sink(logdir, artifacts.experiment, f"run-{context.run_id[:8]}",
+    sink = open_sink(logdir, artifacts.experiment, f"run-{context.run.run_id[:8]}",
                      context.log.warning)
     if sink is not None:
         sink.scalars(round_index, scalars())

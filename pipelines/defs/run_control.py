@@ -20,7 +20,7 @@ def request_run_stop(context: dg.OpExecutionContext, config: StopConfig,
     from pipelines.run_control import request_stop
 
     artifacts = run_store(context, store)
-    who = context.run.tags.get("dagster/user") or f"Dagster run {context.run_id[:8]}"
+    who = context.run.tags.get("dagster/user") or f"Dagster run {context.run.run_id[:8]}"
     context.log.info(request_stop(artifacts, who, config.reason))
 
 
@@ -52,7 +52,7 @@ def change_run_capacity(context: dg.OpExecutionContext, config: CapacityConfig,
 
     artifacts = run_store(context, store)
     cfg = config_from_mapping(artifacts.get_config())
-    who = context.run.tags.get("dagster/user") or f"Dagster run {context.run_id[:8]}"
+    who = context.run.tags.get("dagster/user") or f"Dagster run {context.run.run_id[:8]}"
     try:
         record = change_capacity(artifacts, cfg, join=config.join, leave=config.leave,
                                  requested_by=who, reason=config.reason)
