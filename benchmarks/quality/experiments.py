@@ -95,11 +95,14 @@ def _experiments() -> tuple[Experiment, ...]:
                                      ("Decoupled DiLoCo", DECOUPLED))
            for arm in _seeds(label, method, (), (0, 1, 2), headline)),
          # The candidates the sweeps found (seed 0), on the three paired seeds: each fragment
-         # synced twice as often (twice the upload bytes), with and without rebase on receipt.
+         # synced twice as often (twice the upload bytes), with and without rebase on receipt,
+         # and with a smaller outer lr.
          *(arm for label, overrides in (
              ("Decoupled DiLoCo, H = 8", ("sync.sync_period=8",)),
              ("Decoupled DiLoCo, H = 8, rebase", ("sync.sync_period=8",
-                                                  "sync.receive_rule=rebase")))
+                                                  "sync.receive_rule=rebase")),
+             # Experiment 12's later finding: at H = 8 a smaller outer lr (twice the steps).
+             ("Decoupled DiLoCo, H = 8, outer lr 0.5", ("sync.sync_period=8", "outer.lr=0.5")))
            for arm in _seeds(label, DECOUPLED, overrides, (0, 1, 2), headline)),
          # The floor the outer step has to beat: the same four learners (a quarter of the batch
          # each, their own AdamW states) averaged after every inner step, which no outer
@@ -254,7 +257,20 @@ def _experiments() -> tuple[Experiment, ...]:
          *(Arm(f"Decoupled DiLoCo, H = 8, {what}", DECOUPLED,
                (*_outer(lr, mu, warm, 6e-3), "sync.sync_period=8"), 0, headline)
            for what, (lr, mu, warm) in (("outer 0.7/0.5 warm-up 8", (0.7, 0.5, 8)),
-                                        ("outer 1/0 (plain average)", (1.0, 0.0, 0))))))
+                                        ("outer 1/0 (plain average)", (1.0, 0.0, 0)))),
+         # The ideas left untried by issue 21, each one change from today's defaults: a
+         # smaller outer lr where fragments take twice the outer steps; a smaller inner lr for
+         # a learner's quarter batch; a slower AdamW second moment for the learners only
+         # (data-parallel keeps b2 0.95).
+         *(Arm(f"Decoupled DiLoCo, H = 8, outer {lr:g}/0.5 warm-up 8", DECOUPLED,
+               (*_outer(lr, 0.5, 8, 6e-3), "sync.sync_period=8"), 0, headline)
+           for lr in (0.5, 0.3)),
+         Arm("Decoupled DiLoCo, outer 0.5/0.5 warm-up 8 (H = 16)", DECOUPLED,
+             _outer(0.5, 0.5, 8, 6e-3), 0, headline),
+         *(Arm(f"Decoupled DiLoCo, outer 0.7/0.5 warm-up 8, {what}", DECOUPLED,
+               (*_outer(0.7, 0.5, 8, lr), *overrides), 0, headline)
+           for what, lr, overrides in (("inner 4e-3", 4e-3, ()),
+                                       ("learners' AdamW b2 0.99", 6e-3, ("inner.b2=0.99",))))))
     return (exp1, exp2, exp3, exp4, exp5, exp6, exp7, exp8, exp9, exp10, exp11, exp12)
 
 
