@@ -96,13 +96,14 @@ def _experiments() -> tuple[Experiment, ...]:
            for arm in _seeds(label, method, (), (0, 1, 2), headline)),
          # The candidates the sweeps found (seed 0), on the three paired seeds: each fragment
          # synced twice as often (twice the upload bytes), with and without rebase on receipt,
-         # and with a smaller outer lr.
+         # and with a smaller outer lr (experiment 12's later finding), with and without rebase.
          *(arm for label, overrides in (
              ("Decoupled DiLoCo, H = 8", ("sync.sync_period=8",)),
              ("Decoupled DiLoCo, H = 8, rebase", ("sync.sync_period=8",
                                                   "sync.receive_rule=rebase")),
-             # Experiment 12's later finding: at H = 8 a smaller outer lr (twice the steps).
-             ("Decoupled DiLoCo, H = 8, outer lr 0.5", ("sync.sync_period=8", "outer.lr=0.5")))
+             ("Decoupled DiLoCo, H = 8, outer lr 0.5", ("sync.sync_period=8", "outer.lr=0.5")),
+             ("Decoupled DiLoCo, H = 8, outer lr 0.5, rebase",
+              ("sync.sync_period=8", "outer.lr=0.5", "sync.receive_rule=rebase")))
            for arm in _seeds(label, DECOUPLED, overrides, (0, 1, 2), headline)),
          # The floor the outer step has to beat: the same four learners (a quarter of the batch
          # each, their own AdamW states) averaged after every inner step, which no outer
@@ -267,6 +268,12 @@ def _experiments() -> tuple[Experiment, ...]:
            for lr in (0.5, 0.3)),
          Arm("Decoupled DiLoCo, outer 0.5/0.5 warm-up 8 (H = 16)", DECOUPLED,
              _outer(0.5, 0.5, 8, 6e-3), 0, headline),
+         # Around the best of those (H = 8, outer lr 0.5): less momentum, and rebase on receipt.
+         Arm("Decoupled DiLoCo, H = 8, outer 0.5/0.3 warm-up 8", DECOUPLED,
+             (*_outer(0.5, 0.3, 8, 6e-3), "sync.sync_period=8"), 0, headline),
+         Arm("Decoupled DiLoCo, H = 8, outer 0.5/0.5 warm-up 8, rebase", DECOUPLED,
+             (*_outer(0.5, 0.5, 8, 6e-3), "sync.sync_period=8", "sync.receive_rule=rebase"), 0,
+             headline),
          *(Arm(f"Decoupled DiLoCo, outer 0.7/0.5 warm-up 8, {what}", DECOUPLED,
                (*_outer(0.7, 0.5, 8, lr), *overrides), 0, headline)
            for what, lr, overrides in (("inner 4e-3", 4e-3, ()),
