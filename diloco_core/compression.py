@@ -128,9 +128,57 @@ def encode(x: jax.Array | np.ndarray, encoding: str, block_size: int = 64) -> En
     return Encoded(encoding, shape, block_size, payload, scales)
 
 
+def wire_problem(encoding: str, shape: tuple[int, ...], block_size: int,
+                 payload_dtype: str, payload_shape: tuple[int, ...],
+                 scales_dtype: str | None, scales_shape: tuple[int, ...] | None) -> str | None:
+    """Why arrays of these dtypes and shapes are not the wire form of a tensor of `shape` under
+    `encoding`, or None when they are. Checked before a byte is decoded: a byte count alone
+    does not tell float64 from float32 or int8 codes from float32 values, and decoding the
+    wrong dtype reshapes to the wrong element count (or raises) inside the merge."""
+    if encoding not in ENCODINGS:
+        return f"unknown encoding {str(encoding)[:40]!r}"
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+        return f"block size must be an integer >= 1, got {str(block_size)[:40]}"
+    shape, payload_shape = tuple(shape), tuple(payload_shape)
+    if encoding in _VALUE_BYTES:
+        dtype = "float32" if encoding == "fp32" else "bfloat16"
+        expected = (dtype, shape, None, None)
+    else:
+        bits = _BITS[encoding]
+        num_blocks, codes = _packed_codes(math.prod(shape), bits, block_size)
+        expected = ("uint8", (codes * bits // 8,), "float32", (num_blocks,))
+    got = (payload_dtype, payload_shape, scales_dtype,
+           None if scales_shape is None else tuple(scales_shape))
+    if got[:2] != expected[:2]:
+        return (f"{encoding} payload must be {expected[0]}{list(expected[1])}, got "
+                f"{str(payload_dtype)[:20]}{list(payload_shape)[:8]}")
+    if got[2:] != expected[2:]:
+        want = "no scales" if expected[2] is None else f"scales {expected[2]}{list(expected[3])}"
+        have = ("no scales" if scales_dtype is None
+                else f"scales {str(scales_dtype)[:20]}{list(got[3] or ())[:8]}")
+        return f"{encoding} needs {want}, got {have}"
+    return None
+
+
+def encoded_problem(e: Encoded) -> str | None:
+    """`wire_problem` of an `Encoded` as it stands."""
+    scales = e.scales
+    return wire_problem(e.encoding, e.shape, e.block_size, np.dtype(e.payload.dtype).name,
+                        tuple(e.payload.shape), None if scales is None
+                        else np.dtype(scales.dtype).name,
+                        None if scales is None else tuple(scales.shape))
+
+
+class WireError(ValueError):
+    """Arrays that are not the wire form their metadata declares."""
+
+
 def decode(e: Encoded) -> jax.Array:
-    """The float32 tensor of the original shape that `e` stands for."""
-    _check(e.encoding, e.block_size)
+    """The float32 tensor of the original shape that `e` stands for; `WireError` (before
+    decoding anything) when the arrays are not the wire form of that shape and encoding."""
+    problem = encoded_problem(e)
+    if problem is not None:
+        raise WireError(problem)
     if e.encoding in _VALUE_BYTES:
         return jnp.asarray(e.payload).astype(jnp.float32).reshape(e.shape)
     values = _dequantize(jnp.asarray(e.payload), jnp.asarray(e.scales), _BITS[e.encoding],

@@ -18,6 +18,17 @@ MAX_ITEMS = 4096        # learners in one record (M is far below this)
 MAX_INT = 2 ** 62       # rounds, steps, tokens, bytes: beyond this a record is nonsense
 
 
+def finite_float(value: Any) -> float | None:
+    """A learner-written number as a finite float, or None: json reads NaN, Infinity and
+    integers of any size (float(10**400) raises, and math.isfinite calls float)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    if isinstance(value, int) and abs(value) >= 2 ** 1023:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
 class RecordError(ValueError):
     def __init__(self, record: str, field_name: str, reason: str):
         super().__init__(f"{record}.{field_name}: {reason}")
@@ -156,7 +167,8 @@ class RoundDecision(_Record):
         "decided_by": _str(), "members": _NAMES, "late": _NAMES, "missing": _NAMES,
         "reason": _str(MAX_TEXT), "grace_seconds": _optional(_num(0.0)),
         "deadline": _optional(_TIME), "opened_at": _TIME, "quorum_at": _TIME,
-        "decided_at": _TIME, "arrivals": _map(_TIME), "live": _NAMES, "declined": _NAMES}
+        "decided_at": _TIME, "arrivals": _map(_TIME), "live": _NAMES, "declined": _NAMES,
+        "digests": _map(_str(64)), "payloads": _map(_str(64)), "refused": _map(_str(MAX_TEXT))}
 
     round: int
     fragment: int
@@ -174,6 +186,12 @@ class RoundDecision(_Record):
     arrivals: Mapping[str, float] = field(default_factory=dict)
     live: tuple[str, ...] = ()
     declined: tuple[str, ...] = ()     # live, did not offer: nothing new (final rounds only)
+    # What the decision commits to: each member's manifest (SHA-256 of its bytes; the merge
+    # refuses anything else in its place) and the payload that manifest names (a later offer
+    # of the same payload is a replay or a copy).
+    digests: Mapping[str, str] = field(default_factory=dict)
+    payloads: Mapping[str, str] = field(default_factory=dict)
+    refused: Mapping[str, str] = field(default_factory=dict)   # offers refused on arrival
 
 
 @dataclass(frozen=True)

@@ -478,7 +478,9 @@ class Simulation:
         self.syncer, record = merge_round(
             self.syncer, self.plan, rnd.index, rnd.fragment, contributions, self.sync_cfg,
             self.tx, is_embedding, reason, late,
-            average=final and self.cfg.outer.final_rounds == "average")
+            average=final and self.cfg.outer.final_rounds == "average",
+            step_tokens=dict(zip(self.cfg.learners.learner_names, self.cfg.learner_step_tokens,
+                                 strict=True)))
         self.merges.append(record)
         self.merge_times[rnd.index] = t
         if record.merged:

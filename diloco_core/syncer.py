@@ -18,9 +18,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from diloco_core.compression import decode
+from diloco_core.compression import decode, encoded_problem
 from diloco_core.config import SyncConfig
 from diloco_core.contribution import Contribution
+from diloco_core.corroboration import cap_shares, credit_offer, offer_step_bound, share_caps
 from diloco_core.fragments import FragmentPlan
 from diloco_core.merge import mean_pairwise_cosine, merge_outer_grads, tree_norm
 from diloco_core.outer import outer_step
@@ -68,6 +69,9 @@ class MergeRecord:
     # Mean pairwise cosine of the members' outer gradients (None with fewer than two): near 0,
     # learners' progress is near-orthogonal and a plain mean shrinks it (why RDA exists).
     mean_cosine: float | None = None
+    # Members whose claimed tokens or steps were more than the syncer could corroborate, and
+    # what they were credited (`tokens` and `steps` above are the credited figures).
+    clipped: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -82,8 +86,11 @@ class FragmentState:
 
 
 def _validate(current: FragmentState, names: Sequence[str], fragment: int, num_fragments: int,
-              c: Contribution, step_tokens: Mapping[str, int] | None = None) -> str | None:
-    """Why a contribution cannot be merged, or None if it can."""
+              c: Contribution, cfg: SyncConfig,
+              step_tokens: Mapping[str, int] | None = None) -> str | None:
+    """Why a contribution cannot be merged, or None if it can. Everything is checked against
+    the plan before a byte is decoded: names, shapes, the encoding the experiment uses and
+    the dtype and element count of every array."""
     if c.fragment != fragment:
         if not 0 <= c.fragment < num_fragments:
             return f"fragment {c.fragment} does not exist (P={num_fragments})"
@@ -94,6 +101,15 @@ def _validate(current: FragmentState, names: Sequence[str], fragment: int, num_f
         if tuple(enc.shape) != tuple(current.params[name].shape):
             return (f"tensor {name} has shape {tuple(enc.shape)}, expected "
                     f"{tuple(current.params[name].shape)}")
+        # One encoding per experiment: another block size would also compile another decode
+        # program, in the merge, for every value a learner cares to try.
+        if enc.encoding != cfg.encoding or (enc.scales is not None
+                                            and enc.block_size != cfg.encoding_block_size):
+            return (f"tensor {name} is encoded {enc.encoding}/{enc.block_size}, the "
+                    f"experiment uses {cfg.encoding}/{cfg.encoding_block_size}")
+        problem = encoded_problem(enc)
+        if problem is not None:
+            return f"tensor {name}: {problem}"
     if c.steps < 1 or c.tokens < 1:
         return f"no progress to merge (steps={c.steps}, tokens={c.tokens})"
     # Token weighting trusts the count, so a learner claiming more tokens than its steps can
@@ -150,12 +166,31 @@ def merge_fragment(current: FragmentState, names: Sequence[str], num_fragments: 
     rejected: dict[str, str] = {}
     accepted: list[tuple[Contribution, FlatParams]] = []
     for c in contributions:
-        why = _validate(current, names, fragment, num_fragments, c, step_tokens)
-        grad = why if why is not None else _outer_grad(current, c, cfg.anchor)
+        try:
+            why = _validate(current, names, fragment, num_fragments, c, cfg, step_tokens)
+            grad = why if why is not None else _outer_grad(current, c, cfg.anchor)
+        except Exception as err:  # noqa: BLE001 - one learner's bytes never sink the round
+            # The checks above are meant to leave nothing to fail here; whatever still does is
+            # that contribution's problem, refused with the error, and the round goes on.
+            grad = f"could not be decoded: {type(err).__name__}: {str(err)[:200]}"
         if isinstance(grad, str):
             rejected[c.learner] = grad
         else:
             accepted.append((c, grad))
+    # Counters as far as the syncer can bound them (steps by the protocol's pace and the
+    # offer's staleness, tokens by its steps): the screen and the weights see only these.
+    clipped: dict[str, str] = {}
+    credited = []
+    for c, _ in accepted:
+        bound = offer_step_bound(cfg.sync_period, current.version - c.base_version,
+                                 cfg.max_speed_ratio)
+        tokens, steps, why = credit_offer(
+            c.tokens, c.steps, None if step_tokens is None else step_tokens.get(c.learner),
+            bound)
+        credited.append(replace(c, tokens=tokens, steps=steps))
+        if why is not None:
+            clipped[c.learner] = why
+    accepted = [(c, g) for c, (_, g) in zip(credited, accepted, strict=True)]
     norms = [tree_norm(g) for _, g in accepted]
     outliers = screen_norms([c.learner for c, _ in accepted], norms,
                             [c.steps for c, _ in accepted], cfg.max_norm_ratio,
@@ -168,12 +203,14 @@ def merge_fragment(current: FragmentState, names: Sequence[str], num_fragments: 
         return None, None, MergeRecord(
             round_index, fragment, False, current.version,
             f"{reason}; nothing merged: every contribution was rejected",
-            rejected=rejected, late=tuple(late), bytes_in=bytes_in)
+            rejected=rejected, late=tuple(late), bytes_in=bytes_in, clipped=clipped)
 
     members = [c for c, _, _ in kept]
     grads = [g for _, g, _ in kept]
-    weights = normalized_weights([c.tokens for c in members], [c.steps for c in members],
-                                 cfg.weighting)
+    weights = cap_shares(normalized_weights([c.tokens for c in members],
+                                            [c.steps for c in members], cfg.weighting),
+                         share_caps([c.learner for c in members], step_tokens,
+                                    cfg.max_weight_share))
     merged = merge_outer_grads(grads, weights, cfg.merge_rule, is_embedding)
     if average:
         new_params = {k: current.params[k] - merged[k] for k in current.params}
@@ -189,21 +226,24 @@ def merge_fragment(current: FragmentState, names: Sequence[str], num_fragments: 
         rejected=rejected, late=tuple(late),
         outer_grad_norms=tuple(n for _, _, n in kept),
         merged_norm=tree_norm(merged), update_norm=tree_norm(update), bytes_in=bytes_in,
-        mean_cosine=mean_pairwise_cosine(grads))
+        mean_cosine=mean_pairwise_cosine(grads), clipped=clipped)
     return new_params, new_opt, record
 
 
 def merge_round(state: SyncerState, plan: FragmentPlan, round_index: int, fragment: int,
                 contributions: Sequence[Contribution], cfg: SyncConfig,
                 tx: optax.GradientTransformation, is_embedding: Callable[[str], bool],
-                reason: str, late: Sequence[str] = (), average: bool = False
+                reason: str, late: Sequence[str] = (), average: bool = False,
+                step_tokens: Mapping[str, int] | None = None
                 ) -> tuple[SyncerState, MergeRecord]:
-    """Merge the admitted contributions of one round into fragment `fragment` of `state`."""
+    """Merge the admitted contributions of one round into fragment `fragment` of `state`
+    (`step_tokens`: learner -> tokens of one of its inner steps, as in `merge_fragment`)."""
     current = FragmentState(state.fragments[fragment], state.versions[fragment],
                             state.outer_states[fragment], state.history[fragment].get)
     new_fragment, new_opt, record = merge_fragment(
         current, plan.fragments[fragment], plan.num_fragments, round_index, fragment,
-        contributions, cfg, tx, is_embedding, reason, late, average=average)
+        contributions, cfg, tx, is_embedding, reason, late, average=average,
+        step_tokens=step_tokens)
     if new_fragment is None:
         return state, record
     version = record.version

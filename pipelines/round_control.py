@@ -27,6 +27,7 @@ from typing import Any
 
 from diloco_core.config import ExperimentConfig
 from diloco_core.config_loading import config_from_mapping
+from diloco_core.corroboration import credited_totals
 from diloco_core.quorum import Estimates
 from diloco_core.round_protocol import (
     budget_reached,
@@ -35,7 +36,13 @@ from diloco_core.round_protocol import (
     ready_to_open,
     tokens_needed,
 )
-from diloco_core.round_records import RoundDecision, RoundOpen
+from diloco_core.round_records import (
+    MAX_INT,
+    MAX_TEXT,
+    RoundDecision,
+    RoundOpen,
+    finite_float,
+)
 from pipelines.liveness import live_learners, observe
 from resources.store.artifact_store import ArtifactStore, Conflict, RejectedArtifact
 
@@ -95,7 +102,7 @@ class TickResult:
 def fresh_state(experiment: str) -> dict:
     return {"experiment": experiment, "round": -1, "decided": True, "arrivals": {},
             "watch": {}, "pending": [], "estimates": None, "stop": False, "final_left": None,
-            "finished": False}
+            "finished": False, "digests": {}, "payloads": {}, "refused": {}, "bases": {}}
 
 
 def _published(store: ArtifactStore, fragment: int, round_index: int) -> bool:
@@ -125,14 +132,24 @@ def _recover(store: ArtifactStore, state: dict, now: float, num_fragments: int
              "watch": {str(r): offered},
              "arrivals": {} if decided else {name: now for name in offered}}
     remerge, pending = [], []
+    payloads: dict[str, list] = {}
     for k in range(max(0, r - 2 * num_fragments), r + 1):
         decision = store.get_decision(k)
-        if decision is None or not decision.get("members"):
+        if decision is None:
+            continue
+        for learner, payload in decision.get("payloads", {}).items():
+            payloads[payload] = [learner, k]
+        if not decision.get("members"):
             continue
         if not _published(store, decision["fragment"], k):
             remerge.append(decision)
             pending.append({"round": k, "fragment": decision["fragment"], "decided_at": now})
     state["pending"] = pending
+    state["payloads"], state["digests"], state["refused"] = payloads, {}, {}
+    if not decided:
+        fresh: set[str] = set()
+        for name in list(state["arrivals"]):
+            _admit_offer(store, state, r, name, now, fresh)
     if store.finished() is not None:
         state["finished"] = True
     stop = store.stop_requested()
@@ -197,15 +214,20 @@ class RoundController:
         live = [n for n in live_learners(beats, state["seen"], now, orch.learner_timeout_seconds)
                 if n not in self._absent]
         estimates = self._estimates(state, beats)
+        # Heartbeats' totals as far as the other live learners corroborate them: the budget
+        # and the opening of rounds never run on one learner's word.
+        tokens, clipped = credited_totals(
+            {n: b["tokens_total"] for n, b in beats.items() if b}, live,
+            cfg.sync.max_speed_ratio, max(tokens_needed(cfg).values()) * cfg.sync.num_fragments)
 
         self._watch_published(state, now)
         self._collect_offers(state, result, now)
         try:
-            self._maybe_stop(state, beats, now)
+            self._maybe_stop(state, tokens, now)
             if not state["decided"]:
                 self._decide(state, result, live, estimates, now, beats)
             if state["decided"]:
-                self._maybe_open(state, result, beats, live, now)
+                self._maybe_open(state, result, tokens, live, now)
         except Conflict as err:
             # Another decider (the syncer and the sensor fallback during a hand-over) wrote
             # this record first: its record stands; take the state from the store.
@@ -220,6 +242,9 @@ class RoundController:
         if refused:
             result.reason += "; heartbeats refused: " + "; ".join(
                 f"{n} ({why})" for n, why in sorted(refused.items()))
+        if clipped:
+            result.reason += "; claims not corroborated: " + "; ".join(
+                f"{n} ({why})" for n, why in sorted(clipped.items()))
         return result
 
     # ---- pieces of a tick ---------------------------------------------------------------------
@@ -232,9 +257,13 @@ class RoundController:
                 and self.store.get_decision(state["round"]) is not None)
 
     def _estimates(self, state: dict, beats: Mapping[str, dict | None]) -> Estimates:
+        # The step time sets grace windows, and each learner reports its own: the lower median
+        # (one learner claiming 1e300 seconds a step moves it no more than one claiming 0), held
+        # within the round timeout (no window longer than a round may wait anyway).
         step_times = sorted(b["compute_seconds"] / b["step"] for b in beats.values()
                             if b and b.get("step") and b.get("compute_seconds"))
-        step = step_times[len(step_times) // 2] if step_times else 1.0
+        step = step_times[(len(step_times) - 1) // 2] if step_times else 1.0
+        step = min(step, float(self.cfg.orchestration.round_timeout_seconds))
         e = state.get("estimates") or {"step_seconds": step, "quorum_seconds": 0.0,
                                        "sync_seconds": 0.0}
         e = {**e, "step_seconds": step}
@@ -255,9 +284,24 @@ class RoundController:
         for pending in state["pending"]:
             if _published(self.store, pending["fragment"], pending["round"]):
                 self._observe(state, sync=now - pending["decided_at"])
+                self._note_merged_bases(state, pending)
             else:
                 still.append(pending)
         state["pending"] = still[-4 * self.cfg.sync.num_fragments:]
+
+    def _note_merged_bases(self, state: dict, pending: dict) -> None:
+        """The base versions of the members whose offers this published merge took: a later
+        offer of the fragment on a base no newer is a replay (an honest learner has received
+        the merged version, or a newer one, before it offers the fragment again)."""
+        meta = self.store.version_meta(pending["fragment"]) or {}
+        if meta.get("round") != pending["round"]:
+            return      # a later round's version is current: this one's members are unknown
+        fragment = str(pending["fragment"])
+        for member in meta.get("members") or ():
+            base = pending.get("bases", {}).get(member)
+            if isinstance(member, str) and isinstance(base, int):
+                bases = state.setdefault("bases", {}).setdefault(member, {})
+                bases[fragment] = [max(base, bases.get(fragment, [-1])[0]), pending["round"]]
 
     def _collect_offers(self, state: dict, result: TickResult, now: float) -> None:
         r = state["round"]
@@ -265,6 +309,7 @@ class RoundController:
             return
         watch = {int(k): set(v) for k, v in state["watch"].items()}
         rounds = [r] + [w for w in watch if w != r]
+        fresh: set[str] = set()      # payloads first seen this tick
         for index in rounds:
             seen = watch.get(index, set())
             for learner in self.store.list_contributions(index):
@@ -274,13 +319,16 @@ class RoundController:
                 late = index != r or state["decided"]
                 if (index == r and not state["decided"]
                         and learner in self.cfg.learners.learner_names):
-                    state["arrivals"][learner] = now
+                    _admit_offer(self.store, state, r, learner, now, fresh)
                 if self.describe_offers:
                     result.offers.append(describe_offer(self.store, self.cfg, index, learner,
                                                         late))
             watch[index] = seen
         keep = sorted(watch)[-(LATE_WINDOW + 1):]
         state["watch"] = {str(k): sorted(watch[k]) for k in keep}
+        # Payloads are remembered for 2P rounds (what a recovering decider re-reads).
+        horizon = r - 2 * self.cfg.sync.num_fragments
+        state["payloads"] = {k: v for k, v in state["payloads"].items() if v[1] >= horizon}
 
     def _decide(self, state: dict, result: TickResult, live: list[str], estimates: Estimates,
                 now: float, beats: Mapping[str, dict | None]) -> None:
@@ -306,7 +354,12 @@ class RoundController:
             grace_seconds=decision.grace_seconds, deadline=decision.deadline,
             opened_at=state["opened_at"], quorum_at=quorum_at, decided_at=now,
             arrivals=dict(arrivals), live=tuple(live),
-            declined=tuple(sorted(set(declined) - set(arrivals)))).to_json()
+            declined=tuple(sorted(set(declined) - set(arrivals))),
+            digests={m: state["digests"][m][0] for m in decision.members
+                     if m in state["digests"]},
+            payloads={m: state["digests"][m][1] for m in decision.members
+                      if m in state["digests"]},
+            refused={n: why[:MAX_TEXT] for n, why in state["refused"].items()}).to_json()
         self.guard()
         self.store.put_decision(r, record)
         if not state.get("final"):
@@ -315,18 +368,16 @@ class RoundController:
         if decision.members:
             result.merges.append(record)
             state["pending"].append({"round": r, "fragment": state["fragment"],
-                                     "decided_at": now})
+                                     "decided_at": now, "bases": {
+                                         m: state["digests"][m][2] for m in decision.members
+                                         if m in state["digests"]}})
         if state.get("final"):
             state["final_left"] = max(0, (state["final_left"] or 1) - 1)
         result.reason = f"round {r} decided: {decision.reason}"
 
-    def _tokens(self, beats: Mapping[str, dict | None]) -> dict[str, int]:
-        return {n: int(b.get("tokens_total", 0)) for n, b in beats.items() if b}
-
-    def _maybe_stop(self, state: dict, beats: Mapping[str, dict | None], now: float) -> None:
+    def _maybe_stop(self, state: dict, tokens: Mapping[str, int], now: float) -> None:
         if state["stop"]:
             return
-        tokens = self._tokens(beats)
         total, P = sum(tokens.values()), final_rounds(self.cfg.sync.num_fragments)
         budget = self._budget
         if budget_reached(tokens, budget):
@@ -363,10 +414,9 @@ class RoundController:
         self._stop_request_read_at = now
         return self.store.stop_request()
 
-    def _maybe_open(self, state: dict, result: TickResult, beats: Mapping[str, dict | None],
+    def _maybe_open(self, state: dict, result: TickResult, tokens: Mapping[str, int],
                     live: list[str], now: float) -> None:
         cfg = self.cfg
-        tokens = self._tokens(beats)
         if state["stop"]:
             if state["final_left"] == 0:
                 # Finished once the final merges are published (or evidently failed).
@@ -390,11 +440,22 @@ class RoundController:
             final = False
         r = state["round"] + 1
         fragment = r % cfg.sync.num_fragments
+        # Offers already there were written before anyone could know the round: planted
+        # (to reach quorum the moment it opens), never arrivals. Listed before the open
+        # record is written, so no honest offer can be among them.
+        planted = self.store.list_contributions(r)
         self.guard()
         self.store.open_round(r, RoundOpen(round=r, fragment=fragment, opened_at=now,
                                            final=final, learner_tokens=tokens))
         state.update({"round": r, "fragment": fragment, "decided": False, "final": final,
-                      "opened_at": now, "arrivals": {}, "tokens_at_open": tokens})
+                      "opened_at": now, "arrivals": {}, "tokens_at_open": tokens,
+                      "digests": {}, "refused": {
+                          n: f"offered before round {r} opened (planted)" for n in planted}})
+        if planted:
+            state["watch"] = {**state["watch"], str(r): sorted(planted)}
+            if self.describe_offers:
+                result.offers.extend(describe_offer(self.store, cfg, r, n, True)
+                                     for n in planted)
         result.opened.append(r)
 
     def _status(self, state: dict, live: list[str]) -> str:
@@ -403,6 +464,47 @@ class RoundController:
             return f"waiting for learners to progress before round 0 ({len(live)} live)"
         return (f"round {r} {'decided' if state['decided'] else 'open'}; waiting for "
                 f"{self.cfg.sync.min_quorum} of {len(live)} live learners to progress")
+
+
+def _admit_offer(store: ArtifactStore, state: dict, r: int, learner: str, now: float,
+                 fresh: set[str]) -> None:
+    """An offer to the open round arrives: record the digests a decision will commit to, or
+    refuse it here when its payload was offered before (a replay of its own old offer, or a
+    copy of another learner's). Two offers of one payload first seen in the same tick cannot
+    tell original from copy: both are refused. A manifest the store refuses still arrives
+    (the merge refuses it with the store's reason)."""
+    try:
+        found = store.contribution_digest(r, learner)
+    except RejectedArtifact:
+        found = None
+    if found is None:
+        state["arrivals"][learner] = now
+        return
+    manifest, payload, base = found
+    merged = state.get("bases", {}).get(learner, {}).get(str(state["fragment"]))
+    if merged is not None and base <= merged[0]:
+        state["refused"][learner] = (
+            f"base version {base}: its offer on base {merged[0]} was merged in round "
+            f"{merged[1]}, and it has not received a version since (a replay)")
+        state["arrivals"].pop(learner, None)
+        return
+    prior = state["payloads"].get(payload)
+    if prior is not None and (prior[0], prior[1]) != (learner, r):
+        who, when = prior
+        state["refused"][learner] = (
+            f"its payload is {who}'s offer to round {when}: "
+            + ("a replay" if who == learner else "a copy"))
+        if payload in fresh and who != learner and when == r:
+            # Same tick: no telling which came first.
+            state["refused"][who] = f"its payload was also offered by {learner} (a copy)"
+            state["arrivals"].pop(who, None)
+            state["digests"].pop(who, None)
+        state["arrivals"].pop(learner, None)
+        return
+    state["payloads"][payload] = [learner, r]
+    fresh.add(payload)
+    state["digests"][learner] = [manifest, payload, base]
+    state["arrivals"][learner] = now
 
 
 def describe_offer(store: ArtifactStore, cfg: ExperimentConfig, round_index: int,
@@ -419,8 +521,14 @@ def describe_offer(store: ArtifactStore, cfg: ExperimentConfig, round_index: int
     except RejectedArtifact as err:
         manifest = {"rejected": err.reason}
     offer = _offer_summary(manifest)
-    current = (store.current_version(offer["fragment"])
-               if isinstance(offer["fragment"], int) else None)
+    fragment = offer["fragment"]
+    if fragment is not None and not fragment < cfg.sync.num_fragments:
+        # Never a key built from a learner's number that the plan does not have (-1 or
+        # 10**300 made every tick raise here, in both of the sensor's modes).
+        offer["problem"] = offer["problem"] or (
+            f"fragment {fragment} does not exist (P={cfg.sync.num_fragments})")
+        fragment = offer["fragment"] = None
+    current = store.current_version(fragment) if fragment is not None else None
     if current is not None and isinstance(offer["base_version"], int):
         # Global versions of this fragment the learner had not seen when it offered.
         offer["staleness"] = max(0, current - offer["base_version"])
@@ -431,16 +539,19 @@ def _offer_summary(manifest: Mapping[str, Any]) -> dict:
     """Observer metadata of an offer; a malformed manifest yields what it can (the merge
     validates for real and rejects it with a reason)."""
     def number(key: str) -> int | None:
+        """An integer in [0, MAX_INT] (what every counter of a record is), else None."""
         value = manifest.get(key)
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
+        return (value if isinstance(value, int) and not isinstance(value, bool)
+                and 0 <= value <= MAX_INT else None)
 
     extra = manifest.get("extra") if isinstance(manifest.get("extra"), Mapping) else {}
     encoding = manifest.get("encoding")
-    loss = extra.get("train_loss")
+    loss = finite_float(extra.get("train_loss"))
+    problem = manifest.get("rejected")
     return {"fragment": number("fragment"), "base_version": number("base_version"),
             "tokens": number("tokens"), "steps": number("steps"), "nbytes": number("nbytes"),
-            "encoding": ",".join(str(e) for e in encoding) if isinstance(encoding, list) else "",
-            "learner_step": number("learner_step"),
-            "train_loss": float(loss) if isinstance(loss, int | float) else None,
-            "problem": manifest.get("rejected")}
+            "encoding": (",".join(str(e)[:16] for e in encoding[:8])
+                         if isinstance(encoding, list) else ""),
+            "learner_step": number("learner_step"), "train_loss": loss,
+            "problem": None if problem is None else str(problem)[:MAX_TEXT]}
 

@@ -137,10 +137,13 @@ def merge_from_store(store: ArtifactStore, round_index: int,
                           "fragment was merged first"}
         return MergeOutcome(round_index, fragment, False, current.version, meta, decision, True)
 
-    contributions, refused = [], {}
+    # Offers refused when they arrived (replays, copies) keep their reasons in the record.
+    contributions, refused = [], dict(decision.get("refused", {}))
+    digests = decision.get("digests", {})
     for learner in decision["members"]:
         try:
-            contributions.append(store.load_contribution(round_index, learner))
+            contributions.append(store.load_contribution(round_index, learner,
+                                                         digest=digests.get(learner)))
         except RejectedArtifact as err:
             refused[learner] = f"refused by the store: {err.reason}"
         except KeyError:
@@ -196,6 +199,26 @@ def merge_from_store(store: ArtifactStore, round_index: int,
         store.put_round_not_merged(round_index, meta)
     return MergeOutcome(round_index, fragment, committed, version, meta, decision, finite,
                         seconds=time.monotonic() - started)
+
+
+def record_unmergeable(store: ArtifactStore, round_index: int, error: BaseException,
+                       guard: Callable[[], None] | None = None) -> dict:
+    """Record that a decided round cannot be merged at all (its merge raised where every
+    contribution's own problem is already caught: a bug, or input nothing foresaw), so the
+    syncer moves on instead of crash-looping on the same round, and the token ledger finds
+    the reason. Its members lose this round's contribution; nothing is committed."""
+    try:
+        decision = store.get_decision(round_index) or {}
+    except RejectedArtifact:
+        decision = {}
+    why = f"merge failed: {type(error).__name__}: {str(error)[:300]}"
+    members = [m for m in decision.get("members", ()) if isinstance(m, str)]
+    meta = {"round": round_index, "fragment": decision.get("fragment"), "merged": False,
+            "members": [], "rejected": {m: why for m in members},
+            "reason": f"{decision.get('reason', 'decided')}; NOT merged: {why}"}
+    (guard or (lambda: None))()
+    store.put_round_not_merged(round_index, meta)
+    return meta
 
 
 def previous_norm_per_step(meta: dict) -> float | None:

@@ -34,7 +34,13 @@ from pipelines.round_control import RoundController
 from pipelines.round_eval import evaluate_global
 from pipelines.round_metadata import global_params_metadata, round_scalars
 from pipelines.run_summary import build_summary, learners_ended
-from pipelines.store_merge import MergeInputError, MergeOutcome, MergePlan, merge_from_store
+from pipelines.store_merge import (
+    MergeInputError,
+    MergeOutcome,
+    MergePlan,
+    merge_from_store,
+    record_unmergeable,
+)
 from resources.compile_cache import enable_compilation_cache
 from resources.faults import MergeFaults, SyncerFaults, load_tape
 from resources.metrics_sink import open_sink
@@ -217,6 +223,19 @@ class SyncerService:
                 self.log(f"round {round_index}: {err}; retrying ({attempt + 1})")
             except MergeInputError as err:
                 self.log(f"round {round_index} cannot be merged: {err}")
+                return None
+            except (LeaseLost, OSError):
+                # Fenced, or the store itself failing: the supervisor relaunches the syncer
+                # and the round is merged then. Never recorded as unmergeable for that.
+                raise
+            except Exception as err:  # noqa: BLE001 - never crash-loop on one round
+                # Every contribution's own problem is refused inside the merge; what still
+                # raises would raise again in a relaunched syncer: record the round as not
+                # merged, with the error, and go on with the next.
+                record_unmergeable(self.store, round_index, err, guard=self.lease.check)
+                self.not_merged += 1
+                self.log(f"round {round_index} NOT merged, the merge raised {err!r}; moving "
+                         "on")
                 return None
         else:
             self.log(f"round {round_index}: gave up after 3 conflicting tries")

@@ -60,7 +60,28 @@ def _members(m: dict) -> list[str]:
     return list(m["objects"]["delta"]["dtypes"])
 
 
+def _same_bytes_other_dtype(m: dict, put: Callable[[dict, bytes], dict]) -> dict:
+    """Every array re-declared as another dtype of the same byte count (float64 for float32
+    values, float32 for bf16 ones, floats for int8 codes): sizes, checksums and the bundle's
+    own dtype checks all agree; only what the bytes mean is wrong."""
+    entry = m["objects"]["delta"]
+    dtypes, shapes, members = {}, {}, {}
+    for name, dtype in entry["dtypes"].items():
+        nbytes = np.dtype(np.uint16 if dtype == "bfloat16" else dtype).itemsize * int(
+            np.prod(entry["shapes"][name]))
+        other = next(d for d in ("float64", "float32", "float16", "uint8")
+                     if d != dtype and nbytes % np.dtype(d).itemsize == 0)
+        values = np.zeros(nbytes // np.dtype(other).itemsize, dtype=other)
+        buffer = io.BytesIO()
+        np.lib.format.write_array(buffer, values, allow_pickle=False)
+        members[f"{name}.npy"] = buffer.getvalue()
+        dtypes[name], shapes[name] = other, list(values.shape)
+    return put({**m, "objects": {"delta": {**entry, "dtypes": dtypes, "shapes": shapes}}},
+               npz(members))
+
+
 CONTRIBUTION_ATTACKS: dict[str, Attack] = {
+    "right size, wrong dtype": _same_bytes_other_dtype,
     "tensors is a string": lambda m, put: {**m, "tensors": "abc"},
     "objects is a list": lambda m, put: {**m, "objects": []},
     "object name climbs": lambda m, put: {
@@ -212,6 +233,22 @@ class HostileWriter:
         self.store.blobs.write(key, json.dumps(
             {"learner": self.learner, "time": time.time(), "written": self.written,
              "skipped": self.skipped, "planted": self.targets}).encode())
+
+
+def damage_offer(store: ArtifactStore, round_index: int, learner: str, kind: str) -> None:
+    """Rewrite `learner`'s committed offer to `round_index` with the contribution attack
+    `kind`, raw, around the store's write-once rule (as a learner owning its prefix can)."""
+    directory = layout.contribution_dir(store.experiment, round_index, learner)
+    manifest = json.loads(store.blobs.read(f"{directory}/{layout.MANIFEST}"))
+
+    def put(m: dict, data: bytes) -> dict:
+        e = m["objects"]["delta"]
+        store.blobs.write(f"{directory}/{e['name']}", data)
+        return {**m, "objects": {"delta": {**e, "size": len(data),
+                                           "sha256": hashlib.sha256(data).hexdigest()}}}
+
+    hostile = CONTRIBUTION_ATTACKS[kind](manifest, put)
+    store.blobs.write(f"{directory}/{layout.MANIFEST}", json.dumps(hostile).encode())
 
 
 def read_log(store: ArtifactStore, learner: str) -> dict | None:
