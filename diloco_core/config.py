@@ -249,6 +249,17 @@ class SyncConfig:
     encoding: str = "bf16"         # outer-gradient wire format
     encoding_block_size: int = 64  # values per scale for int8/int4/int2
     max_norm_ratio: float = 10.0   # exclude an outer grad > this x the others' median per step
+    # A learner's counters are claims (diloco_core/corroboration.py): an offer is credited at
+    # most this x H x (1 + its staleness) steps, and a heartbeat's total tokens at most this x
+    # the other live learners' median; 4 leaves room for learners 2.5x apart in speed (the
+    # heterogeneous-speed experiment). inf trusts every claim.
+    max_speed_ratio: float = 4.0
+    # No member's merge weight above max(this, 1 / members), or the share its configured batch
+    # gives it if larger: one learner, whatever it claims, weighs at most 3x the rest of its
+    # round together. 0.75 keeps honest token weighting between two members 3x apart in steps
+    # (one that rejoined, or a slow one); 0.5 would make every two-member round an equal
+    # average. 1 disables.
+    max_weight_share: float = 0.75
     anchor: str = "global"         # outer grad vs the current global ("global", the paper)
     # or vs the version the learner started from ("base")
 
@@ -276,6 +287,12 @@ class SyncConfig:
             value = getattr(self, name)
             _require(value in allowed, name, f"must be one of {', '.join(allowed)}, got {value!r}")
         _in_unit(self.blend_alpha, "blend_alpha", low_open=False, high_open=True)
+        _require(isinstance(self.max_speed_ratio, int | float) and self.max_speed_ratio >= 1,
+                 "max_speed_ratio", f"must be a number >= 1 (inf disables), "
+                                    f"got {self.max_speed_ratio!r}")
+        _require(isinstance(self.max_weight_share, int | float)
+                 and 0 < self.max_weight_share <= 1, "max_weight_share",
+                 f"must be a number in (0, 1], got {self.max_weight_share!r}")
         _require(isinstance(self.max_norm_ratio, int | float) and self.max_norm_ratio > 1,
                  "max_norm_ratio", f"must be a number > 1 (inf disables), "
                                    f"got {self.max_norm_ratio!r}")
@@ -506,8 +523,15 @@ class OrchestrationConfig:
     # stale code. A local path, never the store: a compiled program is code, and a party that
     # may write the store must not choose what another process executes. Empty: off.
     compilation_cache_dir: str = "~/.cache/diloco/jax"
+    # A chaos run: the experiment's fault tape (faults/tape.json) is injected into its
+    # learners, merges, syncer and capacity. Set by the chaos tooling (`diloco demo
+    # --fault-tape`, the chaos soaks, the test harness); the train job refuses a fault tape
+    # without it. Off: a tape in the store is ignored, with a logged reason.
+    chaos: bool = False
 
     def __post_init__(self):
+        _require(isinstance(self.chaos, bool), "chaos",
+                 f"must be true or false, got {self.chaos!r}")
         _require(isinstance(self.block_on_overlap, bool), "block_on_overlap",
                  f"must be true or false, got {self.block_on_overlap!r}")
         _require(isinstance(self.async_checkpoints, bool), "async_checkpoints",

@@ -20,6 +20,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from diloco_core.round_records import MAX_INT
+
+# A learner process's attempt number, as its record's name holds it (a{n:05d}.json).
+MAX_ATTEMPT = 99_999
+
+
+def ledger_count(value: Any, high: int) -> bool:
+    """Whether `value` is an integer in [0, high] (not a bool): every count or index the
+    ledger reads from a record a learner wrote is checked with this where it is read."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= high
+
+
 # Where tokens end up; all but "merged" are losses, each with its reason.
 FATES = {
     "merged": "in a committed merge",
@@ -88,8 +100,9 @@ class Ledger:
     by_learner: dict[str, dict[str, int]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     inexact_attempts: list[str] = field(default_factory=list)
-    # Attempt records refused before accounting ("key: reason"): unreadable or malformed, as a
-    # hostile or broken learner may write them. The rest is accounted without them.
+    # Attempt records and offers refused before accounting ("key: reason"): unreadable or
+    # malformed, as a hostile or broken learner may write them (an offer's attempt or claim
+    # among them). The rest is accounted without them.
     refused_records: list[str] = field(default_factory=list)
 
     def add(self, learner: str, fate: str, amount: int) -> None:
@@ -154,10 +167,17 @@ def build_ledger(num_fragments: int, attempts: Iterable[Mapping[str, Any]],
             if stored is None:
                 ledger.add(name, "offer_not_stored", claim)
                 continue
-            if int(stored.get("attempt", -1)) != attempt:
+            # The offer's attempt and claim come from the learner's manifest (`offer_fates`
+            # checks them): one that is not a count here counts as never stored.
+            why = _malformed_offer(stored)
+            if why is not None:
+                ledger.problems.append(f"{name}'s offer to round {round_index}: {why}")
+                ledger.add(name, "offer_not_stored", claim)
+                continue
+            if stored.get("attempt", -1) != attempt:
                 ledger.add(name, "duplicate_offer", claim)
                 continue
-            if stored.get("claim") is not None and int(stored["claim"]) != claim:
+            if stored.get("claim") is not None and stored["claim"] != claim:
                 ledger.problems.append(f"{name} attempt {attempt}: round {round_index} offer "
                                        f"claims {stored['claim']} in the store, {claim} in "
                                        "the learner's record")
@@ -169,7 +189,20 @@ def build_ledger(num_fragments: int, attempts: Iterable[Mapping[str, Any]],
                 else "left_before_offer" if status == "left" else "died_before_offer")
         ledger.add(name, lost, sum(book["unclaimed"]))
     for key, stored in sorted(offers.items()):
-        if key not in matched and stored.get("claim") is not None:
+        if (key not in matched and _malformed_offer(stored) is None
+                and stored.get("claim") is not None):
             ledger.problems.append(f"{key[1]}'s offer to round {key[0]} (attempt "
                                    f"{stored.get('attempt')}) is in no learner's record")
     return ledger
+
+
+def _malformed_offer(stored: Any) -> str | None:
+    """Why a stored offer's {attempt, claim} cannot be accounted, or None."""
+    if not isinstance(stored, Mapping):
+        return f"the stored offer must be an object, got {type(stored).__name__}"
+    attempt, claim = stored.get("attempt", -1), stored.get("claim")
+    if attempt != -1 and not ledger_count(attempt, MAX_ATTEMPT):
+        return f"attempt must be an integer in [0, {MAX_ATTEMPT}], got {str(attempt)[:40]}"
+    if claim is not None and not ledger_count(claim, MAX_INT):
+        return f"claim must be an integer in [0, {MAX_INT}], got {str(claim)[:40]}"
+    return None

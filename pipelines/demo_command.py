@@ -24,7 +24,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -135,6 +135,10 @@ def run_demo(cfg: ExperimentConfig, *, chaos: bool, json_path: str | None, workd
 
     tape = (read_tape_file(fault_tape_path, cfg.learners.learner_names)
             if fault_tape_path else None)
+    if tape is not None or chaos:
+        # Launched as a chaos run: the experiment's config says so, and only then do its
+        # processes honour the tape (`resources.faults.load_tape`).
+        cfg = cfg.replace(orchestration=replace(cfg.orchestration, chaos=True))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     root = Path(workdir or f"runs/demo-{stamp}").resolve()
     root.mkdir(parents=True, exist_ok=True)

@@ -42,7 +42,18 @@ def require_orchestratable(cfg: ExperimentConfig) -> None:
     """Refuse, before anything starts, what only the simulator runs: the learner processes read
     the text corpus, so the digits task is simulator-only (`diloco simulate`); the learners have
     no data-parallel phase to warm-start from (it would need a lock-step all-reduce between
-    them)."""
+    them). And names that the store's layout reserves: the experiment's and the learners'
+    names become path segments of its keys (`resources/store/names.py`)."""
+    from resources.store.names import InvalidName, check_name
+
+    named = [("name", "experiment", cfg.name)] + [
+        (f"learners.names[{i}]", "learner", name)
+        for i, name in enumerate(cfg.learners.learner_names)]
+    for field, kind, value in named:
+        try:
+            check_name(kind, value)
+        except InvalidName as err:
+            raise ConfigError(field, str(err)) from None
     if cfg.task != "text":
         raise ConfigError("task", f"{cfg.task!r} runs on the in-process simulator only "
                                   f"(diloco simulate --set task={cfg.task} ...); orchestrated "

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     with session as (params, log, report):
         store = ArtifactStore(open_blob_store(params["store"]), params["experiment"])
         attempt = int(params["attempt"])
-        tape = load_tape(store)   # a chaos run's fault tape, if the experiment has one
+        tape = load_tape(store, log=log)   # a chaos run's fault tape, if it has one
         faults = (None if tape is None
                   else LearnerFaults(store, tape, params["learner"], attempt, log))
         runtime = LearnerRuntime(store, params["learner"], attempt, log=log,

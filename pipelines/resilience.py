@@ -10,7 +10,10 @@
   rejected, superseded) and time a learner was down both lower it.
 """
 
+import math
+
 from diloco_core.config import ExperimentConfig
+from diloco_core.fault_tape import FAULT_KINDS
 from diloco_core.ledger import Ledger
 from resources.store.artifact_store import ArtifactStore
 
@@ -22,8 +25,11 @@ def resilience_report(store: ArtifactStore, cfg: ExperimentConfig, merges: list[
                       ledger: Ledger) -> dict:
     names = cfg.learners.learner_names
     P = cfg.sync.num_fragments
-    attempts = {n: store.attempt_records(n) for n in names}
-    fired = store.fired_faults()
+    # Learners write their attempt records (and, in a chaos run, fired-fault records): the
+    # fields read here are checked, and a record whose field is not what it should be does
+    # not count (the ledger already refused malformed attempt records, with their reasons).
+    attempts = {n: [_with_times(a) for a in store.attempt_records(n)] for n in names}
+    fired = [_plain_fields(f) for f in store.fired_faults() if _sound_fault(f, names)]
     rejoins = []
     outages = [(fault, fault["learner"]) for fault in fired if fault.get("kind") in OUTAGES]
     outages += [(fault, name) for fault in fired if fault.get("kind") in EVERY_LEARNER_DOWN
@@ -61,3 +67,44 @@ def resilience_report(store: ArtifactStore, cfg: ExperimentConfig, merges: list[
     return {"faults_fired": counts, "faults": fired, "rejoins": rejoins,
             "goodput": merged_tokens / capacity if capacity > 0 else None,
             "learner_capacity_tokens": capacity}
+
+
+def _seconds(value) -> float | None:
+    """A finite, non-negative number of seconds (a time or a duration), or None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else None
+
+
+def _with_times(record: dict) -> dict:
+    """The attempt record with `started_at` and `compute_seconds` kept only when they are
+    times (absent otherwise, as in a record from before they existed)."""
+    out = {k: v for k, v in record.items() if k not in ("started_at", "compute_seconds")}
+    for key in ("started_at", "compute_seconds"):
+        value = _seconds(record.get(key))
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def _sound_fault(fault, names) -> bool:
+    if not isinstance(fault, dict) or not isinstance(fault.get("id"), str):
+        return False
+    if fault.get("kind") not in FAULT_KINDS or _seconds(fault.get("time")) is None:
+        return False
+    return fault["kind"] not in OUTAGES or fault.get("learner") in names
+
+
+# What the injectors record of a fired fault (`resources.faults`): the summary keeps these.
+FIRED_FIELDS = ("id", "kind", "learner", "attempt", "step", "round", "phase", "time", "pid")
+
+
+def _plain_fields(fault: dict) -> dict:
+    """The fault record's known fields whose values are plain (a short string, an integer, a
+    finite number): the summary is written as strict JSON, and carries nothing else."""
+    def plain(v) -> bool:
+        if isinstance(v, str):
+            return len(v) <= 200
+        return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+    return {k: fault[k] for k in FIRED_FIELDS if k in fault and plain(fault[k])}

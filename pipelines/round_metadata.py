@@ -5,9 +5,11 @@ results; the quorum sensor mirrors the syncer service's merges and evals as runl
 materializations and check evaluations with the same metadata.
 """
 
+
 import dagster as dg
 
-from resources.store.artifact_store import ArtifactStore
+from diloco_core.round_records import MAX_INT, finite_float
+from resources.store.artifact_store import ArtifactStore, RejectedArtifact
 
 WHY_NOT = {"late": "offered after the grace window closed", "missing": "did not offer",
            "declined": "nothing new on this fragment since it last received it (final round)",
@@ -61,12 +63,19 @@ def _per_learner_series(artifacts, names: list[str], record: dict, round_index: 
     weights = dict(zip(members, record.get("weights", []), strict=False))
     series = {f"weight/{n}": round(float(weights.get(n, 0.0)), 4) for n in names}
     for name in members:
-        manifest = artifacts.contribution_manifest(round_index, name) or {}
-        loss = (manifest.get("extra") or {}).get("train_loss")
-        if isinstance(loss, int | float):
-            series[f"train_loss/{name}"] = float(loss)
-        if manifest.get("base_version") is not None:
-            series[f"staleness/{name}"] = max(0, parent_version - int(manifest["base_version"]))
+        # The learner wrote its manifest, `extra` (free-form JSON) and all: every field is
+        # checked here, and one that is not what it should be is left out of the plots.
+        try:
+            manifest = artifacts.contribution_manifest(round_index, name) or {}
+        except RejectedArtifact:
+            continue
+        extra = manifest.get("extra")
+        loss = finite_float(extra.get("train_loss")) if isinstance(extra, dict) else None
+        if loss is not None:
+            series[f"train_loss/{name}"] = loss
+        base = manifest.get("base_version")
+        if isinstance(base, int) and not isinstance(base, bool) and 0 <= base <= MAX_INT:
+            series[f"staleness/{name}"] = max(0, parent_version - base)
     return series
 
 

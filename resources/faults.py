@@ -15,6 +15,7 @@ checkpoint taken before `at_step` reaches that step again).
 """
 
 import json
+import logging
 import math
 import os
 import random
@@ -27,10 +28,12 @@ from typing import Any
 from diloco_core.contribution import Contribution
 from diloco_core.fault_tape import FaultTape, TapeError, tape_from_mapping
 from resources.hostile_records import HostileWriter
-from resources.store.artifact_store import ArtifactStore
+from resources.store import layout
+from resources.store.artifact_store import ArtifactStore, RejectedArtifact
 from resources.store.blobs import BlobInfo, BlobStore
 
 Log = Callable[[str], None]
+_logger = logging.getLogger(__name__)
 
 
 # The bytes pickle.dumps({}, protocol=4) writes (this project never imports pickle): what a
@@ -57,9 +60,45 @@ def read_tape_file(path: str, learners: list[str] | None = None) -> FaultTape:
     return tape_from_mapping(data, learners)
 
 
-def load_tape(store: ArtifactStore, learners: list[str] | None = None) -> FaultTape | None:
-    data = store.get_fault_tape()
-    return None if data is None else tape_from_mapping(data, learners)
+def load_tape(store: ArtifactStore, learners: list[str] | None = None, *,
+              chaos: bool | None = None, log: Log | None = None) -> FaultTape | None:
+    """The experiment's fault tape, validated, if it is a chaos run and has one; else None.
+
+    Honoured only in an experiment launched as a chaos run (`orchestration.chaos` in its
+    config; `chaos` when the caller already has the config): a tape found in any other
+    experiment is ignored. A tape that cannot be read or is invalid is refused. Either way
+    the reason goes to `log` (default: this module's logger) and nothing is raised: the
+    sensors, the syncer, merges and learners load it on every tick or start."""
+    say = log or _logger.warning
+    try:
+        data = store.get_fault_tape()
+    except RejectedArtifact as err:
+        say(f"fault tape refused, no fault is injected: {err}")
+        return None
+    if data is None:
+        return None
+    if chaos is None:
+        chaos = chaos_run(store)
+    if not chaos:
+        say(f"fault tape ignored: experiment {store.experiment!r} was not launched as a chaos "
+            "run (orchestration.chaos is false in its config)")
+        return None
+    try:
+        return tape_from_mapping(data, learners)
+    except TapeError as err:
+        say(f"fault tape refused, no fault is injected: "
+            f"{layout.fault_tape(store.experiment)}: {err}")
+        return None
+
+
+def chaos_run(store: ArtifactStore) -> bool:
+    """Whether the experiment's committed config marks it a chaos run."""
+    try:
+        config = store.get_config()
+    except RejectedArtifact:
+        return False
+    orchestration = config.get("orchestration") if isinstance(config, dict) else None
+    return isinstance(orchestration, dict) and orchestration.get("chaos") is True
 
 
 class FaultyBlobStore(BlobStore):
@@ -95,9 +134,9 @@ class FaultyBlobStore(BlobStore):
         self._maybe_fail("info", key)
         return self.inner.info(key)
 
-    def list(self, prefix: str) -> list[str]:
+    def list(self, prefix: str, *, limit: int | None = None) -> list[str]:
         self._maybe_fail("list", prefix)
-        return self.inner.list(prefix)
+        return self.inner.list(prefix, limit=limit)
 
     def delete(self, key: str) -> None:
         self._maybe_fail("delete", key)

@@ -57,10 +57,12 @@ class Harness:
 
     # ---- the experiment -----------------------------------------------------------------------
     def start(self, fault_tape_path: str | None = None) -> None:
+        # A run with a fault tape is launched as a chaos run: nothing else honours a tape.
+        chaos = ["orchestration.chaos=true"] if fault_tape_path else []
         result = self.defs.resolve_job_def("train").execute_in_process(
             instance=self.instance,
             run_config={"ops": {"start_experiment": {"config": {
-                "overrides": self.overrides, "orchestrated_defaults": False,
+                "overrides": self.overrides + chaos, "orchestrated_defaults": False,
                 "fault_tape_path": fault_tape_path}}}})
         assert result.success
         self.store = self.resource.active()

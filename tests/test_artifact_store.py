@@ -352,6 +352,8 @@ def test_ledger_claims_are_sealed_in_segments_and_read_back_whole(store):
                            "claims": claims}}
 
     claims = [[r, r % 4, 100 + r] for r in range(2 * CLAIMS_PER_SEGMENT + 600)]
+    # One offer per round: the rounds the claims name are open (what bounds the segments).
+    store.open_round(len(claims) - 1, {"fragment": 0, "opened_at": 1.0})
     key = layout.attempt(EXP, "learner-0", 3)
     for n in (700, 2 * CLAIMS_PER_SEGMENT + 600, len(claims)):   # the run goes on
         store.put_attempt_record("learner-0", 3, record(claims[:n]))
@@ -382,6 +384,140 @@ def test_a_forged_claim_segment_count_is_refused_with_the_reason(store, change, 
     refused = []
     assert store.attempt_records("learner-1", refused) == []
     assert [r["key"] for r in refused] == [key] and reason in refused[0]["reason"]
+
+
+def _count_reads(store) -> list[str]:
+    reads, read = [], store.blobs.read
+
+    def counting(key):
+        reads.append(key)
+        return read(key)
+
+    store.blobs.read = counting
+    return reads
+
+
+def _forged_record(store, learner, segments, claims=()):
+    key = layout.attempt(EXP, learner, 0)
+    store.blobs.write(key, json.dumps({"learner": learner, "attempt": 0, "ledger": {
+        "processed": segments * 1024 + len(claims), "unclaimed": [0], "superseded": [0],
+        "claims": list(claims), "claim_segments": segments}}).encode())
+    return key
+
+
+def test_claim_segments_beyond_what_the_opened_rounds_justify_are_refused_unread(store):
+    """A learner could write 100,000 well-formed claim segments and a record counting them:
+    all were accepted, and every ledger build read them (~2.7 GiB). A learner offers at most
+    once per opened round, so that bounds the segments an attempt can have: past it the
+    record is refused before any segment is read."""
+    from resources.store.artifact_store import CLAIMS_PER_SEGMENT
+
+    store.open_round(99, {"fragment": 0, "opened_at": 1.0})   # 100 rounds: 1 segment (+1)
+    part = json.dumps({"claims": [[r, 0, 1] for r in range(CLAIMS_PER_SEGMENT)]}).encode()
+    for k in range(3):
+        store.blobs.write(layout.claim_segment(EXP, "learner-1", 0, k), part)
+    key = _forged_record(store, "learner-1", 3)
+    reads = _count_reads(store)
+    refused = []
+    assert store.attempt_records("learner-1", refused) == []
+    assert refused == [{"key": key, "reason": (
+        "claim_segments 3: more than the 2 that 100 opened rounds justify (one offer per "
+        "round, 1024 claims per segment); none read")}]
+    assert [k for k in reads if "/claims/" in k] == []
+    # Once the rounds justify them, the same segments are read back.
+    store.open_round(3 * CLAIMS_PER_SEGMENT - 1, {"fragment": 0, "opened_at": 2.0})
+    (record,) = store.attempt_records("learner-1")
+    assert len(record["ledger"]["claims"]) == 3 * CLAIMS_PER_SEGMENT
+
+
+def test_an_oversized_claim_segment_or_attempt_record_is_refused_unread(store):
+    from resources.store.artifact_store import (
+        CLAIMS_PER_SEGMENT,
+        MAX_ATTEMPT_RECORD_BYTES,
+        MAX_CLAIM_SEGMENT_BYTES,
+    )
+
+    store.open_round(5000, {"fragment": 0, "opened_at": 1.0})
+    # Well-formed, padded with whitespace: each one as large as a learner may make it.
+    segment = json.dumps({"claims": [[r, 0, 1] for r in range(CLAIMS_PER_SEGMENT)]}).encode()
+    store.blobs.write(layout.claim_segment(EXP, "learner-1", 0, 0),
+                      segment.ljust(MAX_CLAIM_SEGMENT_BYTES + 1))
+    key = _forged_record(store, "learner-1", 1)
+    big = layout.attempt(EXP, "learner-2", 0)
+    store.blobs.write(big, json.dumps({"learner": "learner-2", "attempt": 0, "ledger": {
+        "processed": 0, "unclaimed": [0], "superseded": [0], "claims": []}}).encode().ljust(
+        MAX_ATTEMPT_RECORD_BYTES + 1))
+    reads = _count_reads(store)
+    refused = []
+    assert store.attempt_records("learner-1", refused) == []
+    assert store.attempt_records("learner-2", refused) == []
+    assert refused == [
+        {"key": key, "reason": f"claim segment 0: {MAX_CLAIM_SEGMENT_BYTES + 1} bytes: larger "
+                               f"than it may be ({MAX_CLAIM_SEGMENT_BYTES}); not read"},
+        {"key": big, "reason": f"{MAX_ATTEMPT_RECORD_BYTES + 1} bytes: larger than it may be "
+                               f"({MAX_ATTEMPT_RECORD_BYTES}); not read"}]
+    assert [k for k in reads if "/claims/" in k or k == big] == []   # neither was read
+
+
+def test_junk_under_a_learners_contributions_bounds_the_round_listing(store):
+    """20,000 junk objects a learner wrote under its contribution directory made every
+    control-plane tick list them all (0.7 ms -> 280 ms). The listing stops past 4 objects per
+    learner of the config (+64), and each learner's manifest is then looked up on its own:
+    the round's offers are all still found, the hostile learner's included."""
+    store.put_config({"name": EXP, "learners": {"num_learners": 3}})
+    for name in ("learner-0", "learner-1", "learner-2"):
+        store.put_contribution(_contribution(name))
+    junk = layout.contribution_dir(EXP, 3, "learner-1")
+    for i in range(100):
+        store.blobs.write(f"{junk}/junk/{i:04d}", b"")
+    fresh = ArtifactStore(store.blobs, EXP)   # e.g. a sensor tick's
+    listed, list_ = [], store.blobs.list
+
+    def recording(prefix, **kw):
+        keys = list_(prefix, **kw)
+        listed.append(len(keys))
+        return keys
+
+    store.blobs.list = recording
+    assert fresh.list_contributions(3) == ["learner-0", "learner-1", "learner-2"]
+    prefix = layout.contributions_prefix(EXP, 3)
+    assert fresh.listing_refusals[prefix].startswith(
+        "more than 76 objects (4 per learner of 3): a learner wrote junk there")
+    assert listed == []             # the listing stopped: it returned nothing
+    assert fresh.list_contributions(3) == ["learner-0", "learner-1", "learner-2"]
+    assert listed == []             # and is not tried again for that round
+    assert fresh.list_contributions(4) == [] and listed == [0]   # other rounds: listed
+
+
+def test_junk_under_a_learners_attempts_or_the_fired_faults_bounds_their_listing(
+        store, monkeypatch):
+    from resources.store import artifact_store
+
+    monkeypatch.setattr(artifact_store, "MAX_ATTEMPTS_LISTED", 8)
+    monkeypatch.setattr(artifact_store, "MAX_FIRED_LISTED", 8)
+    good = {"learner": "learner-1", "attempt": 1, "status": "done", "final": True,
+            "ledger": {"processed": 4, "unclaimed": [4], "superseded": [0], "claims": []}}
+    store.put_attempt_record("learner-1", 1, good)
+    store.put_attempt_record("learner-0", 1, {**good, "learner": "learner-0"})
+    prefix = layout.attempts_prefix(EXP, "learner-1")
+    for i in range(9):
+        store.blobs.write(f"{prefix}junk-{i}", b"")
+    refused = []
+    assert store.attempt_records("learner-1", refused) == []
+    assert refused == [{"key": prefix, "reason": "more than 8 objects: junk under the "
+                        "learner's attempt records; none of them is read"}]
+    assert store.attempt_records("learner-0") == [{**good, "learner": "learner-0"}]
+    # The fired faults (learners write them in a chaos run): unreadable ones are left out,
+    # and past the bound none is read; firing stays once per fault.
+    assert store.mark_fault_fired("f1", {"id": "f1", "time": 2.0})
+    store.blobs.write(layout.fired_fault(EXP, "f0") + ".json", b'{"id": "f0", "time": "x"}')
+    store.blobs.write(layout.fired_fault(EXP, "f2") + ".json", b"not json")
+    assert [f["id"] for f in store.fired_faults()] == ["f0", "f1"]
+    for i in range(8):
+        store.blobs.write(layout.fired_fault(EXP, f"junk-{i}") + ".json", b"{}")
+    assert store.fired_faults() == []
+    assert "more than 8 objects" in store.listing_refusals[layout.fired_prefix(EXP)]
+    assert not store.mark_fault_fired("f1", {"id": "f1", "time": 3.0})
 
 
 @pytest.mark.parametrize("body, reason", [

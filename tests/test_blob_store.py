@@ -3,7 +3,9 @@ backend's request-level behaviour (preconditions sent, retries, permanent errors
 scripting HTTP responses between the client and the server."""
 
 import json
+import os
 import re
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
@@ -12,7 +14,12 @@ import pytest
 import requests
 
 from resources.store.backends import open_blob_store
-from resources.store.blobs import BlobNotFound, LocalBlobStore, PreconditionFailed
+from resources.store.blobs import (
+    BlobNotFound,
+    ListingTooLong,
+    LocalBlobStore,
+    PreconditionFailed,
+)
 
 BUCKET = "diloco-test"
 
@@ -71,6 +78,31 @@ def test_list_is_a_sorted_relative_prefix_listing(blob_store):
     assert sibling.list("") == ["a/b/other.bin"]
 
 
+def test_a_listing_with_a_limit_stops_past_it(blob_store):
+    """A prefix that another party fills (a learner's junk) is listed with a bound: past it the
+    listing stops with `ListingTooLong` instead of walking (or paging through) everything."""
+    for i in range(5):
+        blob_store.write(f"p/q/{i}.bin", b"x")
+    blob_store.write("p/r.bin", b"x")
+    assert blob_store.list("p/q/", limit=5) == [f"p/q/{i}.bin" for i in range(5)]
+    with pytest.raises(ListingTooLong, match=r"more than 4 objects under p/q/") as err:
+        blob_store.list("p/q/", limit=4)
+    assert (err.value.prefix, err.value.limit) == ("p/q/", 4)
+    with pytest.raises(ListingTooLong):
+        blob_store.list("p/", limit=5)
+    assert blob_store.list("p/", limit=6) == blob_store.list("p/")
+
+
+def test_a_limited_local_listing_stops_past_hidden_files_too(tmp_path):
+    store = LocalBlobStore(tmp_path / "s")
+    store.write("p/one.bin", b"x")
+    for i in range(40):   # a writer's hidden files: never listed, still walked
+        (tmp_path / "s" / "p" / f".junk-{i}").write_bytes(b"")
+    assert store.list("p/") == ["p/one.bin"]
+    with pytest.raises(ListingTooLong):
+        store.list("p/", limit=4)
+
+
 def test_delete_is_idempotent(blob_store):
     blob_store.write("k/one", b"1")
     blob_store.write("k/two", b"2")
@@ -123,6 +155,95 @@ def test_precondition_failures_on_local(tmp_path):
     with pytest.raises(PreconditionFailed):
         blobs.write("absent", b"x", if_generation=second.generation)  # expects an object
     assert blobs.read("p") == b"2" and second.generation != first.generation
+
+
+def test_a_stale_generation_never_matches_a_state_with_the_same_inode_and_mtime(tmp_path):
+    """A generation must name one state of a key. Here a later state gets the first state's
+    inode number (ext4 hands a freed inode out again at once) and its mtime (two writes within
+    the clock's granularity share a timestamp; forced with `os.utime`): a write conditional on
+    the first state's generation must still be refused, and the object keep its bytes."""
+    blobs = LocalBlobStore(tmp_path)
+    path = tmp_path / "ptr"
+    first = blobs.write("ptr", b"state-00", if_generation=0)
+    before = os.stat(path)
+    for i in range(1, 200):  # until the file system reuses the first state's inode
+        blobs.write("ptr", b"state-%02d" % (i % 100))
+        if os.stat(path).st_ino == before.st_ino:
+            break
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    changed = os.stat(path)
+    assert (changed.st_mtime_ns, changed.st_size) == (before.st_mtime_ns, before.st_size)
+    now = blobs.info("ptr")
+    with pytest.raises(PreconditionFailed, match=f"expected {first.generation}"):
+        blobs.write("ptr", b"stale!!!", if_generation=first.generation)
+    assert blobs.read("ptr") != b"stale!!!" and blobs.info("ptr") == now
+    assert now.generation != first.generation
+
+
+def test_local_generations_survive_failed_writes_and_deletes(tmp_path):
+    blobs = LocalBlobStore(tmp_path)
+    first = blobs.write("k", b"1", if_generation=0)
+    with pytest.raises(PreconditionFailed):
+        blobs.write("k", b"2", if_generation=first.generation + 1)
+    assert blobs.info("k") == first  # a lost conditional write does not move the winner's
+    blobs.delete("k")
+    assert blobs.info("k") is None
+    again = blobs.write("k", b"1", if_generation=0)  # same bytes, a new life: a new generation
+    assert again.generation not in (0, first.generation)
+    with pytest.raises(PreconditionFailed):
+        blobs.write("k", b"3", if_generation=first.generation)
+    blobs.delete("never-written/k")
+    assert not (tmp_path / "never-written").exists()
+
+
+CAS_RACER = """
+import json, os, sys, time
+from resources.store.blobs import LocalBlobStore, PreconditionFailed
+blobs, me, go = LocalBlobStore(sys.argv[1]), sys.argv[2], sys.argv[3]
+while not os.path.exists(go):  # start together
+    time.sleep(0.001)
+won, lost, deadline = [], 0, time.monotonic() + float(sys.argv[4])
+while time.monotonic() < deadline:
+    info = blobs.info("counter")
+    seen = json.loads(blobs.read("counter"))
+    mine = {"value": seen["value"] + 1, "by": me}
+    try:
+        blobs.write("counter", json.dumps(mine).encode(), if_generation=info.generation)
+    except PreconditionFailed:
+        lost += 1
+        continue
+    won.append([seen["value"], mine["value"]])
+print(json.dumps({"won": won, "lost": lost}))
+"""
+
+
+def test_conditional_writes_racing_from_processes_lose_no_update(tmp_path):
+    """Real processes increment one counter by compare-and-swap, as fast as they can: a write
+    may succeed only if nobody wrote since its read, so every value is written exactly once
+    and the final value counts every success (a write that won against a changed object would
+    write a value twice and lose an increment)."""
+    import subprocess
+    import sys
+
+    blobs = LocalBlobStore(tmp_path / "store")
+    blobs.write("counter", json.dumps({"value": 0}).encode(), if_generation=0)
+    go = tmp_path / "go"
+    racers = [subprocess.Popen([sys.executable, "-c", CAS_RACER, str(tmp_path / "store"),
+                                f"p{k}", str(go), "3"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True) for k in range(3)]
+    time.sleep(0.5)
+    go.touch()
+    results = []
+    for racer in racers:
+        out, err = racer.communicate(timeout=120)
+        assert racer.returncode == 0, err
+        results.append(json.loads(out))
+    won = sorted(pair for r in results for pair in r["won"])
+    final = json.loads(blobs.read("counter"))["value"]
+    assert [new for _, new in won] == list(range(1, final + 1)), "a value was written twice"
+    assert all(new == old + 1 for old, new in won)
+    assert all(len(r["won"]) > 0 for r in results), "every racer must get some writes in"
+    assert sum(r["lost"] for r in results) > 0, "the racers never contended"
 
 
 # ---- GCS at the HTTP level: the loopback server ignores preconditions, so check the requests --

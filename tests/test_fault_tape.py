@@ -395,3 +395,101 @@ def test_the_documented_example_tape_is_valid_and_uses_every_kind():
     example = json.loads(text.split("```json\n", 1)[1].split("```", 1)[0])
     tape = tape_from_mapping(example, [f"learner-{i}" for i in range(4)])
     assert {f.kind for f in tape.faults} == set(FAULT_KINDS)
+
+
+# --- the tape in the store: honoured only in a chaos run, refused with a reason if malformed -----
+
+def _store_with(tmp_path, chaos: bool, tape: bytes | None):
+    from resources.store import layout
+    from resources.store.artifact_store import ArtifactStore
+    from resources.store.blobs import LocalBlobStore
+
+    store = ArtifactStore(LocalBlobStore(tmp_path / "store"), "exp")
+    store.put_config({"name": "exp", "orchestration": {"chaos": chaos}})
+    if tape is not None:   # raw: whatever is there, as something other than `train` wrote it
+        store.blobs.write(layout.fault_tape("exp"), tape)
+    return store
+
+
+@pytest.mark.parametrize(("body", "reason"), [
+    (b"[1, 2]", "not a JSON object"),
+    (b"\x00{", "not valid JSON"),
+    (b'{"faults": [{"kind": "learner_explode", "learner": "l0", "at_step": 1}]}',
+     "faults[0].kind: 'learner_explode' is not one of"),
+    (b'{"faults": [{"kind": "learner_kill", "learner": "l9", "at_step": 1}]}',
+     "faults[0].learner: 'l9' is not a learner of this experiment"),
+    (b'{"faults": "all"}', "faults must be a list"),
+])
+def test_a_malformed_tape_in_the_store_is_refused_with_a_reason_never_raised(tmp_path, body,
+                                                                             reason):
+    from resources.faults import load_tape
+
+    store = _store_with(tmp_path, chaos=True, tape=body)
+    said = []
+    assert load_tape(store, list(LEARNERS), log=said.append) is None
+    assert len(said) == 1 and "fault tape refused, no fault is injected" in said[0], said
+    assert reason in said[0], said
+
+
+def test_a_tape_is_honoured_only_in_an_experiment_launched_as_a_chaos_run(tmp_path):
+    import json
+
+    from resources.faults import load_tape
+
+    body = json.dumps(FULL).encode()
+    production = _store_with(tmp_path / "p", chaos=False, tape=body)
+    said = []
+    assert load_tape(production, list(LEARNERS), log=said.append) is None
+    assert said == ["fault tape ignored: experiment 'exp' was not launched as a chaos run "
+                    "(orchestration.chaos is false in its config)"]
+    # The caller's own reading of the config decides too (the supervisor has it at hand).
+    assert load_tape(production, list(LEARNERS), chaos=False, log=said.append) is None
+    chaos = _store_with(tmp_path / "c", chaos=True, tape=body)
+    said = []
+    assert load_tape(chaos, list(LEARNERS), log=said.append) == tape_from_mapping(FULL, LEARNERS)
+    assert said == []
+    nothing = _store_with(tmp_path / "n", chaos=False, tape=None)
+    assert load_tape(nothing, log=said.append) is None and said == []   # no tape: nothing to say
+
+
+def test_the_learner_supervisor_tick_survives_a_malformed_tape(tmp_path):
+    """A malformed tape made every learner-supervisor tick raise: no learner was launched
+    again. Now the tick logs the refusal and goes on."""
+    import dagster as dg
+    from orchestration_harness import Harness
+
+    from pipelines.defs.sensors import supervise_tick
+    from resources.store import layout
+
+    with dg.instance_for_test() as instance:
+        h = Harness(instance, str(tmp_path / "store"), ["orchestration.chaos=true"])
+        h.start()
+        h.store.blobs.write(layout.fault_tape(h.store.experiment),
+                            b'{"faults": [{"kind": "learner_kill", "at_step": "soon"}]}')
+        context = dg.build_sensor_context(instance=h.instance, resources={"store": h.resource})
+        result = supervise_tick(context, h.resource, now=h.now)
+        assert sorted(r.tags["diloco/learner"] for r in result.run_requests) == [
+            "learner-0", "learner-1", "learner-2"]
+
+
+def test_the_train_job_refuses_a_tape_for_an_experiment_that_is_not_a_chaos_run(tmp_path):
+    import json
+
+    import dagster as dg
+    from orchestration_harness import Harness
+
+    tape = tmp_path / "tape.json"
+    tape.write_text(json.dumps({"faults": [{"kind": "learner_kill", "learner": "learner-0",
+                                            "at_step": 3}]}))
+    with dg.instance_for_test() as instance:
+        h = Harness(instance, str(tmp_path / "store"))
+        result = h.defs.resolve_job_def("train").execute_in_process(
+            instance=instance, raise_on_error=False,
+            run_config={"ops": {"start_experiment": {"config": {
+                "overrides": h.overrides, "orchestrated_defaults": False,
+                "fault_tape_path": str(tape)}}}})
+        assert not result.success
+        failure = result.get_step_failure_events()[0].step_failure_data.user_failure_data
+        assert failure.description.startswith(
+            "fault_tape_path: a fault tape is injected only into a chaos run")
+        assert not (tmp_path / "store" / "experiments").exists()     # nothing was written

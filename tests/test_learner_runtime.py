@@ -289,7 +289,13 @@ def test_a_newer_attempts_heartbeat_is_never_overwritten_by_an_older_process(tmp
     """Real processes racing: attempts 0..3 of one learner each write heartbeats as fast as
     they can, each started while the previous one runs. Once an attempt's heartbeat is in the
     store, an older attempt's must never replace it (the write is conditional on what was
-    read), and every older process steps aside."""
+    read), and every older process steps aside.
+
+    To reach the race every time, an attempt stalls between reading the heartbeat and writing
+    its own once a newer one is starting (a zombie's pause), so the newer one's first heartbeat
+    lands inside that window; and every process logs the generation of each heartbeat it
+    stored, so the check is on the whole history of writes, in the order they landed, not on
+    what a poller happened to see."""
     import json
     import subprocess
     import sys
@@ -302,8 +308,12 @@ def test_a_newer_attempts_heartbeat_is_never_overwritten_by_an_older_process(tmp
     racer = Path(__file__).with_name("heartbeat_racer.py")
     procs, newest, reverted = [], -1, []
     for attempt in range(4):
-        procs.append(subprocess.Popen([sys.executable, str(racer), uri, "race", str(attempt),
-                                       "30"], stdout=subprocess.PIPE, text=True))
+        if attempt:
+            (tmp_path / f"slow-{attempt - 1}").touch()   # the older one is now a zombie
+        procs.append(subprocess.Popen(
+            [sys.executable, str(racer), uri, "race", str(attempt), "30",
+             str(tmp_path / f"slow-{attempt}"), str(tmp_path / f"writes-{attempt}.log")],
+            stdout=subprocess.PIPE, text=True))
         # Watch until this attempt's first heartbeat is in, then 1.5 s of racing.
         cap, until = time.monotonic() + 90, None
         while time.monotonic() < (until or cap):
@@ -317,7 +327,17 @@ def test_a_newer_attempts_heartbeat_is_never_overwritten_by_an_older_process(tmp
     outcomes = [json.loads(p.communicate(timeout=60)[0]) for p in procs[:-1]]
     procs[-1].kill()
     procs[-1].wait()
-    assert newest == 3
+    history = sorted(tuple(map(int, line.split())) for k in range(4)
+                     for line in (tmp_path / f"writes-{k}.log").read_text().splitlines())
+    generations = [g for g, _ in history]
+    assert len(set(generations)) == len(generations), "two heartbeat writes share a generation"
+    overwritten, newest_written = [], -1
+    for _, a in history:
+        if a < newest_written:
+            overwritten.append((newest_written, a))
+        newest_written = max(newest_written, a)
+    assert newest == 3 and {a for _, a in history} == {0, 1, 2, 3}
+    assert not overwritten, f"(newer, older) heartbeats overwritten: {overwritten[:5]}"
     assert not reverted, reverted[:5]
     assert all((o["superseded_by"] or -1) > k for k, o in enumerate(outcomes)), outcomes
 

@@ -341,3 +341,112 @@ def test_an_empty_run():
     ledger = build_ledger(P, [], {}, {})
     assert ledger.processed == 0 and ledger.balanced
     assert ledger.summary()["merged_fraction"] is None
+
+
+# --- the store side: a learner writes its offers' `extra` and its records -----------------------
+
+def _store_run(tmp_path, extra, base_version=0):
+    """Round 0 with two offers: learner-0's honest one, and learner-1's, whose manifest carries
+    `extra` as given (the learner writes it: free-form JSON)."""
+    from pipelines.cli import load_config
+    from resources.store import layout
+    from resources.store.artifact_store import ArtifactStore
+    from resources.store.blobs import LocalBlobStore
+
+    cfg = load_config(None, ["name=exp", "learners.num_learners=2", "sync.num_fragments=1",
+                             "sync.min_quorum=1"])
+    store = ArtifactStore(LocalBlobStore(tmp_path / "store"), "exp")
+    store.open_round(0, {"fragment": 0, "opened_at": 1.0})
+    for name, claim, offer_extra in (("learner-0", 8, {"attempt": 0, "claim": 8,
+                                                         "train_loss": 2.5}),
+                                     ("learner-1", 4, extra)):
+        store.put_attempt_record(name, 0, {
+            "learner": name, "attempt": 0, "status": "done", "final": True,
+            "ledger": {"processed": claim, "unclaimed": [0], "superseded": [0],
+                       "claims": [[0, 0, claim]]}})
+        key = f"{layout.contribution_dir('exp', 0, name)}/{layout.MANIFEST}"
+        store.blobs.write(key, json.dumps({"learner": name, "round": 0, "fragment": 0,
+                                           "base_version": base_version,
+                                           "extra": offer_extra}).encode())
+    return store, cfg
+
+
+@pytest.mark.parametrize("extra, reason", [
+    (["attempt", 0], "extra must be an object, got list"),
+    ("claim 4", "extra must be an object, got str"),
+    (7, "extra must be an object, got int"),
+    ({"attempt": "0", "claim": 4}, "extra.attempt must be an integer in [0, 99999], got 0"),
+    ({"attempt": True, "claim": 4}, "extra.attempt must be an integer in [0, 99999]"),
+    ({"attempt": 10**6, "claim": 4}, "extra.attempt must be an integer in [0, 99999]"),
+    ({"attempt": 0, "claim": -4}, "extra.claim must be an integer in [0, "),
+    ({"attempt": 0, "claim": 4.0}, "extra.claim must be an integer in [0, "),
+    ({"attempt": 0, "claim": 10**400}, "extra.claim must be an integer in [0, "),
+])
+def test_a_malformed_offer_extra_is_refused_with_a_reason_and_the_ledger_still_comes(
+        tmp_path, extra, reason):
+    """An `extra` that was a list or a string made `run_ledger` raise, and so no run summary
+    was written; one whose attempt was a string or a bool passed for a number."""
+    from pipelines.token_ledger import run_ledger
+
+    store, cfg = _store_run(tmp_path, extra)
+    ledger, _ = run_ledger(store, cfg)
+    key = "experiments/exp/rounds/r00000000/contributions/learner-1/manifest.json"
+    assert len(ledger.refused_records) == 1, ledger.refused_records
+    assert ledger.refused_records[0].startswith(f"{key}: {reason}"), ledger.refused_records
+    # Its offer is not counted as stored; the honest learner's is; everything balances.
+    assert ledger.by_learner["learner-1"]["offer_not_stored"] == 4
+    assert ledger.by_learner["learner-0"]["undecided"] == 8
+    assert ledger.balanced, ledger.problems
+
+
+def test_build_ledger_guards_the_stored_offers_fields_too():
+    record = {"learner": "a", "attempt": 0, "status": "done", "final": True,
+              "ledger": {"processed": 3, "unclaimed": [0, 0], "superseded": [0, 0],
+                         "claims": [[0, 0, 2], [1, 1, 4]]}}
+    ledger = build_ledger(P, [record], {(0, "a"): {"attempt": "zero", "claim": 2},
+                                        (1, "a"): ["attempt", 0]}, {})
+    assert ledger.fates["offer_not_stored"] == 6
+    assert ledger.problems == [
+        "a's offer to round 0: attempt must be an integer in [0, 99999], got zero",
+        "a's offer to round 1: the stored offer must be an object, got list"]
+
+
+@pytest.mark.parametrize("extra", [["train_loss", 1.0], "2.0", {"train_loss": "low"},
+                                   {"train_loss": float("nan")}, {"train_loss": True}])
+def test_the_round_metadata_plots_only_sound_figures_from_a_learners_manifest(tmp_path, extra):
+    from pipelines.round_metadata import _per_learner_series
+
+    store, _ = _store_run(tmp_path, extra, base_version="3")
+    series = _per_learner_series(store, ["learner-0", "learner-1"],
+                                 {"members": ["learner-0", "learner-1"], "weights": [0.5, 0.5]},
+                                 0, 4)
+    assert series == {"weight/learner-0": 0.5, "weight/learner-1": 0.5,
+                      "train_loss/learner-0": 2.5}
+
+
+def test_the_resilience_report_skips_malformed_fired_and_attempt_fields(tmp_path):
+    from diloco_core.ledger import Ledger
+    from pipelines.resilience import resilience_report
+    from resources.store import layout
+
+    store, cfg = _store_run(tmp_path, {"attempt": 0, "claim": 4})
+    # A chaos run's learners may record fired faults: here, ones a hostile learner forged.
+    store.blobs.write(layout.fired_fault("exp", "good") + ".json",
+                      b'{"id": "good", "kind": "learner_kill", "learner": "learner-0", '
+                      b'"step": 3, "time": 5.0, "junk": NaN}')
+    store.mark_fault_fired("bad-time", {"id": "bad-time", "kind": "learner_kill",
+                                        "learner": "learner-0", "time": "soon"})
+    store.mark_fault_fired("bad-kind", {"id": "bad-kind", "kind": ["learner_kill"],
+                                        "time": 6.0})
+    store.mark_fault_fired("stranger", {"id": "stranger", "kind": "learner_hang",
+                                        "learner": "nobody", "time": 6.0})
+    store.blobs.write(layout.attempt("exp", "learner-0", 1), json.dumps({
+        "learner": "learner-0", "attempt": 1, "status": "done", "final": True,
+        "started_at": "later", "compute_seconds": float("inf"),
+        "ledger": {"processed": 0, "unclaimed": [0], "superseded": [0], "claims": []}}).encode())
+    report = resilience_report(store, cfg, [], Ledger(1))
+    assert [f["id"] for f in report["faults"]] == ["good"]
+    assert report["faults"][0] == {"id": "good", "kind": "learner_kill", "learner": "learner-0",
+                                   "step": 3, "time": 5.0}
+    assert report["rejoins"][0]["relaunched_at"] is None
+    json.dumps(report, allow_nan=False)     # the summary is strict JSON

@@ -3,6 +3,7 @@ writes and no key of another learner or of the control plane; the IAM conditions
 them are the same rules, and `diloco iam` prints them as a bucket policy."""
 
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -17,7 +18,7 @@ from pipelines.cli import main as cli
 from resources.learner.runtime import LearnerRuntime
 from resources.store.access import LearnerRules, bucket_bindings
 from resources.store.artifact_store import ArtifactStore
-from resources.store.blobs import BlobInfo, BlobStore
+from resources.store.blobs import BlobInfo, BlobStore, LocalBlobStore
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -41,8 +42,8 @@ class Recording(BlobStore):
     def info(self, key: str) -> BlobInfo | None:
         return self.inner.info(key)
 
-    def list(self, prefix: str) -> list[str]:
-        return self.inner.list(prefix)
+    def list(self, prefix: str, *, limit: int | None = None) -> list[str]:
+        return self.inner.list(prefix, limit=limit)
 
     def delete(self, key: str) -> None:
         self.keys.add(key)
@@ -125,6 +126,33 @@ def test_the_rules_of_one_learner(key, allowed):
 def test_a_chaos_run_also_lets_learners_record_fired_faults():
     assert LearnerRules("e1", "learner-0", chaos=True).allows("experiments/e1/faults/fired/k.json")
     assert not LearnerRules("e1", "learner-0", chaos=True).allows("experiments/e1/faults/tape.json")
+
+
+def test_names_the_store_layout_uses_are_refused_for_experiments_and_learners(tmp_path):
+    """In an experiment named `contributions`, a learner named `rounds` would have been allowed
+    the round's decision and its peers' offers: the first `/contributions/` of those keys is
+    the experiment's, and the segment after it is `rounds`. Such names are refused where
+    they become keys, and by the launch's config validation, naming the field."""
+    from pipelines.launch_defaults import require_orchestratable
+    from resources.store.names import InvalidName, reserved_names
+
+    assert {"rounds", "contributions", "learners", "syncer", "faults", "checkpoints",
+            "attempts", "claims", "global", "evals", "experiments"} <= reserved_names()
+    with pytest.raises(InvalidName, match="experiment name 'contributions' is reserved"):
+        LearnerRules("contributions", "rounds")
+    with pytest.raises(InvalidName, match="learner name 'rounds' is reserved: it is a path "
+                                          "segment of the store's layout"):
+        LearnerRules("e1", "rounds")
+    with pytest.raises(InvalidName, match="experiment name 'syncer' is reserved"):
+        ArtifactStore(LocalBlobStore(tmp_path), "syncer")
+    assert LearnerRules("e1", "rounds-0").allows("experiments/e1/learners/rounds-0/x")
+    from pipelines.cli import load_config
+
+    for overrides, field in ((["learners.names=[learner-0, learners, learner-2, learner-3]"],
+                              "learners.names[1]"), (["name=faults"], "name")):
+        cfg = load_config(None, overrides)
+        with pytest.raises(ConfigError, match=rf"^{re.escape(field)}: .* is reserved"):
+            require_orchestratable(cfg)
 
 
 def test_the_iam_condition_states_the_same_rules():

@@ -37,8 +37,9 @@ class TrainingConfig(dg.Config):
                                   "(4 learners at different speeds, a round every 4 steps) "
                                   "under the file and the overrides")
     fault_tape_path: str | None = Field(
-        default=None, description="chaos runs only: a JSON fault tape (see docs/chaos.md) "
-                                  "whose faults are injected into this run")
+        default=None, description="chaos runs only (orchestration.chaos=true): a JSON fault "
+                                  "tape (see docs/chaos.md) whose faults are injected into "
+                                  "this run")
     replace_active: bool = Field(
         default=False, description="start even though another experiment of this store is "
                                    "active and unfinished: the sensors then follow this one and "
@@ -79,6 +80,11 @@ def start_experiment(context: dg.AssetExecutionContext, config: TrainingConfig,
     except ConfigError as err:
         raise dg.Failure(description=f"invalid deployment: {err}") from None
     tape = _load_tape(config.fault_tape_path, cfg.learners.learner_names)
+    if tape is not None and not cfg.orchestration.chaos:
+        raise dg.Failure(description=(
+            "fault_tape_path: a fault tape is injected only into a chaos run; launch it as one "
+            "(orchestration.chaos=true, as `diloco demo --fault-tape` does) or leave the tape "
+            "out"))
     _refuse_to_orphan(store, cfg.name, config.replace_active)
 
     import jax

@@ -74,7 +74,7 @@ def _merge_faults(artifacts, round_index: int, log):
     """A chaos run's faults for this merge (none unless the experiment has a fault tape)."""
     from resources.faults import MergeFaults, load_tape
 
-    tape = load_tape(artifacts)
+    tape = load_tape(artifacts, log=log)
     return None if tape is None else MergeFaults(artifacts, tape, round_index, log)
 
 

@@ -320,7 +320,10 @@ def _capacity(context: dg.SensorEvaluationContext, artifacts, cfg, notes: list[s
 
     roster = cfg.learners.learner_names
     try:
-        tape = load_tape(artifacts, list(roster))
+        # A tape that is malformed, or in an experiment that is not a chaos run, is refused
+        # with a logged reason: never an error that would stop this tick.
+        tape = load_tape(artifacts, list(roster), chaos=cfg.orchestration.chaos,
+                         log=context.log.warning)
         if tape is not None and tape.capacity_changes():
             opened = (artifacts.latest_open_round() or {}).get("round")
             for note in apply_tape(artifacts, cfg, tape, opened, now):

@@ -156,10 +156,11 @@ class LearnerRuntime:
         # A multi-process learner restores into its mesh's shardings (each process reads its
         # own shards), at the checkpoint step the leader picked.
         restore_args = ({} if not self.lockstep.multi else
-                        {"target": self._sharded_target(), "agree": self._leaders_step})
+                        {"target": self._sharded_target(), "agree": self._leaders_step,
+                         "leader": self.lockstep.leader})
         plan = plan_restore(self.store, self.name, peers, self._template, versions,
                             cfg.orchestration.rejoin_max_versions_behind, self.use_ocdbt,
-                            **restore_args)
+                            inner_opt=cfg.inner, **restore_args)
         self.last_offered = -1
         if plan.source == "own":
             meta = plan.meta

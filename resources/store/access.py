@@ -15,7 +15,11 @@ The rules exist twice, from one description (`LearnerRules`): as a key predicate
 Common Expression Language condition of an IAM role binding (`condition`), which Cloud Storage
 evaluates on every object request. A contribution's directory is not a prefix of its own
 (rounds come first in the key), so that rule uses the `extract` function of IAM conditions:
-the path segment after the first `/contributions/` must be the learner's name.
+the path segment after the first `/contributions/` must be the learner's name. `extract` is
+not anchored: it looks at the whole object name, bucket and store prefix included, so a store
+whose bucket or prefix has a `contributions` segment is refused (its first `/contributions/`
+would be the prefix's, and a prefix like `contributions/learner-0` would let learner-0 write
+every round's decision); experiment and learner names cannot be `contributions` (reserved).
 """
 
 import re
@@ -64,7 +68,8 @@ class LearnerRules:
 
     def allows(self, key: str) -> bool:
         """Whether this learner may create, overwrite or delete the object at `key`; the same
-        decision as `condition` (with `extract` taking the first `/contributions/`)."""
+        decision as `condition` (with `extract` taking the first `/contributions/`: in `key`,
+        since `condition` refuses a bucket or prefix holding one)."""
         if key.startswith(self.own_prefix):
             return True
         if key.startswith(self.rounds_prefix) and CONTRIBUTIONS_MARKER in key:
@@ -78,6 +83,14 @@ class LearnerRules:
         root = f"projects/_/buckets/{_safe('bucket', bucket)}/objects/"
         if prefix.strip("/"):
             root += _safe("prefix", prefix.strip("/")) + "/"
+        if CONTRIBUTIONS_MARKER in root:
+            where = (f"bucket {bucket!r}" if CONTRIBUTIONS_MARKER in f"/{bucket}/"
+                     else f"store prefix {prefix!r}")
+            raise ValueError(
+                f"{where}: a 'contributions' path segment cannot be expressed in the IAM "
+                f"condition (its extract() takes the first '{CONTRIBUTIONS_MARKER}' of the "
+                "object name, which would be this one and not a round's): use a store "
+                "location without that segment")
         own = f'resource.name.startsWith("{root}{self.own_prefix}")'
         contributions = (f'(resource.name.startsWith("{root}{self.rounds_prefix}") && '
                          f'resource.name.extract("{CONTRIBUTIONS_MARKER}{{learner}}/") == '

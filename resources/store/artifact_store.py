@@ -16,6 +16,7 @@ code location only read and write small records and should not pay for it.
 
 import contextlib
 import json
+import logging
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -25,12 +26,12 @@ from typing import Any
 import numpy as np
 
 from diloco_core.capacity import Capacity
-from diloco_core.config import ENCODINGS
+from diloco_core.config import ENCODINGS, MAX_LEARNERS
 from diloco_core.contribution import Contribution
 from diloco_core.round_records import MAX_INT, Heartbeat, RecordError, RoundDecision, RoundOpen
 from resources.store import layout
-from resources.store.array_bundle import BadBundle, decode_bundle, encode_bundle
-from resources.store.blobs import BlobNotFound, BlobStore, PreconditionFailed
+from resources.store.array_bundle import BadBundle, decode_bundle, encode_bundle, sha256
+from resources.store.blobs import BlobNotFound, BlobStore, ListingTooLong, PreconditionFailed
 from resources.store.names import check_name
 
 FORMAT = 1
@@ -43,6 +44,20 @@ MAX_RECORD_BYTES = 16 * 2**20
 # long the run (the whole list was 370 KiB after 10,000 offers, rewritten every beat).
 CLAIMS_PER_SEGMENT = 1024
 MAX_CLAIM_SEGMENTS = 100_000    # 100M offers by one process: beyond that a record is refused
+# A learner makes at most one offer per opened round, so its segments can be no more than the
+# rounds opened so far justify (`_claim_segments_justified`); a sealed segment of 1024 claims is
+# at most ~64 KiB, an attempt record ~80 KiB (tail, P counters): beyond these a ledger build
+# refuses the record unread, so a learner's forged segments cannot make it read gigabytes.
+MAX_CLAIM_SEGMENT_BYTES = 128 * 2**10
+MAX_ATTEMPT_RECORD_BYTES = 512 * 2**10
+# Listings of prefixes that learners write are bounded (`BlobStore.list(limit=)`), generously
+# for honest runs: a round's contributions hold 2 objects per learner (manifest, payload); a
+# learner's attempt records, one per process; the fired faults, one per fault of the tape.
+LISTED_PER_LEARNER = 4           # objects per learner of the config under a round's contributions
+MAX_ATTEMPTS_LISTED = 2048       # objects under a learner's attempts/ (processes it ran)
+MAX_FIRED_LISTED = 10_000        # objects under faults/fired/
+
+_log = logging.getLogger(__name__)
 
 
 class Conflict(RuntimeError):
@@ -86,6 +101,9 @@ class ArtifactStore:
         self.experiment = check_name("experiment", experiment)
         self.max_object_bytes = max_object_bytes
         self._sealed: set[tuple[str, int, int]] = set()   # claim segments this process wrote
+        self._roster: tuple[str, ...] | None = None        # the config's learners, once read
+        # Prefixes whose listing went past its bound -> why (logged once per prefix).
+        self.listing_refusals: dict[str, str] = {}
 
     # ---- write-once primitives ----------------------------------------------------------------
     def _write_once(self, key: str, data: bytes) -> None:
@@ -101,6 +119,11 @@ class ArtifactStore:
                 raise Conflict(f"{key} is already committed with different content") from None
 
     def _read_json(self, key: str) -> dict | None:
+        found = self._read_json_with_digest(key)
+        return None if found is None else found[0]
+
+    def _read_json_with_digest(self, key: str) -> tuple[dict, str] | None:
+        """The record and the SHA-256 of the bytes it was parsed from."""
         try:
             data = self.blobs.read(key)
         except BlobNotFound:
@@ -115,7 +138,7 @@ class ArtifactStore:
             raise RejectedArtifact(key, f"not valid JSON: {str(err)[:200]}") from None
         if not isinstance(value, dict):
             raise RejectedArtifact(key, "not a JSON object")
-        return value
+        return value, sha256(data)
 
     def _read_record(self, key: str, kind: type[RoundOpen | RoundDecision | Heartbeat]
                      ) -> dict | None:
@@ -155,7 +178,10 @@ class ArtifactStore:
         self._write_once(layout.config(self.experiment), _json_bytes(dict(config)))
 
     def get_config(self) -> dict | None:
-        return self._read_json(layout.config(self.experiment))
+        config = self._read_json(layout.config(self.experiment))
+        if config is not None and self._roster is None:
+            self._roster = _roster_of(config)   # write-once: what bounds listings per learner
+        return config
 
     # The summary's `summarized_by` once the `summarize` run has recorded it as Dagster's
     # `run_summary` asset (the syncer service writes it first, under its own name).
@@ -334,24 +360,75 @@ class ArtifactStore:
             f"{layout.contribution_dir(self.experiment, round_index, learner)}/{layout.MANIFEST}")
 
     def list_contributions(self, round_index: int) -> list[str]:
-        """Learners with a committed contribution to the round (a prefix listing)."""
+        """Learners with a committed contribution to the round (a prefix listing). Learners
+        write under that prefix, so the listing is bounded (`LISTED_PER_LEARNER` objects per
+        learner of the config): past it, each learner of the experiment is looked up on its
+        own instead, and the reason is logged (`listing_refusals`)."""
         prefix = layout.contributions_prefix(self.experiment, round_index)
-        learners = []
-        for key in self.blobs.list(prefix):
-            parts = key[len(prefix):].split("/")
-            if len(parts) == 2 and parts[1] == layout.MANIFEST:
-                learners.append(parts[0])
-        return sorted(learners)
+        if prefix not in self.listing_refusals:
+            learners = len(self.roster() or ()) or MAX_LEARNERS   # no config: the most
+            limit = LISTED_PER_LEARNER * learners + 64
+            try:
+                keys = self.blobs.list(prefix, limit=limit)
+            except ListingTooLong:
+                self._refuse_listing(prefix, (
+                    f"more than {limit} objects ({LISTED_PER_LEARNER} per learner of "
+                    f"{learners}): a learner wrote junk there; each learner's manifest is "
+                    "looked up on its own instead"))
+            else:
+                learners = []
+                for key in keys:
+                    parts = key[len(prefix):].split("/")
+                    if len(parts) == 2 and parts[1] == layout.MANIFEST:
+                        learners.append(parts[0])
+                return sorted(learners)
+        return sorted(name for name in self.roster() or () if self.blobs.info(
+            f"{layout.contribution_dir(self.experiment, round_index, name)}/{layout.MANIFEST}"
+        ) is not None)
 
-    def load_contribution(self, round_index: int, learner: str) -> Contribution:
-        """A committed contribution, verified; `RejectedArtifact` with the reason otherwise."""
-        from diloco_core.compression import Encoded, encoded_nbytes
+    def roster(self) -> tuple[str, ...] | None:
+        """The experiment's learners, from its config (read once), or None without one."""
+        if self._roster is None:
+            with contextlib.suppress(RejectedArtifact):
+                self.get_config()
+        return self._roster
+
+    def _refuse_listing(self, prefix: str, reason: str) -> None:
+        if prefix not in self.listing_refusals:
+            self.listing_refusals[prefix] = reason
+            _log.warning("listing of %s stopped: %s", prefix, reason)
+
+    def contribution_digest(self, round_index: int, learner: str
+                            ) -> tuple[str, str, int] | None:
+        """(SHA-256 of the offer's manifest, SHA-256 of its payload as the manifest states
+        it, its base version), or None if nothing is committed; `RejectedArtifact` for a
+        manifest that is no offer of this learner to this round. A decision commits to the
+        first; the second tells a replayed or copied payload, the third a replayed base."""
+        directory = layout.contribution_dir(self.experiment, round_index, learner)
+        key = f"{directory}/{layout.MANIFEST}"
+        found = self._read_json_with_digest(key)
+        if found is None:
+            return None
+        manifest, digest = found
+        _check_contribution_manifest(key, manifest, round_index, learner)
+        return digest, manifest["objects"]["delta"]["sha256"], manifest["base_version"]
+
+    def load_contribution(self, round_index: int, learner: str,
+                          digest: str | None = None) -> Contribution:
+        """A committed contribution, verified; `RejectedArtifact` with the reason otherwise.
+        `digest` (the decision's record of the manifest it admitted): anything else in its
+        place now is refused, so the merge uses exactly what was decided."""
+        from diloco_core.compression import Encoded, wire_problem
 
         directory = layout.contribution_dir(self.experiment, round_index, learner)
         key = f"{directory}/{layout.MANIFEST}"
-        manifest = self._read_json(key)
-        if manifest is None:
+        found = self._read_json_with_digest(key)
+        if found is None:
             raise KeyError(f"no committed contribution from {learner} to round {round_index}")
+        manifest, actual = found
+        if digest is not None and actual != digest:
+            raise RejectedArtifact(key, f"changed after the decision: manifest digest "
+                                        f"{actual[:12]}, the decision admitted {digest[:12]}")
         _check_contribution_manifest(key, manifest, round_index, learner)
         entry = manifest["objects"]["delta"]
         try:
@@ -366,11 +443,14 @@ class ArtifactStore:
             scales = arrays.get(f"t{i:04d}.scales") if t["scales"] else None
             if payload is None or (t["scales"] and scales is None):
                 raise RejectedArtifact(key, f"tensor {t['name']} is missing from the payload")
-            wire = payload.nbytes + (0 if scales is None else scales.nbytes)
-            expected = encoded_nbytes(math.prod(t["shape"]), t["encoding"], t["block_size"])
-            if wire != expected:
-                raise RejectedArtifact(key, f"tensor {t['name']}: {wire} payload bytes, "
-                                            f"{expected} expected for its shape and encoding")
+            # Dtype and element count, not only bytes: float64 in place of float32 values, or
+            # float codes in place of int8 ones, has the right size and the wrong meaning.
+            problem = wire_problem(t["encoding"], tuple(t["shape"]), t["block_size"],
+                                   payload.dtype.name, payload.shape,
+                                   None if scales is None else scales.dtype.name,
+                                   None if scales is None else scales.shape)
+            if problem is not None:
+                raise RejectedArtifact(key, f"tensor {t['name']}: {problem}")
             delta[t["name"]] = Encoded(t["encoding"], tuple(t["shape"]), t["block_size"],
                                        payload, scales)
         return Contribution(manifest["learner"], manifest["fragment"], manifest["round"],
@@ -483,10 +563,32 @@ class ArtifactStore:
         self.blobs.write(layout.attempt(self.experiment, learner, attempt),
                          _json_bytes(record))
 
-    def _with_sealed_claims(self, key: str, learner: str, record: dict) -> dict:
+    def _read_bounded_json(self, key: str, max_bytes: int) -> dict | None:
+        """`_read_json` of an object a learner writes, refused unread when it is larger than
+        `max_bytes` (its size is looked up first)."""
+        info = self.blobs.info(key)
+        if info is None:
+            return None
+        if info.size > max_bytes:
+            raise RejectedArtifact(key, f"{info.size} bytes: larger than it may be "
+                                        f"({max_bytes}); not read")
+        return self._read_json(key)
+
+    def _claim_segments_justified(self) -> tuple[int, int]:
+        """(rounds opened so far, the most sealed claim segments one attempt can have): a
+        learner offers at most once per opened round, and the control plane writes the OPEN
+        pointer. One segment more than the rounds fill covers rounds opened while the ledger
+        is read."""
+        latest = self.latest_open_round()
+        rounds = 0 if latest is None else latest["round"] + 1
+        return rounds, -(-rounds // CLAIMS_PER_SEGMENT) + 1
+
+    def _with_sealed_claims(self, key: str, learner: str, record: dict,
+                            justified: tuple[int, int] | None = None) -> dict:
         """The record with its ledger's claims whole again (sealed segments, then the tail).
-        A learner writes both: a bad segment count or a missing or malformed segment refuses
-        the record, naming why."""
+        A learner writes both: a bad segment count (more than `justified`, from
+        `_claim_segments_justified`, allows) or a missing, oversized or malformed segment
+        refuses the record, naming why, and no segment past the bound is read."""
         ledger = record.get("ledger")
         if not isinstance(ledger, dict) or "claim_segments" not in ledger:
             return record
@@ -496,6 +598,11 @@ class ArtifactStore:
             raise RejectedArtifact(key, f"claim_segments must be an integer in [0, "
                                         f"{MAX_CLAIM_SEGMENTS}] with a claims list, got "
                                         f"{str(count)[:40]}")
+        rounds, most = justified or self._claim_segments_justified()
+        if count > most:
+            raise RejectedArtifact(key, f"claim_segments {count}: more than the {most} that "
+                                        f"{rounds} opened rounds justify (one offer per round, "
+                                        f"{CLAIMS_PER_SEGMENT} claims per segment); none read")
         attempt = record.get("attempt")
         if isinstance(attempt, bool) or not isinstance(attempt, int) or not 0 <= attempt < 10**5:
             raise RejectedArtifact(key, f"attempt must be an integer in [0, 99999], got "
@@ -503,7 +610,10 @@ class ArtifactStore:
         claims: list = []
         for k in range(count):
             segment_key = layout.claim_segment(self.experiment, learner, attempt, k)
-            segment = self._read_json(segment_key)
+            try:
+                segment = self._read_bounded_json(segment_key, MAX_CLAIM_SEGMENT_BYTES)
+            except RejectedArtifact as err:
+                raise RejectedArtifact(key, f"claim segment {k}: {err.reason}") from None
             part = None if segment is None else segment.get("claims")
             if not isinstance(part, list) or len(part) != CLAIMS_PER_SEGMENT:
                 raise RejectedArtifact(key, f"claim segment {k} is missing or malformed")
@@ -517,15 +627,25 @@ class ArtifactStore:
         when given: a learner writes these, and one bad record must not stop the ledger."""
         records = []
         prefix = layout.attempts_prefix(self.experiment, learner)
-        for key in self.blobs.list(prefix):
+        try:
+            keys = self.blobs.list(prefix, limit=MAX_ATTEMPTS_LISTED)
+        except ListingTooLong:
+            reason = (f"more than {MAX_ATTEMPTS_LISTED} objects: junk under the learner's "
+                      "attempt records; none of them is read")
+            self._refuse_listing(prefix, reason)
+            if refused is not None:
+                refused.append({"key": prefix, "reason": reason})
+            return []
+        justified = self._claim_segments_justified()
+        for key in keys:
             name = key[len(prefix):]
             if "/" in name or not name.endswith(".json"):
-                continue   # the sealed claim segments, read with their record
+                continue   # not an attempt record
             try:
-                record = self._read_json(key)
+                record = self._read_bounded_json(key, MAX_ATTEMPT_RECORD_BYTES)
                 if record is None:
                     continue
-                record = self._with_sealed_claims(key, learner, record)
+                record = self._with_sealed_claims(key, learner, record, justified)
                 _check_attempt_record(key, record, learner)
             except RejectedArtifact as err:
                 if refused is not None:
@@ -552,12 +672,28 @@ class ArtifactStore:
         return True
 
     def fired_faults(self) -> list[dict]:
+        """The fired-fault records, in time order. In a chaos run learners write them too: an
+        unreadable or oversized one is left out, and past `MAX_FIRED_LISTED` objects none is
+        read (`listing_refusals` says why; `mark_fault_fired` still fires each fault once)."""
+        prefix = layout.fired_prefix(self.experiment)
+        try:
+            keys = self.blobs.list(prefix, limit=MAX_FIRED_LISTED)
+        except ListingTooLong:
+            self._refuse_listing(prefix, f"more than {MAX_FIRED_LISTED} objects; none read")
+            return []
         out = []
-        for key in self.blobs.list(layout.fired_prefix(self.experiment)):
-            record = self._read_json(key)
-            if record is not None:
-                out.append(record)
-        return sorted(out, key=lambda r: r.get("time", 0.0))
+        for key in keys:
+            with contextlib.suppress(RejectedArtifact):
+                record = self._read_bounded_json(key, 64 * 2**10)
+                if record is not None:
+                    out.append(record)
+
+        def when(record: dict) -> float:
+            t = record.get("time")
+            ok = isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t)
+            return float(t) if ok else 0.0
+
+        return sorted(out, key=when)
 
     def request_stop(self, record: Mapping[str, Any]) -> None:
         self._write_once(layout.stop(self.experiment), _json_bytes(dict(record)))
@@ -714,6 +850,17 @@ class ArtifactStore:
         self.blobs.write(layout.retention(self.experiment), _json_bytes(record))
 
 
+def _roster_of(config: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The learner names of a stored experiment config (None if it does not parse)."""
+    from diloco_core.config import ConfigError
+    from diloco_core.config_loading import config_from_mapping
+
+    try:
+        return tuple(config_from_mapping(config).learners.learner_names)
+    except (ConfigError, TypeError, ValueError, KeyError, AttributeError):
+        return None
+
+
 def _check_attempt_record(key: str, r: Mapping[str, Any], learner: str) -> None:
     """Refuse an attempt record the ledger could not account with, naming the field."""
     def bad(reason: str) -> RejectedArtifact:
@@ -740,6 +887,7 @@ def _check_attempt_record(key: str, r: Mapping[str, Any], learner: str) -> None:
 
 
 MAX_TENSORS = 100_000
+MAX_TENSOR_RANK = 16     # dimensions of one tensor (models here have at most 4)
 _OBJECT_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")
 
 
@@ -759,8 +907,11 @@ def _check_contribution_manifest(key: str, m: Mapping[str, Any], round_index: in
             shown = value if not isinstance(value, int) or value.bit_length() < 64 else (
                 f"an integer of {value.bit_length()} bits")
             raise bad(f"{field} must be an integer in [0, {MAX_INT}], got {shown!r}")
-    if not isinstance(m.get("clock"), int | float):
-        raise bad(f"clock must be a number, got {m.get('clock')!r}")
+    clock = m.get("clock")
+    if (not isinstance(clock, int | float) or isinstance(clock, bool)
+            or not math.isfinite(clock)):
+        # json.loads reads NaN, Infinity and 1e400 (inf) as floats.
+        raise bad(f"clock must be a finite number, got {str(clock)[:40]}")
     tensors = m.get("tensors")
     if not isinstance(tensors, list) or not tensors:
         raise bad("no tensors")
@@ -781,11 +932,16 @@ def _check_contribution_manifest(key: str, m: Mapping[str, Any], round_index: in
         if t.get("encoding") not in ENCODINGS:
             raise bad(f"tensor {t.get('name')!r} has unknown encoding {t.get('encoding')!r}")
         shape = t.get("shape")
-        if (not isinstance(shape, list)
-                or not all(isinstance(d, int) and d >= 0 for d in shape)):
-            raise bad(f"tensor {t.get('name')!r} has a bad shape {shape!r}")
-        if not isinstance(t.get("block_size"), int) or t["block_size"] < 1:
-            raise bad(f"tensor {t.get('name')!r} has a bad block size")
+        if (not isinstance(shape, list) or len(shape) > MAX_TENSOR_RANK
+                or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_INT
+                           for d in shape)):
+            raise bad(f"tensor {str(t.get('name'))[:80]!r} has a bad shape {str(shape)[:80]}")
+        block_size = t.get("block_size")
+        if (not isinstance(block_size, int) or isinstance(block_size, bool)
+                or not 1 <= block_size <= MAX_INT):
+            raise bad(f"tensor {str(t.get('name'))[:80]!r} has a bad block size")
+        if not isinstance(t.get("scales"), bool):
+            raise bad(f"tensor {str(t.get('name'))[:80]!r}: scales must be true or false")
 
 
 def set_active_experiment(blobs: BlobStore, experiment: str | None) -> None:

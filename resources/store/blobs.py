@@ -27,6 +27,14 @@ class PreconditionFailed(RuntimeError):
     """A conditional write lost: the object exists, or its generation moved on."""
 
 
+class ListingTooLong(RuntimeError):
+    """`list(prefix, limit=n)` met more than n objects under the prefix (and stopped there)."""
+
+    def __init__(self, prefix: str, limit: int):
+        self.prefix, self.limit = prefix, limit
+        super().__init__(f"more than {limit} objects under {prefix}")
+
+
 @dataclass(frozen=True)
 class BlobInfo:
     key: str
@@ -50,8 +58,10 @@ class BlobStore(abc.ABC):
         """Size and generation, or None if absent."""
 
     @abc.abstractmethod
-    def list(self, prefix: str) -> list[str]:
-        """Keys starting with `prefix`, sorted."""
+    def list(self, prefix: str, *, limit: int | None = None) -> list[str]:
+        """Keys starting with `prefix`, sorted. `limit`: look at no more than this many
+        objects; a prefix that holds more raises `ListingTooLong` (a bounded listing, for
+        prefixes that a party the caller does not trust can fill)."""
 
     @abc.abstractmethod
     def delete(self, key: str) -> None:
@@ -64,8 +74,14 @@ class BlobStore(abc.ABC):
 
 
 class LocalBlobStore(BlobStore):
-    """A directory. Generations are the file's modification counter kept in a sidecar-free way:
-    the nanosecond mtime plus inode, which change on every atomic replace."""
+    """A directory. Generations do not come from the clock or the inode (an inode number is
+    reused as soon as it is freed, and two writes can share a timestamp): each key has a lock
+    file beside it, `.{name}.lock`, holding the key's mutation counter. Every write and delete
+    takes that lock exclusively (an `flock`, so it holds across processes on one machine),
+    checks any precondition, bumps the counter and only then renames (or unlinks) the object;
+    `info` reads the counter and stats the object under the shared lock. An object's generation
+    is its counter + 1, so no two states of a key share one. Lock files are never deleted: the
+    counter outlives the object, and a key deleted and created again gets a fresh generation."""
 
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root).resolve()
@@ -84,43 +100,77 @@ class LocalBlobStore(BlobStore):
         return path
 
     @staticmethod
-    def _generation(stat: os.stat_result) -> int:
-        # Changes whenever the file is replaced (new inode) or rewritten (new mtime).
-        return (stat.st_ino << 20) ^ stat.st_mtime_ns or 1
+    def _lock_path(path: Path) -> Path:
+        return path.parent / f".{path.name}.lock"
+
+    @staticmethod
+    def _counter(fd: int, lock: Path) -> int:
+        """The key's mutation count, read from its open lock file (empty: no mutation yet, or an
+        object written before the counter existed)."""
+        raw = os.pread(fd, 32, 0).strip()
+        if not raw:
+            return 0
+        if not raw.isdigit():
+            raise RuntimeError(f"{lock}: corrupt generation counter {raw[:32]!r}")
+        return int(raw)
+
+    @staticmethod
+    def _stat(key: str, path: Path, counter: int) -> BlobInfo | None:
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            return None
+        return BlobInfo(key, size, counter + 1)
 
     @contextlib.contextmanager
-    def _locked(self, path: Path):
-        lock = path.parent / f".{path.name}.lock"
-        with open(lock, "a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+    def _mutating(self, key: str, path: Path):
+        """Hold the key's lock exclusively; yield (the current generation, 0 if absent; `bump`,
+        which records one more mutation and returns the generation the object has once the
+        caller's rename lands). Bump only a change that will happen (a failed precondition
+        must not move the generation under the winner), and bump before making it: a crash
+        between the two leaves a new generation over unchanged bytes, a spurious change that a
+        conditional writer retries, never a stale match."""
+        lock = self._lock_path(path)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            counter = self._counter(fd, lock)
+            current = self._stat(key, path, counter)
+
+            def bump() -> int:
+                # Not fsynced: the counter must be exact for live processes, which share the
+                # page cache; after a power loss nobody holds a generation read before it.
+                body = b"%d\n" % (counter + 1)
+                if os.pwrite(fd, body, 0) != len(body):
+                    raise OSError(f"{lock}: short write of the generation counter")
+                return counter + 2
+
+            yield (current.generation if current else 0), bump
+        finally:
+            os.close(fd)  # releases the flock
 
     def write(self, key: str, data: bytes, *, if_generation: int | None = None) -> BlobInfo:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        with self._locked(path) if if_generation is not None else contextlib.nullcontext():
-            if if_generation is not None:
-                current = self.info(key)
-                if (current.generation if current else 0) != if_generation:
+        # The bytes go to a temporary file first; only the check, the counter and the rename
+        # are under the lock.
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+                out.flush()
+                os.fsync(out.fileno())
+            with self._mutating(key, path) as (current, bump):
+                if if_generation is not None and current != if_generation:
                     raise PreconditionFailed(
-                        f"{key}: generation is {current.generation if current else 0}, "
-                        f"expected {if_generation}")
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "wb") as out:
-                    out.write(data)
-                    out.flush()
-                    os.fsync(out.fileno())
+                        f"{key}: generation is {current}, expected {if_generation}")
+                generation = bump()
                 os.replace(tmp, path)
-            except BaseException:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-                raise
-            stat = path.stat()
-        return BlobInfo(key, stat.st_size, self._generation(stat))
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        return BlobInfo(key, len(data), generation)
 
     def read(self, key: str) -> bytes:
         try:
@@ -129,25 +179,48 @@ class LocalBlobStore(BlobStore):
             raise BlobNotFound(key) from None
 
     def info(self, key: str) -> BlobInfo | None:
+        path = self._path(key)
+        lock = self._lock_path(path)
         try:
-            stat = self._path(key).stat()
+            fd = os.open(lock, os.O_RDONLY)
         except FileNotFoundError:
-            return None
-        return BlobInfo(key, stat.st_size, self._generation(stat))
+            # Never mutated here, or being created right now: then generation 1 is stale but
+            # cannot match, since that creation bumped the counter past 0 first.
+            return self._stat(key, path, 0)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            return self._stat(key, path, self._counter(fd, lock))
+        finally:
+            os.close(fd)
 
-    def list(self, prefix: str) -> list[str]:
+    def list(self, prefix: str, *, limit: int | None = None) -> list[str]:
         # Walk only the deepest directory the prefix names: a prefix listing, not a tree scan.
         base = self._path(prefix.rsplit("/", 1)[0]) if "/" in prefix else self.root
         if not base.is_dir():
             return []
         keys = []
+        walked = 0
         for path in base.rglob("*"):
-            if path.is_file() and not path.name.startswith("."):
+            if not path.is_file():
+                continue
+            walked += 1
+            # Hidden files (a lock file beside each object, temporary files) are walked too:
+            # past twice the limit of them, the walk stops as well.
+            if limit is not None and walked > 2 * limit + 16:
+                raise ListingTooLong(prefix, limit)
+            if not path.name.startswith("."):
                 key = path.relative_to(self.root).as_posix()
                 if key.startswith(prefix):
                     keys.append(key)
+                    if limit is not None and len(keys) > limit:
+                        raise ListingTooLong(prefix, limit)
         return sorted(keys)
 
     def delete(self, key: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self._path(key).unlink()
+        path = self._path(key)
+        if not path.exists():
+            return  # absent at this instant: done, and no lock file left behind
+        with self._mutating(key, path) as (current, bump):
+            if current:
+                bump()
+                path.unlink()

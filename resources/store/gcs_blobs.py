@@ -41,7 +41,13 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 from google.cloud.storage.exceptions import DataCorruption, InvalidResponse
 
-from resources.store.blobs import BlobInfo, BlobNotFound, BlobStore, PreconditionFailed
+from resources.store.blobs import (
+    BlobInfo,
+    BlobNotFound,
+    BlobStore,
+    ListingTooLong,
+    PreconditionFailed,
+)
 
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")
 _MAX_OBJECT_NAME_BYTES = 1024
@@ -223,17 +229,21 @@ class GCSBlobStore(BlobStore):
             return None
         return BlobInfo(key, int(blob.size), int(blob.generation))
 
-    def list(self, prefix: str) -> list[str]:
+    def list(self, prefix: str, *, limit: int | None = None) -> list[str]:
         if prefix:
             _check_key(prefix, allow_trailing_slash=True)
         root = f"{self.prefix}/" if self.prefix else ""
         full = root + prefix
         try:
+            # With a limit, the client stops after limit + 1 objects (the pages that hold them).
             blobs = self.client.list_blobs(self.bucket_name, prefix=full, timeout=self.timeout,
-                                           retry=self._retry())
+                                           retry=self._retry(),
+                                           max_results=None if limit is None else limit + 1)
             names = [blob.name for blob in blobs]
         except (gexc.GoogleAPIError, auth_exceptions.GoogleAuthError) as err:
             raise self._error("list", full + "*", err) from err
+        if limit is not None and len(names) > limit:
+            raise ListingTooLong(prefix, limit)
         # Folder placeholders ("dir/") are not objects of this store.
         return sorted(n[len(root):] for n in names if n.startswith(full) and not n.endswith("/"))
 

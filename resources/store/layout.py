@@ -35,7 +35,10 @@ Payload objects carry their SHA-256 prefix in their name, so every object is wri
 a unique name; the manifest is written last and is what makes a write visible.
 """
 
-from resources.store.names import check_name, join_key
+import inspect
+import re
+
+from resources.store.names import check_name, join_key, reserve
 
 MANIFEST = "manifest.json"
 # Written before retention deletes the arrays (`*.npz`) under a version or a round directory,
@@ -170,3 +173,24 @@ def finished(exp: str) -> str:
 
 
 ACTIVE = "ACTIVE"
+
+
+def _fixed_segments() -> frozenset[str]:
+    """The fixed path segments of the keys above that could pass for a name (`experiments`,
+    `rounds`, `contributions`, `learners`, `syncer`, ...), found by laying out every key with
+    placeholder names and indices: what no experiment or learner may be called."""
+    placeholder = "x"
+    names = {"exp": placeholder, "learner": placeholder, "fault_id": placeholder}
+    segments: set[str] = set()
+    for name, function in list(globals().items()):
+        if (name.startswith("_") or not inspect.isfunction(function)
+                or function.__module__ != __name__):
+            continue
+        args = [names.get(p, 0) for p in inspect.signature(function).parameters]
+        segments.update(function(*args).split("/"))
+    index = re.compile(r"[a-z][0-9]+")     # r00000001, f000, v00000001, a00000, s000000
+    return frozenset(s for s in segments if s != placeholder and index.fullmatch(s) is None
+                     and re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,62}", s))
+
+
+reserve(_fixed_segments())
