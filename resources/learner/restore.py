@@ -141,8 +141,9 @@ def plan_restore(store: ArtifactStore, learner: str, peers: Sequence[str], templ
     `agree` (a multi-process learner): makes the leader's value every process's (a checkpoint
     step, or None), since each process restores its own shards and all must read the same step;
     it is called the same number of times on every process. `leader` False (the other processes
-    of a multi-process learner): the peers' heartbeats and checkpoint listings are the leader's
-    to read; this process takes its choice through `agree`.
+    of a multi-process learner): the peers' heartbeats are the leader's to read (every process
+    opens and lists their checkpoints, as Orbax's manager expects); this process takes the
+    leader's choice through `agree`.
     `inner_opt`: the learner's inner optimizer, for the AdamW moment bound on a peer's state
     (None: that one check is left out)."""
     target = abstract_target(template) if target is None else target
@@ -165,8 +166,7 @@ def plan_restore(store: ArtifactStore, learner: str, peers: Sequence[str], templ
     # Cheap checks on every peer (one agreed value per peer, in the peers' order).
     candidates: list[tuple[int, str]] = []
     for peer in peers:
-        step, why = (_corroborated_step(store, peer, use_ocdbt) if leader else
-                     (None, "no corroborated checkpoint (the leader's view)"))
+        step, why = _corroborated_step(store, peer, use_ocdbt, leader)
         agreed = agree(step)
         if agreed is None:
             skipped[peer] = _short(why or "no corroborated checkpoint", REASON_CHARS)
@@ -190,10 +190,12 @@ def plan_restore(store: ArtifactStore, learner: str, peers: Sequence[str], templ
                        f"{_describe(skipped)}", skipped)
 
 
-def _corroborated_step(store: ArtifactStore, peer: str, use_ocdbt: bool
+def _corroborated_step(store: ArtifactStore, peer: str, use_ocdbt: bool, leader: bool
                        ) -> tuple[int | None, str | None]:
     """(the newest of the peer's checkpoint steps its heartbeat vouches for, None) or
-    (None, why there is none). Reads the heartbeat and the checkpoint listing only."""
+    (None, why there is none). Reads the checkpoint listing and the heartbeat only. Every
+    process lists (Orbax's manager synchronizes the processes that open it); only the leader
+    reads the heartbeat, and the others' answer is replaced by its."""
     try:
         ckpts = LearnerCheckpoints(store.checkpoint_uri(peer), use_ocdbt=use_ocdbt,
                                    read_only=True)
@@ -205,6 +207,8 @@ def _corroborated_step(store: ArtifactStore, peer: str, use_ocdbt: bool
         return None, f"unlistable checkpoints: {_error(err)}"
     if not steps:
         return None, "no checkpoint"
+    if not leader:
+        return None, "no corroborated checkpoint (the leader's view)"
     beat, why = store.read_heartbeat(peer)
     if beat is None:
         return None, f"no readable heartbeat ({why or 'none written'}) to corroborate its steps"
