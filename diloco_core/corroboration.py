@@ -17,10 +17,12 @@ the syncer can corroborate:
   default: at most 3x the rest of its round together), or the
   share its configured batch gives it when that is larger (unequal batches keep their token
   weighting); the excess goes to the others in proportion to their own weights.
-- **Heartbeats.** A learner's total tokens count toward the budget and the opening of rounds
-  only up to `max_speed_ratio` times the lower median of the other live learners' totals
-  (plus one round's worth of progress), once at least two others are live to compare with.
-  With fewer there is no majority to compare against, and its claims count as made.
+- **Heartbeats.** A learner's total tokens count toward the budget only up to the largest
+  total among the other live learners (one sync period's progress of slack), and toward the
+  opening of rounds up to `max_speed_ratio` times that, once at least two others are live to
+  compare with: a learner claiming 2^62 tokens ends the run no sooner than one more honest
+  learner would, and opens rounds no faster than `max_speed_ratio` times the fastest honest
+  one. With fewer live learners there is nobody to compare against, and claims count as made.
 """
 
 import math
@@ -90,24 +92,25 @@ def cap_shares(weights: Sequence[float], caps: Sequence[float]) -> np.ndarray:
     return w / w.sum()
 
 
-def credited_totals(claimed: Mapping[str, int], live: Sequence[str], max_speed_ratio: float,
+def credited_totals(claimed: Mapping[str, int], live: Sequence[str], ratio: float,
                     slack: int) -> tuple[dict[str, int], dict[str, str]]:
     """Each learner's total tokens as far as the others corroborate them, and why a claim was
-    clipped. `live`: the learners whose heartbeats move (dead ones' totals are stale and no
-    standard to compare with); `slack`: one round's worth of tokens (learners start and run
-    at their own pace)."""
+    clipped: at most `ratio` times the largest total among the other live learners, plus
+    `slack` (one sync period's worth: learners start and run at their own pace). Applied
+    once at least two others are live: then one learner claiming nothing cannot hold the
+    others back, and one claiming 2^62 counts as no more than `ratio` honest peers. `live`:
+    learners whose heartbeats move (dead ones' totals are stale, no standard to compare)."""
     credited, clipped = {}, {}
     live_totals = {n: claimed[n] for n in live if n in claimed}
     for name, tokens in claimed.items():
-        others = sorted(t for n, t in live_totals.items() if n != name)
-        if len(others) < 2 or math.isinf(max_speed_ratio):
+        others = [t for n, t in live_totals.items() if n != name]
+        if len(others) < 2 or math.isinf(ratio):
             credited[name] = tokens
             continue
-        lower_median = others[(len(others) - 1) // 2]
-        bound = int(max_speed_ratio * lower_median) + slack
+        bound = int(ratio * max(others)) + slack
         credited[name] = min(tokens, bound)
         if tokens > bound:
-            clipped[name] = (f"claims {tokens} tokens, credited {bound}: "
-                             f"{max_speed_ratio:g}x the others' median ({lower_median}) "
-                             f"plus {slack}")
+            clipped[name] = (f"claims {tokens} tokens, credited {bound}: {ratio:g}x the "
+                             f"largest of the other live learners ({max(others)}) plus "
+                             f"{slack}")
     return credited, clipped

@@ -215,15 +215,17 @@ class RoundController:
                 if n not in self._absent]
         estimates = self._estimates(state, beats)
         # Heartbeats' totals as far as the other live learners corroborate them: the budget
-        # and the opening of rounds never run on one learner's word.
-        tokens, clipped = credited_totals(
-            {n: b["tokens_total"] for n, b in beats.items() if b}, live,
-            cfg.sync.max_speed_ratio, max(tokens_needed(cfg).values()) * cfg.sync.num_fragments)
+        # and the opening of rounds never run on one learner's word (the budget counts none
+        # beyond the largest of the others; rounds open at most max_speed_ratio x as fast).
+        claimed = {n: b["tokens_total"] for n, b in beats.items() if b}
+        slack = max(tokens_needed(cfg).values()) * cfg.sync.num_fragments
+        budget_tokens, clipped = credited_totals(claimed, live, 1.0, slack)
+        tokens, _ = credited_totals(claimed, live, cfg.sync.max_speed_ratio, slack)
 
         self._watch_published(state, now)
         self._collect_offers(state, result, now)
         try:
-            self._maybe_stop(state, tokens, now)
+            self._maybe_stop(state, budget_tokens, now)
             if not state["decided"]:
                 self._decide(state, result, live, estimates, now, beats)
             if state["decided"]:
@@ -470,9 +472,11 @@ def _admit_offer(store: ArtifactStore, state: dict, r: int, learner: str, now: f
                  fresh: set[str]) -> None:
     """An offer to the open round arrives: record the digests a decision will commit to, or
     refuse it here when its payload was offered before (a replay of its own old offer, or a
-    copy of another learner's). Two offers of one payload first seen in the same tick cannot
-    tell original from copy: both are refused. A manifest the store refuses still arrives
-    (the merge refuses it with the store's reason)."""
+    copy of another learner's seen in an earlier tick). Two offers of one payload first seen
+    in the same tick cannot tell original from copy: both arrive (refusing both would let a
+    copier deny an honest learner its round; the copy adds one honest delta twice, nothing
+    of its own). A manifest the store refuses still arrives (the merge refuses it with the
+    store's reason)."""
     try:
         found = store.contribution_digest(r, learner)
     except RejectedArtifact:
@@ -489,16 +493,12 @@ def _admit_offer(store: ArtifactStore, state: dict, r: int, learner: str, now: f
         state["arrivals"].pop(learner, None)
         return
     prior = state["payloads"].get(payload)
-    if prior is not None and (prior[0], prior[1]) != (learner, r):
+    if (prior is not None and (prior[0], prior[1]) != (learner, r)
+            and not (payload in fresh and prior[1] == r)):
         who, when = prior
         state["refused"][learner] = (
             f"its payload is {who}'s offer to round {when}: "
             + ("a replay" if who == learner else "a copy"))
-        if payload in fresh and who != learner and when == r:
-            # Same tick: no telling which came first.
-            state["refused"][who] = f"its payload was also offered by {learner} (a copy)"
-            state["arrivals"].pop(who, None)
-            state["digests"].pop(who, None)
         state["arrivals"].pop(learner, None)
         return
     state["payloads"][payload] = [learner, r]

@@ -9,10 +9,15 @@ write one every few steps while it trains honestly; everything that reads them (
 the syncer, the merge, the supervisor, the token ledger, the run summary) must refuse each with
 a reason and carry on.
 
-Contribution attacks go to coming rounds of the fragment the learner last offered (a copy of
-that honest offer, then damaged), so that they reach the checks deep in the merge rather than
-the first "wrong fragment" refusal; the learner's own honest offer to such a round is then
-refused by the write-once store, which costs it only its own tokens. A forged `attempt` in its
+Offer attacks go to the round open for offers, once it opens and before this learner offered
+to it (offers planted in rounds not yet open are refused as planted and would reach nothing
+else), built from its own last honest offer of that fragment and then damaged, so that they
+reach the checks deep in the merge rather than the first "wrong fragment" refusal: manifests
+that lie, payloads of the wrong dtype, a trillion claimed steps on a huge delta, replays of its
+own offers, a copy of a peer's, fields only an observer reads. Its own honest offer to such a
+round is then refused by the write-once store, which costs it only its own tokens. Claim
+attacks are well-formed heartbeats of its own that claim absurd progress or step times.
+A forged `attempt` in its
 own heartbeat would fence only itself out; forging another learner's is what the IAM rules
 prevent, so it is not among the attacks. What was written, by kind, is kept in the learner's
 own prefix (`hostile.json`) for the soak's figures.
@@ -117,7 +122,84 @@ RECORD_ATTACKS: dict[str, tuple[str, Callable[[str], bytes]]] = {
          "ledger": {"processed": "all", "claims": "many"}}).encode()),
 }
 
-KINDS = tuple(RECORD_ATTACKS) + tuple(CONTRIBUTION_ATTACKS)
+def _claim(**fields) -> Callable[[dict], dict]:
+    return lambda beat: {**beat, **fields}
+
+
+# Well-formed heartbeats of its own that claim what it never did (its last heartbeat, with
+# fields changed): nothing refuses these on reading, the control plane must not believe them.
+CLAIM_ATTACKS: dict[str, Callable[[dict], dict]] = {
+    "heartbeat claims 2^62 tokens": _claim(tokens_total=2 ** 62, step=2 ** 62 // 1024),
+    "heartbeat claims 1e300 seconds a step": _claim(compute_seconds=1e300),
+    "heartbeat claims 1.7e308 seconds a step": _claim(compute_seconds=1.7e308),
+}
+
+
+def _scaled_payload(m: dict, payload: bytes, factor: float) -> tuple[dict, bytes]:
+    """The template's arrays with every float value (bf16 and fp32 values, intN scales)
+    multiplied by `factor`: a fresh payload (no replay) that moves the model `factor` times
+    further than the honest one it came from."""
+    import ml_dtypes
+
+    entry = m["objects"]["delta"]
+    members, dtypes = {}, dict(entry["dtypes"])
+    with np.load(io.BytesIO(payload), allow_pickle=False) as arrays:
+        for name in arrays.files:
+            value = arrays[name]
+            if dtypes[name] == "bfloat16":
+                value = (value.view(ml_dtypes.bfloat16).astype(np.float32) * factor).astype(
+                    ml_dtypes.bfloat16).view(np.uint16)
+            elif dtypes[name] in ("float32", "float16", "float64"):
+                value = value * value.dtype.type(factor)
+            buffer = io.BytesIO()
+            np.lib.format.write_array(buffer, np.ascontiguousarray(value), allow_pickle=False)
+            members[f"{name}.npy"] = buffer.getvalue()
+    return m, npz(members)
+
+
+def _trillion_steps(m: dict, put: Callable[[dict, bytes], dict], payload: bytes,
+                    current_version: int) -> dict:
+    """Claims 10^12 steps (tokens to match: weight 1.0 against its peers' 0.0 under
+    tokens^2 / steps) on a delta 10^6 times its honest one, on the current version."""
+    per_step = max(1, m["tokens"] // max(1, m["steps"]))
+    m, data = _scaled_payload(m, payload, 1e6)
+    return put({**m, "steps": 10 ** 12, "tokens": 10 ** 12 * per_step,
+                "base_version": current_version}, data)
+
+
+def _replay_on_version_0(m: dict, put: Callable[[dict, bytes], dict], payload: bytes,
+                         current_version: int) -> dict:
+    """A fresh payload (its honest delta, slightly changed) on version 0: under the "global"
+    anchor the merge adds Theta_current - Theta_0, pulling the fragment back to its start."""
+    m, data = _scaled_payload(m, payload, 1.01)
+    return put({**m, "base_version": 0}, data)
+
+
+# Attacks on the round open for offers (the only ones that reach a decision: offers planted
+# before their round opened are refused as such): (manifest, put, payload, current version of
+# the fragment) -> the manifest to write.
+OPEN_ROUND_ATTACKS = {
+    "a trillion steps and a huge delta": _trillion_steps,
+    "fresh payload on version 0": _replay_on_version_0,
+    "replay of its own old offer": lambda m, put, payload, v: put(
+        {**m, "base_version": v}, payload),
+}
+
+# Manifest fields only an observer reads (the sensor's description of an offer, the Dagster
+# mirror, the metadata plots): written into its own offer to the open round.
+FIELD_ATTACKS = {
+    "train loss of 400 digits": lambda m: {**m, "extra": {"train_loss": 10 ** 400}},
+    "fragment -1": lambda m: {**m, "fragment": -1},
+    "fragment 10^300": lambda m: {**m, "fragment": 10 ** 300},
+    "extra is a list": lambda m: {**m, "extra": [1, 2, 3]},
+}
+
+KINDS = (tuple(RECORD_ATTACKS) + tuple(CLAIM_ATTACKS) + tuple(CONTRIBUTION_ATTACKS)
+         + tuple(OPEN_ROUND_ATTACKS) + tuple(FIELD_ATTACKS)
+         + ("copy of a peer's offer",))
+# The attacks written as (or into) an offer, in the order the writer tries them.
+OFFER_KINDS = KINDS[len(RECORD_ATTACKS) + len(CLAIM_ATTACKS):]
+HEARTBEAT_KINDS = tuple(RECORD_ATTACKS) + tuple(CLAIM_ATTACKS)
 FORGED_ATTEMPT = 99999     # the attempt number the forged attempt records use
 
 
@@ -143,23 +225,32 @@ class HostileWriter:
                             and isinstance(t.get("round"), int) and t.get("kind") in KINDS]
             self.skipped = int(previous.get("skipped", 0))
             self._contribution = len(self.targets)
-            self._record = sum(n for k, n in self.written.items() if k in RECORD_ATTACKS)
+            self._record = sum(n for k, n in self.written.items() if k in HEARTBEAT_KINDS)
 
     def write_next(self) -> str | None:
-        """Write the next record and contribution attacks in turn; returns the kind, or None
-        when a contribution attack had nowhere to go (it is tried again next time)."""
+        """Write the next record and offer attacks in turn; returns the kind, or None when an
+        offer attack had nowhere to go (it is tried again next time)."""
         self._calls += 1
         self.last_kind = None
         if self._calls % 2:
-            kind = tuple(RECORD_ATTACKS)[self._record % len(RECORD_ATTACKS)]
+            kind = HEARTBEAT_KINDS[self._record % len(HEARTBEAT_KINDS)]
             self._record += 1
         else:
-            kind = tuple(CONTRIBUTION_ATTACKS)[self._contribution % len(CONTRIBUTION_ATTACKS)]
+            kind = OFFER_KINDS[self._contribution % len(OFFER_KINDS)]
         if kind in RECORD_ATTACKS:
             where, body = RECORD_ATTACKS[kind]
             key = (layout.heartbeat(self.store.experiment, self.learner) if where == "heartbeat"
                    else layout.attempt(self.store.experiment, self.learner, FORGED_ATTEMPT))
             self.store.blobs.write(key, body(self.learner))
+        elif kind in CLAIM_ATTACKS:
+            key = layout.heartbeat(self.store.experiment, self.learner)
+            try:
+                beat = json.loads(self.store.blobs.read(key))
+            except Exception:  # noqa: BLE001 - its last one was an attack: start from nothing
+                beat = {}
+            if not isinstance(beat, dict) or "status" not in beat:
+                beat = {"learner": self.learner, "status": "training", "time": time.time()}
+            self.store.blobs.write(key, json.dumps(CLAIM_ATTACKS[kind](beat)).encode())
         elif not self._plant(kind):
             self.skipped += 1
             return None
@@ -170,18 +261,25 @@ class HostileWriter:
         self._log()
         return kind
 
-    # ---- contributions --------------------------------------------------------------------------
-    def _template(self) -> tuple[int, dict, bytes] | None:
-        """This learner's newest honest offer: (round, manifest, payload)."""
-        newest = (self.store.latest_open_round() or {}).get("round")
-        if not isinstance(newest, int):
+    # ---- offers --------------------------------------------------------------------------------
+    def _open_round(self) -> int | None:
+        """The round open for offers now, if this learner has not offered to it."""
+        latest = (self.store.latest_open_round() or {}).get("round")
+        if not isinstance(latest, int) or self.store.get_decision(latest) is not None:
             return None
-        for r in range(newest, max(-1, newest - 4 * self.num_fragments), -1):
-            if self._taken(r):
-                continue      # one of its own planted offers: not an honest template
+        if self.learner in self.store.list_contributions(latest) or self._taken(latest):
+            return None
+        return latest
+
+    def _template(self, fragment: int, before: int) -> tuple[int, dict, bytes] | None:
+        """This learner's newest honest offer of `fragment` before round `before`: (round,
+        manifest, payload)."""
+        for r in range(before - 1, max(-1, before - 16 * self.num_fragments), -1):
+            if r % self.num_fragments != fragment or self._taken(r):
+                continue      # another fragment, or one of its own planted offers
             try:
                 m = self.store.contribution_manifest(r, self.learner)
-            except Exception:  # noqa: BLE001 - one of our own planted ones: look further back
+            except Exception:  # noqa: BLE001 - damaged: look further back
                 continue
             if not m or not isinstance(m.get("objects"), dict) or "delta" not in m["objects"]:
                 continue
@@ -195,23 +293,14 @@ class HostileWriter:
         return None
 
     def _plant(self, kind: str) -> bool:
-        found = self._template()
-        if found is None:
-            return False
-        base_round, manifest, payload = found
-        newest = (self.store.latest_open_round() or {}).get("round", base_round)
-        # The next two rounds of the same fragment not yet open: offers there reach the merge
-        # (further ahead they would mostly outlive the run).
-        target = base_round + self.num_fragments
-        while target <= newest:
-            target += self.num_fragments
-        if self._taken(target):
-            target += self.num_fragments
-        if self._taken(target):
+        """Write attack `kind` as this learner's offer to the open round (its own honest offer
+        to that round is then refused by the write-once store: that costs only its own
+        tokens). Offers planted before a round opens are refused as planted, so this waits
+        for a round to open that it has not offered to yet."""
+        target = self._open_round()
+        if target is None:
             return False
         directory = layout.contribution_dir(self.store.experiment, target, self.learner)
-        entry = manifest["objects"]["delta"]
-        self.store.blobs.write(f"{directory}/{entry['name']}", payload)
 
         def put(m: dict, data: bytes) -> dict:
             e = m["objects"]["delta"]
@@ -219,7 +308,33 @@ class HostileWriter:
             return {**m, "objects": {"delta": {**e, "size": len(data),
                                                "sha256": hashlib.sha256(data).hexdigest()}}}
 
-        hostile = CONTRIBUTION_ATTACKS[kind]({**manifest, "round": target}, put)
+        if kind == "copy of a peer's offer":
+            peers = [n for n in self.store.list_contributions(target) if n != self.learner]
+            if not peers:
+                return False
+            source = layout.contribution_dir(self.store.experiment, target, peers[0])
+            manifest = json.loads(self.store.blobs.read(f"{source}/{layout.MANIFEST}"))
+            data = self.store.blobs.read(f"{source}/{manifest['objects']['delta']['name']}")
+            hostile = put({**manifest, "learner": self.learner}, data)
+        else:
+            fragment = target % self.num_fragments
+            found = self._template(fragment, target)
+            if found is None:
+                return False
+            _, manifest, payload = found
+            current = self.store.current_version(fragment) or 0
+            # On the current version, as a learner that received it would offer: what reaches
+            # the checks is the damage, not a stale base.
+            manifest = {**manifest, "round": target, "base_version": current}
+            if kind in OPEN_ROUND_ATTACKS:
+                hostile = OPEN_ROUND_ATTACKS[kind](manifest, put, payload, current)
+            elif kind in FIELD_ATTACKS:
+                hostile = FIELD_ATTACKS[kind](put({**manifest, "base_version": current},
+                                                  payload))
+            else:
+                self.store.blobs.write(f"{directory}/{manifest['objects']['delta']['name']}",
+                                       payload)
+                hostile = CONTRIBUTION_ATTACKS[kind](manifest, put)
         self.store.blobs.write(f"{directory}/{layout.MANIFEST}", json.dumps(hostile).encode())
         self.targets.append({"round": target, "kind": kind})
         return True

@@ -480,13 +480,24 @@ def test_junk_under_a_learners_contributions_bounds_the_round_listing(store):
 
     store.blobs.list = recording
     assert fresh.list_contributions(3) == ["learner-0", "learner-1", "learner-2"]
+    assert listed == []             # the listing stopped (it used to return all 106 keys)
     prefix = layout.contributions_prefix(EXP, 3)
     assert fresh.listing_refusals[prefix].startswith(
         "more than 76 objects (4 per learner of 3): a learner wrote junk there")
-    assert listed == []             # the listing stopped: it returned nothing
     assert fresh.list_contributions(3) == ["learner-0", "learner-1", "learner-2"]
     assert listed == []             # and is not tried again for that round
     assert fresh.list_contributions(4) == [] and listed == [0]   # other rounds: listed
+
+
+@pytest.mark.parametrize("overrides", [
+    [], ["learners.num_learners=3"], ["learners.num_learners=3", "learners.standby=1"],
+    ["learners.num_learners=2", "learners.names=[a, b]"]])
+def test_the_roster_that_bounds_the_round_listing_is_the_configs(overrides):
+    from diloco_core.config_loading import config_from_mapping, config_to_mapping
+    from resources.store.artifact_store import _roster_of
+
+    cfg = config_from_mapping({}, overrides)
+    assert _roster_of(config_to_mapping(cfg)) == cfg.learners.learner_names
 
 
 def test_junk_under_a_learners_attempts_or_the_fired_faults_bounds_their_listing(

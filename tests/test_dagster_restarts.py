@@ -12,6 +12,7 @@ from test_end_to_end import E2E
 from pipelines.cli import load_config
 from pipelines.dagster_dev import reap_orphaned_runs
 from pipelines.demo_command import run_demo
+from resources.store import layout
 from resources.store.artifact_store import ArtifactStore
 from resources.store.backends import open_blob_store
 
@@ -71,15 +72,17 @@ def test_daemon_webserver_and_instance_restarts_lose_nothing(tmp_path, monkeypat
         assert rejoin["rounds_missed"] <= 8
     assert {r["learner"] for r in s["rejoins"]} == set(cfg.learners.learner_names)
 
-    committed = []
+    commits = {}
     for p in range(cfg.sync.num_fragments):
         versions = store.versions(p)
         assert versions == list(range(len(versions)))          # contiguous, none orphaned
-        rounds = [store.version_meta(p, v)["round"] for v in versions[1:]]
-        assert rounds == sorted(set(rounds))                    # each round at most once
-        committed += rounds
-    for r in merged:
-        assert r["round"] in committed                          # no decided round lost
+        commits[p] = [store.version_meta(p, v)["round"] for v in versions[1:]]
+        assert commits[p] == sorted(commits[p])                 # in round order
+    # No decided round lost, none merged twice, none without a decision: checked against the
+    # decision records the deciders wrote (not the summary, which reads the same manifests).
+    decisions, not_merged = _decision_records(store)
+    assert len(decisions) >= len(merged) > 0
+    assert _lost_or_foreign_rounds(decisions, not_merged, commits) == []
 
     ledger = s["ledger"]
     assert ledger["balanced"], ledger["problems"]
@@ -88,3 +91,62 @@ def test_daemon_webserver_and_instance_restarts_lose_nothing(tmp_path, monkeypat
     assert set(ledger["inexact_attempts"]) <= {f"{n}/0" for n in cfg.learners.learner_names}
     assert ledger["tokens"]["merged"] > 0.3 * ledger["tokens_processed"]
     assert s["final_eval_loss"] < s["initial_eval_loss"] - 0.2
+
+
+def _decision_records(store: ArtifactStore) -> tuple[dict[int, dict], dict[int, dict]]:
+    """Every round's decision record in the store, found by listing (not by the summary's
+    walk of the opened rounds), and the not-merged record of those that have one."""
+    prefix = f"{layout.experiment(store.experiment)}/rounds/r"
+    rounds = sorted({int(key[len(prefix):].split("/")[0]) for key in store.blobs.list(prefix)
+                     if key.endswith("/decision.json")})
+    decisions = {r: store.get_decision(r) for r in rounds}
+    not_merged = {r: rec for r in rounds if (rec := store.get_round_not_merged(r)) is not None}
+    return decisions, not_merged
+
+
+def _lost_or_foreign_rounds(decisions: dict[int, dict], not_merged: dict[int, dict],
+                            commits: dict[int, list[int]]) -> list[str]:
+    """What breaks "every round decided with members is committed exactly once, in its
+    fragment, unless a record says why not; and every committed round was decided with
+    members". `commits`: fragment -> the round of each committed version after the first."""
+    problems = []
+    committed: dict[int, list[int]] = {}
+    for fragment, rounds in commits.items():
+        for r in rounds:
+            committed.setdefault(r, []).append(fragment)
+    for r, decision in decisions.items():
+        where = committed.get(r, [])
+        if decision["members"] and r in not_merged:
+            if where:
+                problems.append(f"round {r} is committed ({where}) and recorded not merged")
+        elif decision["members"] and where != [decision["fragment"]]:
+            problems.append(f"round {r} (decided, fragment {decision['fragment']}, members "
+                            f"{list(decision['members'])}) is committed in fragments {where}")
+        elif not decision["members"] and where:
+            problems.append(f"round {r} was decided with no members but committed in {where}")
+    for r, where in sorted(committed.items()):
+        if r not in decisions:
+            problems.append(f"round {r} is committed in fragments {where} with no decision")
+    return problems
+
+
+def test_the_round_check_fails_on_a_lost_double_or_undecided_commit():
+    """The restart test's check is not a tautology: each way of breaking it is reported."""
+    decisions = {0: {"fragment": 0, "members": ["a"]}, 1: {"fragment": 1, "members": ["a"]},
+                 2: {"fragment": 0, "members": []}, 3: {"fragment": 1, "members": ["b"]}}
+    fine = {0: [0], 1: [1, 3]}
+    assert _lost_or_foreign_rounds(decisions, {}, fine) == []
+    assert _lost_or_foreign_rounds(decisions, {3: {"reason": "all refused"}}, {0: [0], 1: [1]}
+                                   ) == []
+    assert _lost_or_foreign_rounds(decisions, {}, {0: [0], 1: [1]}) == [
+        "round 3 (decided, fragment 1, members ['b']) is committed in fragments []"]
+    assert _lost_or_foreign_rounds(decisions, {}, {0: [0, 0], 1: [1, 3]}) == [
+        "round 0 (decided, fragment 0, members ['a']) is committed in fragments [0, 0]"]
+    assert _lost_or_foreign_rounds(decisions, {}, {0: [0, 3], 1: [1]}) == [
+        "round 3 (decided, fragment 1, members ['b']) is committed in fragments [0]"]
+    assert _lost_or_foreign_rounds(decisions, {}, {0: [0, 2], 1: [1, 3]}) == [
+        "round 2 was decided with no members but committed in [0]"]
+    assert _lost_or_foreign_rounds(decisions, {}, {0: [0, 4], 1: [1, 3]}) == [
+        "round 4 is committed in fragments [0] with no decision"]
+    assert _lost_or_foreign_rounds(decisions, {1: {"reason": "x"}}, fine) == [
+        "round 1 is committed ([1]) and recorded not merged"]

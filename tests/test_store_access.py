@@ -174,6 +174,124 @@ def test_the_iam_condition_states_the_same_rules():
         LearnerRules("e1", 'learner-0") || ("')
 
 
+_CEL_ATOM = re.compile(r'resource\.name\.(startsWith|endsWith|matches)\("([^"\\]*)"\)'
+                       r'|resource\.name\.extract\("([^"\\{}]*)\{[a-z_]+\}([^"\\{}]*)"\) == '
+                       r'"([^"\\]*)"')
+
+
+def _cel_extract(name: str, before: str, after: str) -> str:
+    """IAM's `extract`: the text between the first occurrence of the template's part before
+    the variable and the next occurrence of its part after it; "" if either is missing."""
+    start = name.find(before)
+    if start < 0:
+        return ""
+    start += len(before)
+    if not after:
+        return name[start:]
+    end = name.find(after, start)
+    return "" if end < 0 else name[start:end]
+
+
+def _cel_allows(expression: str, name: str) -> bool:
+    """Evaluate a rendered condition on `resource.name`, by the semantics of the few forms
+    it is made of: a disjunction of (parenthesised conjunctions of) startsWith / endsWith /
+    matches / extract(...) == "...". Any other form fails here rather than evaluate wrongly."""
+    def atom(text: str) -> bool:
+        m = _CEL_ATOM.fullmatch(text)
+        assert m is not None, f"a form this evaluator does not know: {text!r}"
+        fn, arg, before, after, want = m.groups()
+        if fn == "startsWith":
+            return name.startswith(arg)
+        if fn == "endsWith":
+            return name.endswith(arg)
+        if fn == "matches":
+            return re.search(arg, name) is not None
+        return _cel_extract(name, before, after) == want
+
+    def term(text: str) -> bool:
+        if text.startswith("(") and text.endswith(")"):
+            text = text[1:-1]
+        assert "(" not in re.sub(r'\.(startsWith|endsWith|matches|extract)\("', "", text)
+        return all(atom(a) for a in text.split(" && "))
+
+    return any(term(t) for t in expression.split(" || "))
+
+
+_RULE_KEYS = [
+    "experiments/e1/learners/learner-0/heartbeat.json",
+    "experiments/e1/learners/learner-1/heartbeat.json",
+    "experiments/e1/learners/learner-0-evil/heartbeat.json",
+    "experiments/e1/rounds/r00000007/contributions/learner-0/manifest.json",
+    "experiments/e1/rounds/r00000007/contributions/learner-1/manifest.json",
+    "experiments/e1/rounds/r00000007/contributions/learner-01/manifest.json",
+    "experiments/e1/rounds/r00000007/contributions/learner-0",
+    "experiments/e1/rounds/r00000007/contributions/learner-1/contributions/learner-0/x",
+    "experiments/e1/rounds/r00000007/decision.json",
+    "experiments/e1/rounds/OPEN",
+    "experiments/e1/global/f000/CURRENT",
+    "experiments/e1/global/f000/contributions/learner-0/x",
+    "experiments/e1/config.json",
+    "experiments/e1/faults/fired/k1.json",
+    "experiments/e1/faults/tape.json",
+    "experiments/e2/learners/learner-0/heartbeat.json",
+    "experiments/e2/rounds/r00000007/contributions/learner-0/manifest.json",
+    "ACTIVE",
+]
+
+
+def test_the_key_predicate_and_the_iam_condition_agree_wherever_the_store_is():
+    """For a store at any bucket and prefix, layout words included, the Python predicate (on
+    keys relative to the store) and the rendered IAM condition (on the full object name)
+    decide alike for every key, or the location is refused. A `contributions` segment in
+    the bucket or prefix is what `extract` cannot be anchored past: with the prefix
+    `contributions/learner-0` the condition would let learner-0 write a round's decision and
+    its peers' offers, and with `a/contributions` deny it its own offers."""
+    locations = [("my-bucket", p) for p in (
+        "", "runs", "/runs/", "runs/rounds", "rounds", "learners/learner-0",
+        "experiments/e1", "experiments/e1/rounds", "faults/fired", "global/f000",
+        "x-contributions", "contributions-x/y", "contributionsx", "a/contributions_",
+        "contributions/learner-0", "contributions", "a/contributions",
+        "team/contributions/learner-0/runs", "/a/contributions/")] + [
+        ("contributions", ""), ("contributions", "runs"), ("rounds", "learners")]
+    refused, checked = [], 0
+    for bucket, prefix in locations:
+        for learner in ("learner-0", "learner-1"):
+            for chaos in (False, True):
+                rules = LearnerRules("e1", learner, chaos)
+                try:
+                    condition = rules.condition(bucket, prefix)
+                except ValueError as err:
+                    refused.append((bucket, prefix))
+                    assert "'contributions' path segment" in str(err), err
+                    continue
+                root = f"projects/_/buckets/{bucket}/objects/"
+                root += prefix.strip("/") + "/" if prefix.strip("/") else ""
+                differ = [(key, rules.allows(key)) for key in _RULE_KEYS
+                          if _cel_allows(condition, root + key) != rules.allows(key)]
+                assert not differ, (f"gs://{bucket}/{prefix} {learner} chaos={chaos}: "
+                                    f"(key, predicate) where the IAM condition differs: {differ}")
+                checked += 1
+    assert sorted(set(refused)) == sorted({
+        ("my-bucket", "contributions"), ("my-bucket", "a/contributions"),
+        ("my-bucket", "contributions/learner-0"), ("my-bucket", "/a/contributions/"),
+        ("my-bucket", "team/contributions/learner-0/runs"), ("contributions", ""),
+        ("contributions", "runs")})
+    assert checked == 4 * (len(locations) - 7)
+    # The evaluator itself: a key each rule form allows, and the CLI's one-line refusal.
+    rules = LearnerRules("e1", "learner-0", chaos=True)
+    root = "projects/_/buckets/b/objects/runs/"
+    assert [_cel_allows(rules.condition("b", "runs"), root + k) for k in _RULE_KEYS[:4]] == [
+        True, False, False, True]
+    assert _cel_allows(rules.condition("b", "runs"), root + "experiments/e1/faults/fired/k")
+
+
+def test_diloco_iam_refuses_a_store_prefix_it_cannot_express(capsys):
+    assert cli(["iam", "--store", "gs://b/team/contributions/learner-0", "--project", "p1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("diloco: store prefix 'team/contributions/learner-0': a "
+                          "'contributions' path segment") and "\n" not in err
+
+
 def test_one_identity_per_learner():
     with pytest.raises(ValueError, match="its own IAM member"):
         bucket_bindings("b", "", "e1", {"learner-0": "serviceAccount:a", "learner-1":

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from diloco_core.capacity import Capacity
-from diloco_core.config import ENCODINGS, MAX_LEARNERS
+from diloco_core.config import ENCODINGS, MAX_LEARNERS, LearnersConfig
 from diloco_core.contribution import Contribution
 from diloco_core.round_records import MAX_INT, Heartbeat, RecordError, RoundDecision, RoundOpen
 from resources.store import layout
@@ -366,14 +366,14 @@ class ArtifactStore:
         own instead, and the reason is logged (`listing_refusals`)."""
         prefix = layout.contributions_prefix(self.experiment, round_index)
         if prefix not in self.listing_refusals:
-            learners = len(self.roster() or ()) or MAX_LEARNERS   # no config: the most
-            limit = LISTED_PER_LEARNER * learners + 64
+            count = len(self.roster() or ()) or MAX_LEARNERS   # no config: the most
+            limit = LISTED_PER_LEARNER * count + 64
             try:
                 keys = self.blobs.list(prefix, limit=limit)
             except ListingTooLong:
                 self._refuse_listing(prefix, (
                     f"more than {limit} objects ({LISTED_PER_LEARNER} per learner of "
-                    f"{learners}): a learner wrote junk there; each learner's manifest is "
+                    f"{count}): a learner wrote junk there; each learner's manifest is "
                     "looked up on its own instead"))
             else:
                 learners = []
@@ -851,14 +851,19 @@ class ArtifactStore:
 
 
 def _roster_of(config: Mapping[str, Any]) -> tuple[str, ...] | None:
-    """The learner names of a stored experiment config (None if it does not parse)."""
-    from diloco_core.config import ConfigError
-    from diloco_core.config_loading import config_from_mapping
-
-    try:
-        return tuple(config_from_mapping(config).learners.learner_names)
-    except (ConfigError, TypeError, ValueError, KeyError, AttributeError):
+    """The learner names of a stored experiment config, as `LearnersConfig.learner_names`
+    gives them (read from the plain data: a sensor tick cannot afford to parse the whole
+    config again); None if they are not there to read."""
+    learners = config.get("learners", {})
+    if not isinstance(learners, Mapping):
         return None
+    names = learners.get("names") or ()
+    if isinstance(names, list | tuple) and names and all(isinstance(n, str) for n in names):
+        return tuple(names)
+    count = learners.get("num_learners", LearnersConfig.num_learners)
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_LEARNERS:
+        return None
+    return tuple(f"learner-{i}" for i in range(count))
 
 
 def _check_attempt_record(key: str, r: Mapping[str, Any], learner: str) -> None:
