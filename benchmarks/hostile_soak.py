@@ -4,9 +4,11 @@ writes malformed and adversarial records for the whole run, against the same run
 Same setup as `benchmarks/chaos_soak.py` (4 learners, Decoupled DiLoCo K=2 of M=4, P=2, the
 syncer service, the Dagster daemon and sensors). The tape gives learner-3 the fault
 `hostile_records` from 10% of its steps to the end: every few steps it writes the next kind of
-`resources.hostile_records.KINDS` within its own write rules (its heartbeat, a forged attempt
-record, contributions to the next rounds of its fragment: manifests that lie, npy and zip bombs,
-pickles, absurd token counts) while it keeps training and offering honestly.
+`resources.hostile_records.KINDS` within its own write rules (its heartbeat, well-formed ones
+claiming 2^62 tokens or 1e300 seconds a step, a forged attempt record, offers to the open round:
+manifests that lie, npy and zip bombs, pickles, payloads of the wrong dtype, a trillion claimed
+steps on a huge delta, replays, a copy of a peer's offer, fields only observers read) while it
+keeps training and offering honestly.
 
 Figures: records written by kind; what became of every planted contribution whose round came
 (refused by the merge with its reason, late, or not admitted); rounds merged and whether any
@@ -14,13 +16,18 @@ merge took a hostile offer; the token ledger (balanced, and the attempt records 
 sensor ticks by status (a failed tick is a record that reached Dagster unrefused); uptime and
 held-out loss against the run without the hostile learner.
 
-    python benchmarks/hostile_soak.py            # ~10 min on 2 cores
+Three pairs of runs by default (`--repeats`): figures are medians and ranges, and the verdict
+checks the bar: every planted contribution refused, no sensor tick failed, the hostile run's
+held-out loss within 2% of the fault-free runs' median and its tokens not cut short.
+
+    python benchmarks/hostile_soak.py            # ~30 min on 2 cores
 """
 
 import argparse
 import json
 import os
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -86,48 +93,96 @@ def sensor_ticks(dagster_home: Path) -> dict[str, dict[str, int]]:
     return counts
 
 
+def one_pair(cfg, tape_path: Path, tmp: Path, repeat: int) -> dict:
+    """A fault-free run and a hostile run of the same config: their figures."""
+    from chaos_soak import figures, soak_run
+
+    from resources.hostile_records import read_log
+    from resources.store.artifact_store import ArtifactStore
+    from resources.store.backends import open_blob_store
+
+    runs, extra = {}, {}
+    for name in ("fault_free", "hostile"):
+        print(f"hostile soak, repeat {repeat}: {name}", flush=True)
+        started = time.time()
+        workdir = tmp / f"{name}-{repeat}"
+        s = soak_run(cfg, tape_path if name == "hostile" else None, workdir)
+        runs[name] = {**s, "started": started}
+        store = ArtifactStore(open_blob_store(str(workdir / "demo" / "store")), cfg.name)
+        log = read_log(store, HOSTILE) or {}
+        stop = store.stop_requested() or {}
+        extra[name] = {
+            "sensor_ticks": sensor_ticks(workdir / "demo" / "dagster_home"),
+            "written": log.get("written", {}), "skipped": log.get("skipped", 0),
+            "planted": planted_outcomes(store, log.get("planted", [])),
+            "refused_records": s["ledger"].get("refused_records", []),
+            # Every processed token in exactly one fate, and what did not reconcile (a
+            # stored offer whose claim is not the learner's, e.g. a forged copy).
+            "tokens_add_up": abs(sum(s["ledger"]["tokens"].values())
+                                 - s["ledger"]["tokens_processed"]) < 1e-6,
+            "ledger_problems": s["ledger"].get("problems", []),
+            # Why the run stopped, and at how many tokens by the learners' own ledgers (a
+            # heartbeat claiming 2^62 tokens must not end it early).
+            "stop_reason": stop.get("reason"),
+            "tokens_processed": s["ledger"]["tokens_processed"],
+        }
+    return {name: {**figures(s, None if name == "fault_free" else runs["fault_free"],
+                             cfg.sync.min_quorum), **extra[name]}
+            for name, s in runs.items()}
+
+
+def verdict(pairs: list[dict]) -> dict:
+    """The issue's bar over the repeats: every planted contribution refused, no sensor tick
+    failed, no round lost, the run not stopped early, the hostile runs' loss within 2% of the
+    fault-free runs' median."""
+    free = statistics.median(p["fault_free"]["final_eval_loss"] for p in pairs)
+    hostile = [p["hostile"]["final_eval_loss"] for p in pairs]
+    merged = [o for p in pairs for o in p["hostile"]["planted"] if o["outcome"] == "MERGED"]
+    failed_ticks = sum(row.get("FAILURE", 0) for p in pairs
+                       for row in p["hostile"]["sensor_ticks"].values())
+    lost = [p["hostile"]["rounds_opened"] - p["hostile"]["rounds_merged"] for p in pairs]
+    early = [p["hostile"]["tokens_processed"] / p["fault_free"]["tokens_processed"]
+             for p in pairs]
+    return {
+        "fault_free_loss_median": free,
+        "hostile_loss": hostile,
+        "hostile_loss_ratio_median": statistics.median(x / free for x in hostile),
+        "hostile_loss_ratio_range": [min(x / free for x in hostile),
+                                     max(x / free for x in hostile)],
+        "planted_merged": merged,
+        "planted_total": sum(len(p["hostile"]["planted"]) for p in pairs),
+        "failed_sensor_ticks": failed_ticks,
+        "rounds_not_merged": lost,
+        "tokens_vs_fault_free": early,
+        "met": (not merged and failed_ticks == 0
+                and all(abs(x / free - 1) <= 0.02 for x in hostile)
+                and all(e >= 0.95 for e in early)),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=int, default=600_000, help="tokens per run")
     parser.add_argument("--every-steps", type=int, default=4,
                         help="the hostile learner writes one record every this many steps")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="pairs of runs (fault-free, hostile); figures are their medians")
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     args = parser.parse_args()
     os.environ.setdefault("DILOCO_TICK_SECONDS", "2")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    from chaos_soak import configs, figures, soak_run
+    from chaos_soak import configs
 
     from pipelines.reporting import code_revision, machine_info
-    from resources.hostile_records import KINDS, read_log
-    from resources.store.artifact_store import ArtifactStore
-    from resources.store.backends import open_blob_store
+    from resources.hostile_records import KINDS
 
     revision = code_revision()
     cfg = configs(args.budget)["decoupled"]
     tape = hostile_tape(args.budget, args.every_steps)
-    runs, extra = {}, {}
     with tempfile.TemporaryDirectory(prefix="hostile-") as tmp:
         tape_path = Path(tmp) / "tape.json"
         tape_path.write_text(json.dumps(tape))
-        for name in ("fault_free", "hostile"):
-            print(f"hostile soak: {name}", flush=True)
-            started = time.time()
-            workdir = Path(tmp) / name
-            s = soak_run(cfg, tape_path if name == "hostile" else None, workdir)
-            runs[name] = {**s, "started": started}
-            store = ArtifactStore(open_blob_store(str(workdir / "demo" / "store")), cfg.name)
-            log = read_log(store, HOSTILE) or {}
-            extra[name] = {
-                "sensor_ticks": sensor_ticks(workdir / "demo" / "dagster_home"),
-                "written": log.get("written", {}), "skipped": log.get("skipped", 0),
-                "planted": planted_outcomes(store, log.get("planted", [])),
-                "refused_records": s["ledger"].get("refused_records", []),
-                # Every processed token in exactly one fate, and what did not reconcile (a
-                # stored offer whose claim is not the learner's, e.g. a forged copy).
-                "tokens_add_up": abs(sum(s["ledger"]["tokens"].values())
-                                     - s["ledger"]["tokens_processed"]) < 1e-6,
-                "ledger_problems": s["ledger"].get("problems", []),
-            }
+        pairs = [one_pair(cfg, tape_path, Path(tmp), i) for i in range(args.repeats)]
     result = {
         "benchmark": "hostile_soak",
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -135,29 +190,37 @@ def main() -> None:
         "machine": machine_info(),
         "command": "python benchmarks/hostile_soak.py " + " ".join(sys.argv[1:]),
         "config": {"token_budget": args.budget, "hostile_learner": HOSTILE,
-                   "every_steps": args.every_steps, "kinds": list(KINDS)},
+                   "every_steps": args.every_steps, "repeats": args.repeats,
+                   "kinds": list(KINDS)},
         "tape": tape,
-        "runs": {name: {**figures(s, None if name == "fault_free" else runs["fault_free"],
-                                  cfg.sync.min_quorum), **extra[name]}
-                 for name, s in runs.items()},
+        "verdict": verdict(pairs),
+        "repeats": pairs,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
-    h = result["runs"]["hostile"]
-    outcomes: dict[str, int] = {}
-    for p in h["planted"]:
-        key = p["outcome"].split(":")[0]
-        outcomes[key] = outcomes.get(key, 0) + 1
-    print(f"records written by kind: {h['written']}")
-    print(f"planted contributions: {outcomes}")
-    print(f"attempt records refused by the ledger: {len(h['refused_records'])}; tokens add "
-          f"up: {h['tokens_add_up']}; ledger problems: {h['ledger_problems']}")
-    print(f"sensor ticks: {h['sensor_ticks']}")
-    for name, r in result["runs"].items():
-        print(f"{name:10} merges {r['rounds_merged']}/{r['rounds_opened']}, uptime "
-              f"{r['uptime']:.3f}, loss {r['final_eval_loss']:.3f}, wall "
-              f"{r['wall_seconds']:.0f}s, ledger "
-              f"{'balanced' if r['ledger_balanced'] else 'UNBALANCED'}")
+    for i, pair in enumerate(pairs):
+        h = pair["hostile"]
+        outcomes: dict[str, int] = {}
+        for p in h["planted"]:
+            key = p["outcome"].split(":")[0]
+            outcomes[key] = outcomes.get(key, 0) + 1
+        print(f"repeat {i}: records written by kind: {h['written']}")
+        print(f"repeat {i}: planted contributions: {outcomes}")
+        print(f"repeat {i}: attempt records refused by the ledger: "
+              f"{len(h['refused_records'])}; tokens add up: {h['tokens_add_up']}; ledger "
+              f"problems: {h['ledger_problems']}; stopped: {h['stop_reason']}")
+        print(f"repeat {i}: sensor ticks: {h['sensor_ticks']}")
+        for name, r in pair.items():
+            print(f"repeat {i}: {name:10} merges {r['rounds_merged']}/{r['rounds_opened']}, "
+                  f"uptime {r['uptime']:.3f}, loss {r['final_eval_loss']:.3f}, wall "
+                  f"{r['wall_seconds']:.0f}s, ledger "
+                  f"{'balanced' if r['ledger_balanced'] else 'UNBALANCED'}")
+    v = result["verdict"]
+    print(f"hostile / fault-free loss: median {v['hostile_loss_ratio_median']:.4f}, range "
+          f"{v['hostile_loss_ratio_range'][0]:.4f}-{v['hostile_loss_ratio_range'][1]:.4f}; "
+          f"planted merged: {len(v['planted_merged'])} of {v['planted_total']}; failed "
+          f"sensor ticks: {v['failed_sensor_ticks']}; tokens vs fault-free: "
+          f"{[round(x, 3) for x in v['tokens_vs_fault_free']]}; met: {v['met']}")
     print(f"written to {args.out}")
 
 

@@ -301,7 +301,7 @@ def test_replayed_and_copied_offers_are_refused(tmp_path):
 
 def test_an_offer_changed_after_the_decision_is_refused(tmp_path, monkeypatch):
     """The decision commits to each member's manifest digest; a learner that swaps its offer
-    between the decision and the merge (here: a bigger claim on the same payload) is refused,
+    between the decision and the merge is refused,
     and the others merge."""
     import json
 
@@ -322,7 +322,10 @@ def test_an_offer_changed_after_the_decision_is_refused(tmp_path, monkeypatch):
             key = (f"{layout.contribution_dir(store.experiment, round_index, HOSTILE)}/"
                    f"{layout.MANIFEST}")
             manifest = json.loads(store.blobs.read(key))
-            store.blobs.write(key, json.dumps({**manifest, "steps": 1}).encode())
+            # A bigger claim on the same payload, consistent with itself (twice the steps and
+            # the tokens to match): nothing but the decision's digest tells it apart.
+            store.blobs.write(key, json.dumps({**manifest, "steps": 2 * manifest["steps"],
+                                               "tokens": 2 * manifest["tokens"]}).encode())
             return real_merge(store, round_index, *args, **kw)
 
         monkeypatch.setattr(syncer_service, "merge_from_store", swap_then_merge)
