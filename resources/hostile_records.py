@@ -38,14 +38,24 @@ from resources.store.artifact_store import ArtifactStore
 HOSTILE_LOG = "hostile.json"   # in the learner's own prefix
 
 
-def npz(members: dict[str, bytes], deflate: bool = False) -> bytes:
-    """A zip archive of raw members, as `.npz` files are (nothing checks them on the way in)."""
+def npz(members: dict[str, bytes], deflate: bool = False, pad_to: int = 0) -> bytes:
+    """A zip archive of raw members, as `.npz` files are (nothing checks them on the way in);
+    `pad_to`: an archive comment makes it at least that many bytes, so that it passes the
+    store's first check (the manifest's arrays must fit in the object) and reaches the next."""
     buffer = io.BytesIO()
     method = zipfile.ZIP_DEFLATED if deflate else zipfile.ZIP_STORED
     with zipfile.ZipFile(buffer, "w", method) as archive:
         for name, body in members.items():
             archive.writestr(name, body)
+        archive.comment = bytes(min(65535, max(0, pad_to - buffer.tell())))
     return buffer.getvalue()
+
+
+def _declared(m: dict) -> int:
+    """The array bytes a manifest declares (what the object must at least hold)."""
+    entry = m["objects"]["delta"]
+    return sum(np.dtype(np.uint16 if d == "bfloat16" else d).itemsize
+               * int(np.prod(entry["shapes"][k])) for k, d in entry["dtypes"].items())
 
 
 def huge_npy_header() -> bytes:
@@ -93,8 +103,11 @@ CONTRIBUTION_ATTACKS: dict[str, Attack] = {
         **m, "objects": {"delta": {**m["objects"]["delta"], "name": "../../CURRENT"}}},
     "tokens of 400 digits": lambda m, put: {**m, "tokens": 10 ** 400},
     "more tokens than its steps": lambda m, put: {**m, "tokens": m["tokens"] * 1000},
+    # Each padded to the size the manifest declares, so that the first size check passes and
+    # the one each is meant for is reached: the header's shape, the member's inflation, the
+    # parse.
     "npy header of 10^13 values": lambda m, put: put(m, npz(
-        {f"{k}.npy": huge_npy_header() for k in _members(m)})),
+        {f"{k}.npy": huge_npy_header() for k in _members(m)}, pad_to=_declared(m))),
     "manifest declares 10^13 values": lambda m, put: put(
         {**m, "objects": {"delta": {**m["objects"]["delta"], "shapes": {
             k: [10 ** 13] for k in m["objects"]["delta"]["shapes"]}}}},
@@ -102,8 +115,9 @@ CONTRIBUTION_ATTACKS: dict[str, Attack] = {
     # One member that inflates to 16 MiB from ~16 KiB (a learner builds it in memory).
     "zip bomb": lambda m, put: put(m, npz(
         {f"{_members(m)[0]}.npy": huge_npy_header()[:10] + bytes(16 * 2 ** 20)},
-        deflate=True)),
-    "pickle instead of arrays": lambda m, put: put(m, b"\x80\x04}\x94."),
+        deflate=True, pad_to=_declared(m))),
+    "pickle instead of arrays": lambda m, put: put(
+        m, b"\x80\x04}\x94." + bytes(_declared(m))),
 }
 
 # Raw bytes for the learner's own heartbeat or for an attempt record of its own.
