@@ -40,6 +40,15 @@ def _service(h: Harness) -> SyncerService:
     return service
 
 
+def _started(instance, tmp_path, overrides=()) -> tuple[Harness, SyncerService]:
+    """An experiment, its syncer holding the lease, and every learner's first heartbeat."""
+    h = _harness(instance, tmp_path, overrides)
+    service = _service(h)
+    for name in h.cfg.learners.learner_names:
+        h.beat(name, 0)
+    return h, service
+
+
 def _open(h: Harness, service: SyncerService, r: int, steps: int = 2) -> None:
     for name in NAMES:
         h.beat(name, steps)
@@ -51,6 +60,15 @@ def _open(h: Harness, service: SyncerService, r: int, steps: int = 2) -> None:
 def _decide(h: Harness, service: SyncerService) -> None:
     h.now += 1
     service.step(now=h.now)
+
+
+def _rounds(h: Harness, service: SyncerService, rounds, offerers=NAMES) -> None:
+    """Rounds in which `offerers` offer honestly and the syncer decides and merges."""
+    for r in rounds:
+        _open(h, service, r)
+        for name in offerers:
+            h.offer(name, r)
+        _decide(h, service)
 
 
 @pytest.mark.parametrize("encoding", ["fp32", "bf16", "int8"])
@@ -70,10 +88,7 @@ def test_an_undecodable_contribution_costs_only_its_own_learner_the_round(tmp_pa
     """The merge itself refuses arrays that are not the wire form of the plan's tensors (the
     store's check bypassed, as a bug in it would), and the honest members merge."""
     with dg.instance_for_test() as instance:
-        h = _harness(instance, tmp_path)
-        service = _service(h)
-        for name in NAMES:
-            h.beat(name, 0)
+        h, service = _started(instance, tmp_path)
         _open(h, service, 0)
         for name in NAMES:
             h.offer(name, 0)
@@ -103,10 +118,7 @@ def test_a_merge_that_raises_records_the_round_and_the_syncer_moves_on(tmp_path,
     import pipelines.store_merge as store_merge
 
     with dg.instance_for_test() as instance:
-        h = _harness(instance, tmp_path)
-        service = _service(h)
-        for name in NAMES:
-            h.beat(name, 0)
+        h, service = _started(instance, tmp_path)
         real_merge = store_merge.merge_fragment
 
         def merge_that_fails_round_1(current, names, num_fragments, round_index, *args, **kw):
@@ -115,11 +127,7 @@ def test_a_merge_that_raises_records_the_round_and_the_syncer_moves_on(tmp_path,
             return real_merge(current, names, num_fragments, round_index, *args, **kw)
 
         monkeypatch.setattr(store_merge, "merge_fragment", merge_that_fails_round_1)
-        for r in range(4):
-            _open(h, service, r)
-            for name in HONEST:
-                h.offer(name, r)
-            _decide(h, service)
+        _rounds(h, service, range(4), HONEST)
         outcome = h.store.get_round_not_merged(1)
         assert outcome is not None and "merge failed: TypeError" in outcome["reason"], outcome
         assert set(outcome["rejected"]) == set(HONEST)
@@ -162,10 +170,7 @@ def test_a_learner_claiming_a_trillion_steps_does_not_take_the_merge(tmp_path):
     steps (tokens to match) took weight 1.0 and passed a delta of 10^6 a value through the
     screen. Credited steps are bounded by the protocol's pace and the delta is screened."""
     with dg.instance_for_test() as instance:
-        h = _harness(instance, tmp_path)
-        service = _service(h)
-        for name in NAMES:
-            h.beat(name, 0)
+        h, service = _started(instance, tmp_path)
         before = _max_abs_global(h.store, 2)
         for r in range(4):
             _open(h, service, r)
@@ -184,10 +189,8 @@ def test_no_member_outweighs_the_others_whatever_its_counters(tmp_path):
     """Within what the syncer credits (its own pace), a learner's weight is still capped:
     with three members none takes more than max_weight_share."""
     with dg.instance_for_test() as instance:
-        h = _harness(instance, tmp_path, ["sync.max_norm_ratio=inf", "sync.max_weight_share=0.5"])
-        service = _service(h)
-        for name in NAMES:
-            h.beat(name, 0)
+        h, service = _started(instance, tmp_path, ["sync.max_norm_ratio=inf",
+                                                   "sync.max_weight_share=0.5"])
         _open(h, service, 0)
         for name in HONEST:
             h.offer(name, 0, steps=1)
@@ -205,10 +208,7 @@ def test_no_member_outweighs_the_others_whatever_its_counters(tmp_path):
 
 def test_a_heartbeat_claiming_2_to_the_62_tokens_does_not_stop_the_run(tmp_path):
     with dg.instance_for_test() as instance:
-        h = _harness(instance, tmp_path)
-        service = _service(h)
-        for name in NAMES:
-            h.beat(name, 0)
+        h, service = _started(instance, tmp_path)
         for r in range(3):
             _open(h, service, r)
             for name in HONEST:
@@ -267,15 +267,8 @@ def _raw_offer(h: Harness, src_round: int, src_learner: str, dst_round: int,
 
 def test_replayed_and_copied_offers_are_refused(tmp_path):
     with dg.instance_for_test() as instance:
-        h = _harness(instance, tmp_path)
-        service = _service(h)
-        for name in NAMES:
-            h.beat(name, 0)
-        for r in range(2):
-            _open(h, service, r)
-            for name in NAMES:
-                h.offer(name, r)
-            _decide(h, service)
+        h, service = _started(instance, tmp_path)
+        _rounds(h, service, range(2))
         # Round 2 (fragment 0): the hostile learner replays its own offer to round 0.
         _open(h, service, 2)
         for name in HONEST:
@@ -309,10 +302,7 @@ def test_an_offer_changed_after_the_decision_is_refused(tmp_path, monkeypatch):
     from resources.store import layout
 
     with dg.instance_for_test() as instance:
-        h = _harness(instance, tmp_path)
-        service = _service(h)
-        for name in NAMES:
-            h.beat(name, 0)
+        h, service = _started(instance, tmp_path)
         _open(h, service, 0)
         for name in NAMES:
             h.offer(name, 0)
@@ -387,15 +377,8 @@ def test_an_offer_on_a_base_already_merged_from_it_is_a_replay(tmp_path):
     """A fresh payload on the base version its own merged offer used (e.g. version 0, pulling
     the fragment back towards the initial weights under the "global" anchor): refused."""
     with dg.instance_for_test() as instance:
-        h = _harness(instance, tmp_path)
-        service = _service(h)
-        for name in NAMES:
-            h.beat(name, 0)
-        for r in range(2):
-            _open(h, service, r)
-            for name in NAMES:
-                h.offer(name, r)
-            _decide(h, service)
+        h, service = _started(instance, tmp_path)
+        _rounds(h, service, range(2))
         assert HOSTILE in h.store.version_meta(0)["members"]
         _open(h, service, 2)
         _decide(h, service)          # the merge of round 0 is seen published
@@ -410,10 +393,7 @@ def test_an_offer_on_a_base_already_merged_from_it_is_a_replay(tmp_path):
 
 def test_offers_planted_before_their_round_opened_are_refused(tmp_path):
     with dg.instance_for_test() as instance:
-        h = _harness(instance, tmp_path)
-        service = _service(h)
-        for name in NAMES:
-            h.beat(name, 0)
+        h, service = _started(instance, tmp_path)
         _open(h, service, 0)
         for name in NAMES:
             h.offer(name, 0)
