@@ -135,6 +135,10 @@ def merge_from_store(store: ArtifactStore, round_index: int,
         meta = {"round": round_index, "merged": False, "members": [], "rejected": {},
                 "reason": f"{decision['reason']}; NOT merged: round {committed_round} of this "
                           "fragment was merged first"}
+        # Recorded like any round that committed nothing: the ledger and the run's checks
+        # find why, instead of a decided round that never appears.
+        guard()
+        store.put_round_not_merged(round_index, meta)
         return MergeOutcome(round_index, fragment, False, current.version, meta, decision, True)
 
     # Offers refused when they arrived (replays, copies) keep their reasons in the record.

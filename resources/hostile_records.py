@@ -208,9 +208,10 @@ FIELD_ATTACKS = {
     "extra is a list": lambda m: {**m, "extra": [1, 2, 3]},
 }
 
-KINDS = (tuple(RECORD_ATTACKS) + tuple(CLAIM_ATTACKS) + tuple(CONTRIBUTION_ATTACKS)
-         + tuple(OPEN_ROUND_ATTACKS) + tuple(FIELD_ATTACKS)
-         + ("copy of a peer's offer",))
+# Offer attacks in the order they are tried: those on what the merge believes (counters,
+# bases, replays, copies, dtypes) first, so a short soak reaches them.
+KINDS = (tuple(RECORD_ATTACKS) + tuple(CLAIM_ATTACKS) + tuple(OPEN_ROUND_ATTACKS)
+         + ("copy of a peer's offer",) + tuple(FIELD_ATTACKS) + tuple(CONTRIBUTION_ATTACKS))
 # The attacks written as (or into) an offer, in the order the writer tries them.
 OFFER_KINDS = KINDS[len(RECORD_ATTACKS) + len(CLAIM_ATTACKS):]
 HEARTBEAT_KINDS = tuple(RECORD_ATTACKS) + tuple(CLAIM_ATTACKS)
