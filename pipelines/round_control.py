@@ -47,6 +47,13 @@ from pipelines.liveness import live_learners, observe
 from resources.store.artifact_store import ArtifactStore, Conflict, RejectedArtifact
 
 LATE_WINDOW = 2          # decided rounds still watched for late offers
+# A payload offered again within this many versions of every fragment (P rounds each) is a
+# replay or a copy; it is remembered by the first PAYLOAD_KEY_CHARS hex digits of its SHA-256
+# (64 bits: the window holds M x 16 P keys in the sensor's cursor, and a learner that wants
+# to evade the check changes one byte instead, which makes it a fresh offer under every
+# other rule).
+REPLAY_WINDOW_VERSIONS = 16
+PAYLOAD_KEY_CHARS = 16
 # An operator's stop request (`diloco stop`) is read at most this often: the syncer ticks every
 # fraction of a second, and a stop may take a tick or two longer, not a read of the store each.
 STOP_REQUEST_POLL_SECONDS = 2.0
@@ -138,7 +145,7 @@ def _recover(store: ArtifactStore, state: dict, now: float, num_fragments: int
         if decision is None:
             continue
         for learner, payload in decision.get("payloads", {}).items():
-            payloads[payload] = [learner, k]
+            payloads[payload[:PAYLOAD_KEY_CHARS]] = [learner, k]
         if not decision.get("members"):
             continue
         if not _published(store, decision["fragment"], k):
@@ -328,8 +335,9 @@ class RoundController:
             watch[index] = seen
         keep = sorted(watch)[-(LATE_WINDOW + 1):]
         state["watch"] = {str(k): sorted(watch[k]) for k in keep}
-        # Payloads are remembered for 2P rounds (what a recovering decider re-reads).
-        horizon = r - 2 * self.cfg.sync.num_fragments
+        # Payloads are remembered for REPLAY_WINDOW_VERSIONS versions of every fragment (a
+        # recovering decider re-reads the last 2P rounds' decisions only).
+        horizon = r - REPLAY_WINDOW_VERSIONS * self.cfg.sync.num_fragments
         state["payloads"] = {k: v for k, v in state["payloads"].items() if v[1] >= horizon}
 
     def _decide(self, state: dict, result: TickResult, live: list[str], estimates: Estimates,
@@ -492,17 +500,18 @@ def _admit_offer(store: ArtifactStore, state: dict, r: int, learner: str, now: f
             f"{merged[1]}, and it has not received a version since (a replay)")
         state["arrivals"].pop(learner, None)
         return
-    prior = state["payloads"].get(payload)
+    key = payload[:PAYLOAD_KEY_CHARS]
+    prior = state["payloads"].get(key)
     if (prior is not None and (prior[0], prior[1]) != (learner, r)
-            and not (payload in fresh and prior[1] == r)):
+            and not (key in fresh and prior[1] == r)):
         who, when = prior
         state["refused"][learner] = (
             f"its payload is {who}'s offer to round {when}: "
             + ("a replay" if who == learner else "a copy"))
         state["arrivals"].pop(learner, None)
         return
-    state["payloads"][payload] = [learner, r]
-    fresh.add(payload)
+    state["payloads"][key] = [learner, r]
+    fresh.add(key)
     state["digests"][learner] = [manifest, payload, base]
     state["arrivals"][learner] = now
 

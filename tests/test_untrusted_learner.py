@@ -410,3 +410,18 @@ def test_offers_planted_before_their_round_opened_are_refused(tmp_path):
         decision = h.store.get_decision(2)
         assert sorted(decision["members"]) == sorted(HONEST), decision
         assert "planted" in decision["refused"][HOSTILE], decision
+
+
+def test_a_replay_from_many_rounds_back_is_still_refused(tmp_path):
+    """The soak found one: its own offer from 10 rounds back (5 versions of the fragment),
+    on the current base, merged once the syncer forgot payloads after 2P rounds."""
+    with dg.instance_for_test() as instance:
+        h, service = _started(instance, tmp_path)
+        _rounds(h, service, range(10))
+        _open(h, service, 10)
+        for name in HONEST:
+            h.offer(name, 10)
+        _raw_offer(h, 0, HOSTILE, 10, HOSTILE, base_version=h.store.current_version(0))
+        _decide(h, service)
+        decision = h.store.get_decision(10)
+        assert "learner-2's offer to round 0: a replay" in decision["refused"][HOSTILE], decision
