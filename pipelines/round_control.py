@@ -112,12 +112,13 @@ def fresh_state(experiment: str) -> dict:
             "finished": False, "digests": {}, "payloads": {}, "refused": {}, "bases": {}}
 
 
-def _published(store: ArtifactStore, fragment: int, round_index: int) -> bool:
-    """Whether the merge of `round_index` is published (or superseded): merges of a fragment
-    commit in round order, so the current version's round tells."""
+def _published(store: ArtifactStore, fragment: int, round_index: int) -> dict | None:
+    """The current version's metadata if the merge of `round_index` is published (or
+    superseded), else None: merges of a fragment commit in round order, so the current
+    version's round tells."""
     meta = store.version_meta(fragment) or {}
     committed = meta.get("round")
-    return isinstance(committed, int) and committed >= round_index
+    return meta if isinstance(committed, int) and committed >= round_index else None
 
 
 def _recover(store: ArtifactStore, state: dict, now: float, num_fragments: int
@@ -291,18 +292,19 @@ class RoundController:
         """Merges requested earlier whose version is now current: measure the sync latency."""
         still = []
         for pending in state["pending"]:
-            if _published(self.store, pending["fragment"], pending["round"]):
+            meta = _published(self.store, pending["fragment"], pending["round"])
+            if meta is not None:
                 self._observe(state, sync=now - pending["decided_at"])
-                self._note_merged_bases(state, pending)
+                self._note_merged_bases(state, pending, meta)
             else:
                 still.append(pending)
         state["pending"] = still[-4 * self.cfg.sync.num_fragments:]
 
-    def _note_merged_bases(self, state: dict, pending: dict) -> None:
+    def _note_merged_bases(self, state: dict, pending: dict, meta: dict) -> None:
         """The base versions of the members whose offers this published merge took: a later
         offer of the fragment on a base no newer is a replay (an honest learner has received
-        the merged version, or a newer one, before it offers the fragment again)."""
-        meta = self.store.version_meta(pending["fragment"]) or {}
+        the merged version, or a newer one, before it offers the fragment again). `meta`: the
+        fragment's current version, read once by the caller."""
         if meta.get("round") != pending["round"]:
             return      # a later round's version is current: this one's members are unknown
         fragment = str(pending["fragment"])

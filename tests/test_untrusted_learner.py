@@ -265,17 +265,23 @@ def _raw_offer(h: Harness, src_round: int, src_learner: str, dst_round: int,
     h.store.blobs.write(f"{dst}/{layout.MANIFEST}", json.dumps(manifest).encode())
 
 
+def _replaying_round_0(h: Harness, service: SyncerService, r: int) -> dict:
+    """Round r (of fragment 0): the honest learners offer, the hostile one replays its own
+    offer to round 0 byte for byte on the current base; the decision."""
+    _open(h, service, r)
+    for name in HONEST:
+        h.offer(name, r)
+    _raw_offer(h, 0, HOSTILE, r, HOSTILE, base_version=h.store.current_version(0))
+    _decide(h, service)
+    return h.store.get_decision(r)
+
+
 def test_replayed_and_copied_offers_are_refused(tmp_path):
     with dg.instance_for_test() as instance:
         h, service = _started(instance, tmp_path)
         _rounds(h, service, range(2))
         # Round 2 (fragment 0): the hostile learner replays its own offer to round 0.
-        _open(h, service, 2)
-        for name in HONEST:
-            h.offer(name, 2)
-        _raw_offer(h, 0, HOSTILE, 2, HOSTILE, base_version=h.store.current_version(0))
-        _decide(h, service)
-        decision = h.store.get_decision(2)
+        decision = _replaying_round_0(h, service, 2)
         assert HOSTILE not in decision["members"], decision
         assert "a replay" in decision["refused"][HOSTILE], decision
         assert "a replay" in h.store.version_meta(0)["rejected"][HOSTILE]
@@ -418,10 +424,5 @@ def test_a_replay_from_many_rounds_back_is_still_refused(tmp_path):
     with dg.instance_for_test() as instance:
         h, service = _started(instance, tmp_path)
         _rounds(h, service, range(10))
-        _open(h, service, 10)
-        for name in HONEST:
-            h.offer(name, 10)
-        _raw_offer(h, 0, HOSTILE, 10, HOSTILE, base_version=h.store.current_version(0))
-        _decide(h, service)
-        decision = h.store.get_decision(10)
+        decision = _replaying_round_0(h, service, 10)
         assert "learner-2's offer to round 0: a replay" in decision["refused"][HOSTILE], decision
