@@ -20,6 +20,7 @@ from diloco_core.capacity import Capacity, CapacityError
 from diloco_core.config import ExperimentConfig
 from diloco_core.fault_tape import FaultTape
 from resources.store.artifact_store import ArtifactStore, Conflict
+from resources.store.contention import retries
 
 
 def current_capacity(store: ArtifactStore, cfg: ExperimentConfig) -> Capacity:
@@ -41,7 +42,7 @@ def change_capacity(store: ArtifactStore, cfg: ExperimentConfig, *, join: Sequen
                             "under way)")
     roster = cfg.learners.learner_names
     opened = (store.latest_open_round() or {}).get("round")
-    for _ in range(10):
+    for _ in retries():
         record, generation = store.capacity(cfg.learners.standby_names)
         at = time.time() if now is None else now
         for action, names in (("join", join), ("leave", leave)):
@@ -54,7 +55,7 @@ def change_capacity(store: ArtifactStore, cfg: ExperimentConfig, *, join: Sequen
             return record
         except Conflict:
             continue    # someone else changed capacity meanwhile: apply ours to theirs
-    raise CapacityError("the capacity record kept changing under 10 attempts; try again")
+    raise CapacityError("the capacity record kept changing under every attempt; try again")
 
 
 def describe(record: Capacity, cfg: ExperimentConfig) -> str:

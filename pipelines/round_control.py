@@ -483,10 +483,11 @@ def _admit_offer(store: ArtifactStore, state: dict, r: int, learner: str, now: f
     """An offer to the open round arrives: record the digests a decision will commit to, or
     refuse it here when its payload was offered before (a replay of its own old offer, or a
     copy of another learner's seen in an earlier tick). Two offers of one payload first seen
-    in the same tick cannot tell original from copy: both arrive (refusing both would let a
-    copier deny an honest learner its round; the copy adds one honest delta twice, nothing
-    of its own). A manifest the store refuses still arrives (the merge refuses it with the
-    store's reason)."""
+    in the same tick are told apart by when the store created each payload: the later is
+    the copy. Where the store cannot say, both arrive (refusing both would let a copier deny
+    an honest learner its round; the copy adds one honest delta twice, nothing of its own).
+    A manifest the store refuses still arrives (the merge refuses it with the store's
+    reason)."""
     try:
         found = store.contribution_digest(r, learner)
     except RejectedArtifact:
@@ -504,6 +505,16 @@ def _admit_offer(store: ArtifactStore, state: dict, r: int, learner: str, now: f
         return
     key = payload[:PAYLOAD_KEY_CHARS]
     prior = state["payloads"].get(key)
+    if prior is not None and key in fresh and prior[1] == r and prior[0] != learner:
+        # Both first seen in this tick: the store's creation times tell original from copy.
+        first = _created_first(store, r, prior[0], learner)
+        if first == prior[0]:
+            _refuse_copy(state, learner, prior[0], r, "the store created it later")
+            return
+        if first == learner:
+            _refuse_copy(state, prior[0], learner, r, "the store created it later")
+            state["digests"].pop(prior[0], None)
+            prior = None
     if (prior is not None and (prior[0], prior[1]) != (learner, r)
             and not (key in fresh and prior[1] == r)):
         who, when = prior
@@ -516,6 +527,23 @@ def _admit_offer(store: ArtifactStore, state: dict, r: int, learner: str, now: f
     fresh.add(key)
     state["digests"][learner] = [manifest, payload, base]
     state["arrivals"][learner] = now
+
+
+def _created_first(store: ArtifactStore, r: int, a: str, b: str) -> str | None:
+    """Which of two offers of one payload the store created first; None when it cannot say
+    (a time unknown, or equal)."""
+    try:
+        times = [store.contribution_created(r, a), store.contribution_created(r, b)]
+    except (RejectedArtifact, OSError):
+        return None
+    if None in times or times[0] == times[1]:
+        return None
+    return a if times[0] < times[1] else b
+
+
+def _refuse_copy(state: dict, copier: str, original: str, r: int, why: str) -> None:
+    state["refused"][copier] = f"its payload is {original}'s offer to round {r}: a copy ({why})"
+    state["arrivals"].pop(copier, None)
 
 
 def describe_offer(store: ArtifactStore, cfg: ExperimentConfig, round_index: int,

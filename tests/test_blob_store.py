@@ -57,6 +57,17 @@ def test_write_read_info_round_trip(blob_store):
     assert blob_store.read("bin") == binary
 
 
+def test_info_says_when_the_store_created_each_object(blob_store):
+    # The store's own clock, so that of two identical objects the later (a copy) is known.
+    import time
+    first = blob_store.info(blob_store.write("a/first", b"same").key)
+    time.sleep(0.05)
+    second = blob_store.info(blob_store.write("b/second", b"same").key)
+    assert first.created is not None and second.created is not None
+    assert abs(first.created - time.time()) < 60
+    assert first.created < second.created
+
+
 def test_missing_key(blob_store):
     with pytest.raises(BlobNotFound):
         blob_store.read("a/none")

@@ -298,6 +298,30 @@ def test_replayed_and_copied_offers_are_refused(tmp_path):
         assert decision["digests"].keys() == set(HONEST)
 
 
+@pytest.mark.parametrize("original,copier", [("learner-0", HOSTILE), (HOSTILE, "learner-0")],
+                         ids=["copy-listed-after", "copy-listed-first"])
+def test_a_copy_first_seen_in_the_same_poll_as_its_original_is_refused(tmp_path, original,
+                                                                       copier):
+    """The copier writes its copy between two syncer polls, right after the original landed:
+    the store's creation times, not the order of the listing, say which is the copy."""
+    import time
+
+    with dg.instance_for_test() as instance:
+        h, service = _started(instance, tmp_path)
+        _open(h, service, 0)
+        h.offer(original, 0)
+        time.sleep(0.05)            # the copier reads the original before it writes
+        _raw_offer(h, 0, original, 0, copier)
+        third = next(n for n in NAMES if n not in (original, copier))
+        h.offer(third, 0)
+        _decide(h, service)
+        decision = h.store.get_decision(0)
+        assert sorted(decision["members"]) == sorted([original, third]), decision
+        assert "a copy (the store created it later)" in decision["refused"][copier], decision
+        assert decision["digests"].keys() == {original, third}
+        assert copier in h.store.version_meta(0)["rejected"]
+
+
 def test_an_offer_changed_after_the_decision_is_refused(tmp_path, monkeypatch):
     """The decision commits to each member's manifest digest; a learner that swaps its offer
     between the decision and the merge is refused,

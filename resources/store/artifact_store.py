@@ -32,6 +32,7 @@ from diloco_core.round_records import MAX_INT, Heartbeat, RecordError, RoundDeci
 from resources.store import layout
 from resources.store.array_bundle import BadBundle, decode_bundle, encode_bundle, sha256
 from resources.store.blobs import BlobNotFound, BlobStore, ListingTooLong, PreconditionFailed
+from resources.store.contention import retries
 from resources.store.names import check_name
 
 FORMAT = 1
@@ -413,6 +414,19 @@ class ArtifactStore:
         _check_contribution_manifest(key, manifest, round_index, learner)
         return digest, manifest["objects"]["delta"]["sha256"], manifest["base_version"]
 
+    def contribution_created(self, round_index: int, learner: str) -> float | None:
+        """When the store created the payload of the learner's committed offer (its own clock,
+        never the learner's), or None if unknown. Of two byte-identical payloads the copy was
+        created after the original, since a copier must read the original first."""
+        manifest = self.contribution_manifest(round_index, learner)
+        entry = (manifest or {}).get("objects", {}).get("delta", {})
+        name = entry.get("name") if isinstance(entry, Mapping) else None
+        if not isinstance(name, str) or "/" in name:
+            return None
+        directory = layout.contribution_dir(self.experiment, round_index, learner)
+        info = self.blobs.info(f"{directory}/{name}")
+        return None if info is None else info.created
+
     def load_contribution(self, round_index: int, learner: str,
                           digest: str | None = None) -> Contribution:
         """A committed contribution, verified; `RejectedArtifact` with the reason otherwise.
@@ -748,7 +762,7 @@ class ArtifactStore:
         (the control plane, when `train` resumes a run with a larger one); returns the budget
         in force after. Conditional on the record read: two raises at once both count."""
         key = layout.budget(self.experiment)
-        for _ in range(10):
+        for _ in retries():
             info = self.blobs.info(key)
             current = self.token_budget(configured)
             if budget <= current:

@@ -15,7 +15,7 @@ import contextlib
 import fcntl
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -40,6 +40,10 @@ class BlobInfo:
     key: str
     size: int
     generation: int
+    # When the store made this generation of the object (seconds since the epoch), as the
+    # store itself records it (GCS: timeCreated, set by the server; local: the file's
+    # modification time). None where unknown. Tells which of two identical objects came first.
+    created: float | None = field(default=None, compare=False)
 
 
 class BlobStore(abc.ABC):
@@ -117,10 +121,10 @@ class LocalBlobStore(BlobStore):
     @staticmethod
     def _stat(key: str, path: Path, counter: int) -> BlobInfo | None:
         try:
-            size = path.stat().st_size
+            stat = path.stat()
         except FileNotFoundError:
             return None
-        return BlobInfo(key, size, counter + 1)
+        return BlobInfo(key, stat.st_size, counter + 1, stat.st_mtime)
 
     @contextlib.contextmanager
     def _mutating(self, key: str, path: Path):

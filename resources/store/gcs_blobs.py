@@ -227,7 +227,8 @@ class GCSBlobStore(BlobStore):
         if blob is None:
             self._check_bucket("info", name)
             return None
-        return BlobInfo(key, int(blob.size), int(blob.generation))
+        created = blob.time_created.timestamp() if blob.time_created is not None else None
+        return BlobInfo(key, int(blob.size), int(blob.generation), created)
 
     def list(self, prefix: str, *, limit: int | None = None) -> list[str]:
         if prefix:
