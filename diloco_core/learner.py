@@ -13,6 +13,13 @@ arrives, by one of three receive rules:
   top, with its counters, for its next offer. Nothing is discarded however long the merge takes,
   at the cost of one copy of the fragment per offer in flight. With no offer since the last
   receipt, everything since the anchor is kept.
+
+  Only a merge that took the learner's offer may replace what it offered. The receiver says
+  which (`OfferFate`): a merge of the offer's own round (or a later one) without it (a late
+  offer, one not admitted, or refused by the merge) keeps everything since the anchor, and
+  the offer's counters return to the next offer; a merge of an earlier round, with the offer
+  still pending, keeps everything too and moves the offered values by the same change, so
+  that the merge that does take the offer later removes exactly what it offered.
 """
 
 from collections.abc import Mapping
@@ -27,6 +34,12 @@ from diloco_core.fragments import FragmentPlan
 
 FlatParams = dict[str, jax.Array]
 
+# What a merged version did with the learner's pending offer of that fragment (rebase only):
+# "merged" (it is in the version, or nothing says otherwise), "not_merged" (its round was
+# decided or merged without it: it never will be), "pending" (a merge of an earlier round).
+OfferFate = str
+OFFER_FATES = ("merged", "not_merged", "pending")
+
 
 @dataclass(frozen=True)
 class FragmentSync:
@@ -38,6 +51,7 @@ class FragmentSync:
     offered_values: FlatParams | None = None
     offered_steps: int = 0
     offered_tokens: int = 0
+    offered_round: int | None = None
 
 
 @dataclass(frozen=True)
@@ -68,21 +82,41 @@ class LearnerSync:
                             sync.steps, learner_step, clock, delta)
 
     def after_offer(self, params: Mapping[str, jax.Array], plan: FragmentPlan,
-                    fragment: int) -> "LearnerSync":
-        """Remember what was offered of `fragment` (for the "rebase" receive rule)."""
+                    fragment: int, round_index: int | None = None) -> "LearnerSync":
+        """Remember what was offered of `fragment`, and to which round (for the "rebase"
+        receive rule)."""
         sync = self.fragments[fragment]
         # Copies: the learner's params are donated to its jitted step.
         values = {name: jnp.array(params[name], copy=True) for name in plan.fragments[fragment]}
         fragments = list(self.fragments)
         fragments[fragment] = replace(sync, offered_values=values, offered_steps=sync.steps,
-                                      offered_tokens=sync.tokens)
+                                      offered_tokens=sync.tokens, offered_round=round_index)
         return replace(self, fragments=tuple(fragments))
 
+    def offer_fate(self, fragment: int, merged_round: int | None,
+                   merged_with: Mapping[int, bool], complete: bool = False) -> OfferFate:
+        """What a merged version of `fragment`, made by the merge of `merged_round`, did with
+        the pending offer: `merged_with` maps the rounds whose merges made the versions since
+        the one held (this version's and any skipped) to whether each took this learner's
+        offer; `complete` says it names every one of them, so a round missing from it made no
+        version (merged nothing). Where it cannot tell (an unknown merged round, or the
+        offer's round missing from an incomplete map) the offer counts as "merged", the rule
+        before offers' fates were known."""
+        offered = self.fragments[fragment].offered_round
+        if offered is None or merged_round is None:
+            return "merged"
+        if merged_round < offered:
+            return "pending"
+        if offered not in merged_with:
+            return "not_merged" if complete else "merged"
+        return "merged" if merged_with[offered] else "not_merged"
+
     def receive(self, params: FlatParams, fragment: int, merged: Mapping[str, jax.Array],
-                version: int, rule: str = "overwrite", alpha: float = 0.5
-                ) -> tuple[FlatParams, "LearnerSync"]:
+                version: int, rule: str = "overwrite", alpha: float = 0.5,
+                offer: OfferFate = "merged") -> tuple[FlatParams, "LearnerSync"]:
         """Take a merged fragment by `rule` (see the module docstring) and reset its counters
-        (under "rebase", to what was processed since the offer).
+        (under "rebase", to what was processed since the offer, or since the anchor when
+        `offer` says the merge did not take it).
 
         A version not newer than the one held is ignored, so out-of-order deliveries are safe.
         """
@@ -91,7 +125,10 @@ class LearnerSync:
             return params, self
         if rule not in ("overwrite", "blend", "rebase"):
             raise ValueError(f"unknown receive rule {rule!r}")
-        base = sync.offered_values if sync.offered_values is not None else sync.anchor
+        if offer not in OFFER_FATES:
+            raise ValueError(f"unknown offer fate {offer!r}")
+        taken = offer == "merged" and sync.offered_values is not None
+        base = sync.offered_values if taken else sync.anchor
         new_params = dict(params)
         for name, value in merged.items():
             if rule == "overwrite":
@@ -103,11 +140,18 @@ class LearnerSync:
             else:
                 new_params[name] = value + (params[name] - base[name])
         steps = tokens = 0
+        kept: dict = {}
         if rule == "rebase":
-            kept_from = sync.offered_values is not None
-            steps = sync.steps - (sync.offered_steps if kept_from else 0)
-            tokens = sync.tokens - (sync.offered_tokens if kept_from else 0)
+            steps = sync.steps - (sync.offered_steps if taken else 0)
+            tokens = sync.tokens - (sync.offered_tokens if taken else 0)
+            if offer == "pending" and sync.offered_values is not None:
+                # The offer may still be merged: what it offered moves with the anchor.
+                kept = {"offered_values": {k: sync.offered_values[k] + (merged[k] - sync.anchor[k])
+                                           for k in sync.offered_values},
+                        "offered_steps": sync.offered_steps,
+                        "offered_tokens": sync.offered_tokens,
+                        "offered_round": sync.offered_round}
         fragments = list(self.fragments)
         fragments[fragment] = FragmentSync({k: jnp.asarray(v) for k, v in merged.items()}, version,
-                                           steps, tokens)
+                                           steps, tokens, **kept)
         return new_params, replace(self, fragments=tuple(fragments))

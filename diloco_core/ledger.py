@@ -7,8 +7,10 @@ Learner side (`AttemptLedger`, one per learner process): tokens processed since 
 offered or received a fragment are *unclaimed*; an offer *claims* them (the first offer that
 carries a token decides its fate, later offers of the same fragment before a receipt only claim
 what is new); when a merged fragment arrives, what is still unclaimed was computed on a fragment
-that is now replaced, and is *superseded*. So, per attempt and exactly:
-    processed x P = claimed + superseded + unclaimed.
+that is now replaced, and is *superseded*. Under the "rebase" rule a learner that sees its offer
+was not merged keeps that progress and *returns* the offer's claim to unclaimed, for its next
+offer to carry. So, per attempt and exactly:
+    processed x P = claimed - returned + superseded + unclaimed.
 Syncer side (`build_ledger`): each claim takes the fate of its offer in the store: merged,
 late, rejected (with the merge's reason), in a round that committed nothing, undecided when
 the run ended, or never offered at all (the process died before its upload); unclaimed tokens
@@ -59,6 +61,7 @@ class AttemptLedger:
     unclaimed: tuple[int, ...]
     superseded: tuple[int, ...]
     claims: tuple[tuple[int, int, int], ...] = ()   # (round, fragment, fragment-tokens)
+    returned: tuple[tuple[int, int, int], ...] = ()  # claims of offers no merge took, kept
 
     @classmethod
     def start(cls, num_fragments: int) -> "AttemptLedger":
@@ -76,6 +79,18 @@ class AttemptLedger:
         return replace(self, unclaimed=tuple(unclaimed),
                        claims=self.claims + ((round_index, fragment, claim),)), claim
 
+    def returned_claim(self, fragment: int, round_index: int) -> "AttemptLedger":
+        """The offer to `round_index` was not merged and the learner kept its progress
+        ("rebase"): its claim is unclaimed again (once), for the next offer to carry."""
+        done = {(r, p) for r, p, _ in self.returned}
+        for r, p, claim in self.claims:
+            if (r, p) == (round_index, fragment) and (r, p) not in done:
+                unclaimed = list(self.unclaimed)
+                unclaimed[fragment] += claim
+                return replace(self, unclaimed=tuple(unclaimed),
+                               returned=self.returned + ((r, p, claim),))
+        return self
+
     def received(self, fragment: int, keeps_local: bool = False) -> "AttemptLedger":
         """A merged fragment arrived. Overwrite and blend supersede what is unclaimed; the
         "rebase" rule (`keeps_local`) keeps it for the next offer to claim."""
@@ -89,7 +104,8 @@ class AttemptLedger:
     def to_record(self) -> dict:
         return {"processed": self.processed, "unclaimed": list(self.unclaimed),
                 "superseded": list(self.superseded),
-                "claims": [list(c) for c in self.claims]}
+                "claims": [list(c) for c in self.claims],
+                "returned": [list(c) for c in self.returned]}
 
 
 @dataclass
@@ -156,33 +172,46 @@ def build_ledger(num_fragments: int, attempts: Iterable[Mapping[str, Any]],
         row = ledger.by_learner.setdefault(name, dict.fromkeys(["processed", *FATES], 0))
         row["processed"] += processed
         claims = [tuple(c) for c in book["claims"]]
-        own = (sum(c[2] for c in claims) + sum(book["superseded"]) + sum(book["unclaimed"]))
+        returned: dict[tuple[int, int], int] = {}
+        for r, p, amount in book.get("returned") or ():
+            returned[(r, p)] = returned.get((r, p), 0) + amount
+        own = (sum(c[2] for c in claims) - sum(returned.values()) + sum(book["superseded"])
+               + sum(book["unclaimed"]))
         if own != processed:
             ledger.problems.append(f"{name} attempt {attempt}: processed {processed} "
                                    f"fragment-tokens but accounts for {own}")
         if not record.get("final"):
             ledger.inexact_attempts.append(f"{name}/{attempt}")
-        for round_index, _fragment, claim in claims:
+        claimed = {(r, p): c for r, p, c in claims}
+        for key, amount in returned.items():
+            if amount > claimed.get(key, 0):
+                ledger.problems.append(f"{name} attempt {attempt}: returns {amount} "
+                                       f"fragment-tokens of its claim to round {key[0]}, which "
+                                       f"was {claimed.get(key, 0)}")
+        for round_index, fragment, claim in claims:
             stored = offers.get((round_index, name))
+            # What an offer no merge took returned to the learner is counted by the offer
+            # that carried it next, not here.
+            kept = min(returned.get((round_index, fragment), 0), claim)
             if stored is None:
-                ledger.add(name, "offer_not_stored", claim)
+                ledger.add(name, "offer_not_stored", claim - kept)
                 continue
             # The offer's attempt and claim come from the learner's manifest (`offer_fates`
             # checks them): one that is not a count here counts as never stored.
             why = _malformed_offer(stored)
             if why is not None:
                 ledger.problems.append(f"{name}'s offer to round {round_index}: {why}")
-                ledger.add(name, "offer_not_stored", claim)
+                ledger.add(name, "offer_not_stored", claim - kept)
                 continue
             if stored.get("attempt", -1) != attempt:
-                ledger.add(name, "duplicate_offer", claim)
+                ledger.add(name, "duplicate_offer", claim - kept)
                 continue
             if stored.get("claim") is not None and stored["claim"] != claim:
                 ledger.problems.append(f"{name} attempt {attempt}: round {round_index} offer "
                                        f"claims {stored['claim']} in the store, {claim} in "
                                        "the learner's record")
             matched.add((round_index, name))
-            ledger.add(name, fates.get((round_index, name), "undecided"), claim)
+            ledger.add(name, fates.get((round_index, name), "undecided"), claim - kept)
         ledger.add(name, "superseded_on_receipt", sum(book["superseded"]))
         status = record.get("status")
         lost = ("stopped_before_offer" if status in ("done", "superseded")

@@ -156,6 +156,8 @@ class Simulation:
         self.last_open_at = -math.inf
         self.merges = []
         self.merge_times: dict[int, float] = {}
+        # Round -> the learners whose offers its merge took (empty if it merged nothing).
+        self.merged_members: dict[int, frozenset[str]] = {}
         self.evals: list[dict] = []
         self.rejoins: list[Rejoin] = []
         self.events: list = []
@@ -373,9 +375,14 @@ class Simulation:
         for round_index, version, values in sorted(learner.inbox, key=lambda d: d[1]):
             if values is not None:
                 fragment = self.rounds[round_index].fragment
+                # The same rule as the real learner's: what each decided round's merge took.
+                offered = learner.sync.fragments[fragment].offered_round
+                took = {} if offered not in self.merged_members else {
+                    offered: learner.name in self.merged_members[offered]}
+                fate = learner.sync.offer_fate(fragment, round_index, took)
                 params, learner.sync = learner.sync.receive(
                     learner.train.params, fragment, values, version,
-                    self.sync_cfg.receive_rule, self.sync_cfg.blend_alpha)
+                    self.sync_cfg.receive_rule, self.sync_cfg.blend_alpha, offer=fate)
                 learner.train = learner.train.replace(params=params)
             learner.offered.pop(round_index, None)
         learner.inbox.clear()
@@ -421,7 +428,8 @@ class Simulation:
         learner.offered[rnd.index] = learner.stats.steps
         self.bytes_up += contribution.nbytes
         if self.sync_cfg.receive_rule == "rebase":
-            learner.sync = learner.sync.after_offer(learner.train.params, self.plan, rnd.fragment)
+            learner.sync = learner.sync.after_offer(learner.train.params, self.plan, rnd.fragment,
+                                                    rnd.index)
 
     def _offer_choice(self, learner: _Learner, rnd: _Round, final: bool) -> str:
         """The protocol's offer rule. Counters run from the last *receipt*, so while an offer of
@@ -483,6 +491,7 @@ class Simulation:
                                  strict=True)))
         self.merges.append(record)
         self.merge_times[rnd.index] = t
+        self.merged_members[rnd.index] = frozenset(record.members if record.merged else ())
         if record.merged:
             self.merged_tokens += sum(record.tokens)
             for learner in self.learners:

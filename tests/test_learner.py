@@ -86,3 +86,55 @@ def test_rebase_without_an_offer_keeps_everything_since_the_anchor():
     new, sync2 = sync.receive(now, 0, {"a": jnp.array([0.0, 0.0])}, version=1, rule="rebase")
     np.testing.assert_allclose(new["a"], [0.5, 0.5])     # merged + (now - anchor (1, 2))
     assert (sync2.fragments[0].steps, sync2.fragments[0].tokens) == (1, 100)
+
+
+def _offered_then_stepped():
+    """Anchor (1, 2); offered at (0.5, 1.5) after 200 tokens, then one more step of 50."""
+    params, plan, sync = _setup()
+    sync = sync.after_step(100).after_step(100)
+    sync = sync.after_offer({"a": jnp.array([0.5, 1.5]), "b": jnp.array([3.0])}, plan, 0,
+                            round_index=4)
+    sync = sync.after_step(50)
+    return plan, sync, {"a": jnp.array([0.25, 1.75]), "b": jnp.array([2.0])}
+
+
+def test_rebase_on_a_merge_without_the_offer_keeps_everything_since_the_anchor():
+    # A late or refused offer: the merge of its round does not hold its progress, so nothing
+    # of it may be dropped (it goes into the next offer, with its counters).
+    plan, sync, now = _offered_then_stepped()
+    fate = sync.offer_fate(0, merged_round=4, merged_with={4: False})
+    assert fate == "not_merged"
+    new, sync2 = sync.receive(now, 0, {"a": jnp.array([0.75, 1.25])}, version=1,
+                              rule="rebase", offer=fate)
+    np.testing.assert_allclose(new["a"], [0.0, 1.0])     # merged + (now - anchor (1, 2))
+    f = sync2.fragments[0]
+    assert (f.steps, f.tokens, f.offered_values, f.offered_round) == (3, 250, None, None)
+
+
+def test_rebase_on_an_earlier_rounds_merge_keeps_the_offer_pending_until_its_own():
+    plan, sync, now = _offered_then_stepped()
+    assert sync.offer_fate(0, merged_round=2, merged_with={2: False}) == "pending"
+    # Round 2's merge (without this learner) moves the fragment by (+0.5, +0.5).
+    mid, sync2 = sync.receive(now, 0, {"a": jnp.array([1.5, 2.5])}, version=1,
+                              rule="rebase", offer="pending")
+    np.testing.assert_allclose(mid["a"], [0.75, 2.25])   # everything kept
+    f = sync2.fragments[0]
+    assert (f.steps, f.tokens, f.offered_round) == (3, 250, 4)
+    np.testing.assert_allclose(f.offered_values["a"], [1.0, 2.0])   # moved by the same change
+    # Round 4's merge takes the offer: what it offered goes, the step after it stays.
+    assert sync2.offer_fate(0, merged_round=4, merged_with={4: True}) == "merged"
+    new, sync3 = sync2.receive(mid, 0, {"a": jnp.array([3.0, 3.0])}, version=2,
+                               rule="rebase", offer="merged")
+    np.testing.assert_allclose(new["a"], [2.75, 3.25])   # merged + (now - offered)
+    assert (sync3.fragments[0].steps, sync3.fragments[0].tokens) == (1, 50)
+
+
+def test_an_offer_fate_nobody_can_speak_for_is_taken_as_merged():
+    plan, sync, _ = _offered_then_stepped()
+    assert sync.offer_fate(0, merged_round=None, merged_with={}) == "merged"
+    assert sync.offer_fate(0, merged_round=6, merged_with={6: False}) == "merged"
+    # Every version since the one held is known, and none came from round 4: it merged nothing.
+    assert sync.offer_fate(0, merged_round=6, merged_with={6: False}, complete=True) == (
+        "not_merged")
+    assert sync.offer_fate(0, merged_round=6, merged_with={4: False, 6: False}) == "not_merged"
+    assert sync.offer_fate(1, merged_round=6, merged_with={}) == "merged"   # nothing offered

@@ -499,3 +499,57 @@ def _leave(h: Harness) -> None:
     row = ledger.summary()["by_learner"]["learner-0"]
     assert row["left_before_offer"] == 0 and row["died_before_offer"] == 0
     assert ledger.balanced
+
+
+@pytest.mark.parametrize("merged", [False, True], ids=["offer-not-merged", "offer-merged"])
+def test_under_rebase_a_merge_without_the_learners_offer_keeps_its_progress(tmp_path, merged):
+    """The learner offers fragment 0 to round 0; round 0's merge arrives without its offer (it
+    was late, or not admitted) or with it. Without it, nothing it offered may be dropped: its
+    parameters keep the offered progress on top of the merged values and its next offer
+    carries those steps again, and its token ledger returns the claim (exact and balanced)."""
+    from diloco_core.compression import decode
+    from pipelines.token_ledger import run_ledger
+
+    with dg.instance_for_test() as instance:
+        h = Harness(instance, str(tmp_path / "store"), [*FAST, "sync.receive_rule=rebase",
+                                                            "sync.encoding=fp32"])
+        h.start()
+        runtime, thread, result = _start(h, "learner-0", max_steps=8)
+        _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("step", 0) >= 8,
+              what="8 steps")
+        h.store.open_round(0, {"fragment": 0, "opened_at": time.time(), "final": False})
+        _wait(lambda: h.store.list_contributions(0) == ["learner-0"], what="an offer")
+        offer = h.store.load_contribution(0, "learner-0")
+        assert offer.steps == 8
+        # Round 0 is decided and merged: a change of its own, with or without the offer.
+        g = h.store.load_global(0)
+        values = {k: v + np.float32(0.01) for k, v in g.params.items()}
+        h.store.put_decision(0, {"round": 0, "fragment": 0,
+                                 "members": ["learner-0"] if merged else [],
+                                 "late": [] if merged else ["learner-0"], "reason": "test",
+                                 "decided_at": time.time()})
+        h.store.commit_global(0, 1, values, g.outer_state,
+                              {"round": 0, "members": ["learner-0"] if merged else []})
+        _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("versions") == [1, 0],
+              what="the merged fragment")
+        params = {k: np.asarray(runtime.train.params[k]) for k in values}
+        for k, v in values.items():
+            kept = v if merged else v - decode(offer.delta[k])   # theta = anchor - delta
+            np.testing.assert_allclose(params[k], kept, rtol=0, atol=1e-6)
+        # Two more steps, then round 2 (fragment 0): the offer carries 2 steps, or 10.
+        runtime.max_steps = 10
+        _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("step", 0) >= 10,
+              what="10 steps")
+        h.store.open_round(2, {"fragment": 0, "opened_at": time.time(), "final": False})
+        _wait(lambda: h.store.list_contributions(2) == ["learner-0"], what="the next offer")
+        again = h.store.load_contribution(2, "learner-0")
+        assert (again.steps, again.base_version) == ((2 if merged else 10), 1)
+        h.store.request_stop({"reason": "test"})
+        thread.join(30)
+        assert result["status"] == "done"
+        record = h.store.attempt_records("learner-0")[-1]
+        assert [tuple(c) for c in record["ledger"]["returned"]] == (
+            [] if merged else [(0, 0, offer.tokens)])
+        ledger, _ = run_ledger(h.store, h.cfg)
+        assert ledger.balanced, ledger.problems
+        assert not ledger.problems

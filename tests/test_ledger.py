@@ -15,7 +15,7 @@ P = 2
 
 
 def _identity_holds(book: AttemptLedger, num_fragments: int) -> bool:
-    claimed = sum(c[2] for c in book.claims)
+    claimed = sum(c[2] for c in book.claims) - sum(c[2] for c in book.returned)
     return (book.processed * num_fragments
             == claimed + sum(book.superseded) + sum(book.unclaimed))
 
@@ -122,7 +122,8 @@ def test_record_round_trips_through_json():
     # There is no from_record: the record's fields rebuild the same ledger.
     rebuilt = AttemptLedger(record["processed"], tuple(record["unclaimed"]),
                             tuple(record["superseded"]),
-                            tuple(tuple(c) for c in record["claims"]))
+                            tuple(tuple(c) for c in record["claims"]),
+                            tuple(tuple(c) for c in record["returned"]))
     assert rebuilt == book
 
 
@@ -450,3 +451,25 @@ def test_the_resilience_report_skips_malformed_fired_and_attempt_fields(tmp_path
                                    "step": 3, "time": 5.0}
     assert report["rejoins"][0]["relaunched_at"] is None
     json.dumps(report, allow_nan=False)     # the summary is strict JSON
+
+
+def test_a_returned_claim_is_counted_once_by_the_offer_that_carries_it_next():
+    # Under rebase, round 3's offer was late: the learner kept its progress and returned the
+    # claim; round 5's offer carries those tokens too and is merged. Nothing counts twice.
+    book = AttemptLedger.start(P).after_step(10)
+    book, first = book.offered(0, round_index=3)
+    book = book.after_step(4).returned_claim(0, 3)
+    assert first == 10 and book.unclaimed == (14, 14)
+    assert book.returned_claim(0, 3) == book          # once
+    assert _identity_holds(book, P)
+    book, second = book.offered(0, round_index=5)
+    assert second == first + 4
+    record = {"learner": "a", "attempt": 0, "status": "done", "final": True,
+              "ledger": json.loads(json.dumps(book.to_record()))}
+    offers = {(3, "a"): {"attempt": 0, "claim": first}, (5, "a"): {"attempt": 0, "claim": second}}
+    ledger = build_ledger(P, [record], offers, {(3, "a"): "late", (5, "a"): "merged"})
+    assert ledger.balanced and not ledger.problems
+    assert (ledger.fates["late"], ledger.fates["merged"]) == (0, second)
+    # A record that returns more than it claimed is named.
+    record["ledger"]["returned"] = [[3, 0, first + 1]]
+    assert build_ledger(P, [record], offers, {(3, "a"): "late", (5, "a"): "merged"}).problems

@@ -377,18 +377,26 @@ class LearnerRuntime:
 
     def _apply_merged(self) -> None:
         s = self.cfg.sync
-        for p, (version, values, merged_round) in sorted(self.link.take_merged().items()):
-            before = self.sync.fragments[p].version
-            params, self.sync = self.sync.receive(self.train.params, p, values, version,
-                                                  s.receive_rule, s.blend_alpha)
-            if self.sync.fragments[p].version == before:
+        for p, arrival in sorted(self.link.take_merged().items()):
+            before = self.sync.fragments[p]
+            # Under rebase, a merge that did not take this learner's pending offer (late, not
+            # admitted, refused) must not drop what it offered.
+            fate = self.sync.offer_fate(p, arrival.merged_round, arrival.merged_with,
+                                        arrival.complete)
+            params, self.sync = self.sync.receive(self.train.params, p, arrival.values,
+                                                  arrival.version, s.receive_rule,
+                                                  s.blend_alpha, offer=fate)
+            if self.sync.fragments[p].version == before.version:
                 continue  # not newer than what it holds
             self.train = self.train.replace(params=params)
             # The fragment's new params and anchor arrive on one device: put them on the mesh.
             self._place_state()
+            if fate == "not_merged" and before.offered_round is not None:
+                self.ledger = self.ledger.returned_claim(p, before.offered_round)
             self.ledger = self.ledger.received(p, keeps_local=s.receive_rule == "rebase")
-            if merged_round is not None:
-                self.received_round[p] = max(self.received_round.get(p, -1), merged_round)
+            if arrival.merged_round is not None:
+                self.received_round[p] = max(self.received_round.get(p, -1),
+                                             arrival.merged_round)
             self.received += 1
 
     def _maybe_offer(self) -> dict | None:
@@ -429,7 +437,7 @@ class LearnerRuntime:
                     params, self.plan, p, rnd["round"], int(self.train.step), self._clock(),
                     s.encoding, s.encoding_block_size)
         if s.receive_rule == "rebase":
-            self.sync = self.sync.after_offer(self.train.params, self.plan, p)
+            self.sync = self.sync.after_offer(self.train.params, self.plan, p, rnd["round"])
         self.ledger, claim = self.ledger.offered(p, rnd["round"])
         self.in_flight[p] = (rnd["round"], self.sync.fragments[p].version, self._now())
         self.awaiting[rnd["round"]] = (p, self.sync.fragments[p].version, int(self.train.step),

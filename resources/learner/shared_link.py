@@ -14,9 +14,13 @@ from typing import Any
 import numpy as np
 
 from resources.learner.lockstep import Lockstep
-from resources.learner.store_link import StoreLink
+from resources.learner.store_link import MERGES_LOOKED_BACK, Arrival, StoreLink
 
 NONE = -1
+# Per fragment: arrived, version, merged round, complete, then (round, took this learner's
+# offer) pairs of the merges seen on the way (`Arrival`), padded with NONE.
+PAIRS = MERGES_LOOKED_BACK + 1
+PER_FRAGMENT = 4 + 2 * PAIRS
 
 
 class SharedLink:
@@ -31,7 +35,7 @@ class SharedLink:
         self.stop: dict | None = None
         self.open_round: dict | None = None
         self.now = 0.0   # the leader's monotonic clock at the last sync (seconds)
-        self._merged: dict[int, tuple[int, dict, int | None]] = {}
+        self._merged: dict[int, Arrival] = {}
 
     @property
     def bytes_up(self) -> int:
@@ -44,7 +48,7 @@ class SharedLink:
     def sync(self) -> None:
         """Take the leader's view for this iteration (a collective: every process calls it)."""
         P = len(self._shapes)
-        words = [0] * (6 + 3 * P)
+        words = [0] * (6 + PER_FRAGMENT * P)
         merged: dict = {}
         if self._link is not None:
             link = self._link
@@ -57,9 +61,15 @@ class SharedLink:
                          0 if rnd is None else int(rnd["fragment"]),
                          int(bool(rnd and rnd.get("final"))),
                          int((time.monotonic() - self._origin) * 1e6)]
-            for p, (version, _, merged_round) in merged.items():
-                words[6 + 3 * p:9 + 3 * p] = [1, version,
-                                              NONE if merged_round is None else merged_round]
+            for p, arrival in merged.items():
+                kept = sorted(arrival.merged_with.items())[-PAIRS:]
+                pairs = [w for r, took in kept for w in (r, int(took))]
+                at = 6 + PER_FRAGMENT * p
+                words[at:at + PER_FRAGMENT] = [
+                    1, arrival.version,
+                    NONE if arrival.merged_round is None else arrival.merged_round,
+                    int(arrival.complete and len(kept) == len(arrival.merged_with)),
+                    *pairs, *[NONE] * (2 * PAIRS - len(pairs))]
             self._stop_record = stop
             self._round_record = rnd
         words = self._lockstep.ints(words)
@@ -76,19 +86,25 @@ class SharedLink:
                                {"round": round_index, "fragment": fragment,
                                 "final": bool(final)})
         for p in range(P):
-            arrived, version, merged_round = words[6 + 3 * p:9 + 3 * p]
+            at = 6 + PER_FRAGMENT * p
+            arrived, version, merged_round, complete = words[at:at + 4]
+            pairs = words[at + 4:at + PER_FRAGMENT]
+            merged_with = {pairs[i]: bool(pairs[i + 1]) for i in range(0, len(pairs), 2)
+                           if pairs[i] != NONE}
             if not arrived:
                 continue
             if self._link is not None:
                 values = {k: np.asarray(v, dtype=self._shapes[p][k][1])
-                          for k, v in merged[p][1].items()}
+                          for k, v in merged[p].values.items()}
             else:
                 values = {k: np.zeros(shape, dtype) for k, (shape, dtype)
                           in self._shapes[p].items()}
             values = self._lockstep.arrays(values)
-            self._merged[p] = (version, values, None if merged_round == NONE else merged_round)
+            self._merged[p] = Arrival(version, values,
+                                      None if merged_round == NONE else merged_round,
+                                      merged_with, bool(complete))
 
-    def take_merged(self) -> dict[int, tuple[int, dict, int | None]]:
+    def take_merged(self) -> dict[int, Arrival]:
         merged, self._merged = self._merged, {}
         return merged
 

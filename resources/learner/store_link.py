@@ -8,16 +8,34 @@ moved. The training loop takes what arrived between steps. Store errors are retr
 cycle; the thread never raises into the training loop, it reports through `log`.
 """
 
+import dataclasses
 import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from diloco_core.contribution import Contribution
 from resources.store.artifact_store import ArtifactStore, Conflict, RejectedArtifact
 
 Log = Callable[[str], None]
+# Versions skipped between two polls whose metadata is read to learn which merges took this
+# learner's offer; an offer further back than that is taken as merged (the rule before).
+MERGES_LOOKED_BACK = 16
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """A newer merged version of a fragment, as the learner takes it."""
+
+    version: int
+    values: dict
+    merged_round: int | None        # the round whose merge made it (None if unknown)
+    # For each round whose merge made a version since the one the learner last took: whether
+    # it took this learner's offer (`LearnerSync.offer_fate`); `complete` if that names all.
+    merged_with: dict[int, bool] = field(default_factory=dict)
+    complete: bool = False
 
 
 class StoreLink:
@@ -69,9 +87,8 @@ class StoreLink:
             if record is not None:
                 self._record = dict(record)
 
-    def take_merged(self) -> dict[int, tuple[int, dict, int | None]]:
-        """Newer merged fragments that arrived since the last call: fragment -> (version,
-        values, the round whose merge made that version, or None)."""
+    def take_merged(self) -> dict[int, "Arrival"]:
+        """Newer merged fragments that arrived since the last call (`Arrival`)."""
         with self._lock:
             merged, self._merged = self._merged, {}
         return merged
@@ -216,6 +233,21 @@ class StoreLink:
                                           if last is not None else "capacity reclaimed"),
                 "time": last.at if last is not None else None}
 
+    def _merged_with(self, fragment: int, version: int, meta: Mapping[str, Any]
+                     ) -> tuple[dict[int, bool], bool]:
+        """Round -> whether its merge took this learner's offer, for the versions since the
+        last one known (the skipped ones' metadata read too, at most MERGES_LOOKED_BACK), and
+        whether that covers every one of them."""
+        first = max(self._known[fragment] + 1, version - MERGES_LOOKED_BACK)
+        metas = [meta] + [self.store.version_meta(fragment, v) or {}
+                          for v in range(first, version)]
+        out = {}
+        for m in metas:
+            r, members = m.get("round"), m.get("members")
+            if isinstance(r, int) and not isinstance(r, bool) and isinstance(members, list):
+                out[r] = self.learner in members
+        return out, first == self._known[fragment] + 1 and len(out) == len(metas)
+
     def _poll(self) -> None:
         try:
             open_round = self.store.latest_open_round()
@@ -227,8 +259,10 @@ class StoreLink:
                 if version is not None and version > self._known[p]:
                     fragment = self.store.load_global(p, version)
                     merged_round = fragment.meta.get("round")
-                    arrived[p] = (version, fragment.params,
-                                  merged_round if isinstance(merged_round, int) else None)
+                    merged_with, complete = self._merged_with(p, version, fragment.meta)
+                    arrived[p] = Arrival(version, fragment.params,
+                                         merged_round if isinstance(merged_round, int) else None,
+                                         merged_with, complete)
                     self.bytes_down += sum(v.nbytes for v in fragment.params.values())
                     self._known[p] = version
         except Exception as err:  # noqa: BLE001 - a failed poll is retried next cycle
@@ -239,4 +273,10 @@ class StoreLink:
             # Once asked to leave, the learner leaves: a join that follows is for a new attempt
             # (the supervisor launches it once this one has exited).
             self._leave = self._leave or leave
-            self._merged.update(arrived)
+            for p, arrival in arrived.items():
+                earlier = self._merged.get(p)
+                if earlier is not None:   # not taken yet: the merges it saw still count
+                    arrival = dataclasses.replace(
+                        arrival, merged_with={**earlier.merged_with, **arrival.merged_with},
+                        complete=earlier.complete and arrival.complete)
+                self._merged[p] = arrival

@@ -903,6 +903,11 @@ def _check_attempt_record(key: str, r: Mapping[str, Any], learner: str) -> None:
     if not isinstance(claims, list) or not all(
             isinstance(c, list) and len(c) == 3 and all(count(v) for v in c) for c in claims):
         raise bad("ledger.claims must be a list of [round, fragment, tokens]")
+    returned = book.get("returned", [])
+    if not isinstance(returned, list) or len(returned) > len(claims) or not all(
+            isinstance(c, list) and len(c) == 3 and all(count(v) for v in c) for c in returned):
+        raise bad("ledger.returned must be a list of [round, fragment, tokens], one at most "
+                  "per claim")
 
 
 MAX_TENSORS = 100_000
