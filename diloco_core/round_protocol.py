@@ -15,7 +15,8 @@ The rules:
 2. A learner offers the open round the fragment's progress since it last *received* that
    fragment (`offer_choice`), unless an earlier offer of the fragment is still in flight (its
    tokens would count twice in the merge weights) or it has nothing new (then it waits for
-   its next step, or declines a final round, which it can never answer otherwise).
+   its next step, or declines when it can never answer otherwise: a final round, or any
+   round once it has stopped training, e.g. the round open at STOP).
 3. An open round is decided by the quorum + grace-window policy (`quorum.decide`). After STOP
    (the learners' tokens reached the budget) a round waits for every live learner instead,
    up to the round timeout, skipping learners that declined it (`decide_round`).
@@ -51,22 +52,23 @@ def ready_to_open(tokens_since_open: Mapping[str, int], needed: Mapping[str, int
 
 
 def offer_choice(round_index: int, final: bool, last_answered: int, steps_on_fragment: int,
-                 in_flight: bool) -> OfferChoice:
+                 in_flight: bool, stopped: bool = False) -> OfferChoice:
     """Rule 2, for one learner and the open round of one fragment.
 
     `last_answered`: the newest round this learner offered or declined (offers are write-once:
     a round is answered once). `steps_on_fragment`: its steps since it last received the
     fragment (the counters an offer carries). `in_flight`: an earlier offer of this fragment
-    awaits its merge."""
+    awaits its merge. `stopped`: the learner trains no more (STOP, or it is leaving)."""
     if round_index <= last_answered:
         return "answered"
     if in_flight:
         return "wait"
     if steps_on_fragment < 1:
-        # A final round is answered at once (the learner stopped: it never will have news);
-        # any other round is offered after the next step, or it could be left without offers
-        # when every learner received the fragment just as the round opened.
-        return "decline" if final else "wait"
+        # A learner that trains no more never will have news: it answers at once, so that the
+        # round (which after STOP waits for every live learner) does not wait out its timeout
+        # for it. A learner still training offers after its next step, or the round could be
+        # left without offers when every learner received the fragment as it opened.
+        return "decline" if final or stopped else "wait"
     return "offer"
 
 

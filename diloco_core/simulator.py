@@ -431,14 +431,15 @@ class Simulation:
             learner.sync = learner.sync.after_offer(learner.train.params, self.plan, rnd.fragment,
                                                     rnd.index)
 
-    def _offer_choice(self, learner: _Learner, rnd: _Round, final: bool) -> str:
+    def _offer_choice(self, learner: _Learner, rnd: _Round, final: bool,
+                      stopped: bool = False) -> str:
         """The protocol's offer rule. Counters run from the last *receipt*, so while an offer of
         this fragment is in flight (merged or not, not yet received) a second offer would count
         its steps twice."""
         in_flight = any(self.rounds[r].fragment == rnd.fragment for r in learner.offered)
         return offer_choice(rnd.index, final, -1 if learner.name not in rnd.arrivals
                             else rnd.index, learner.sync.fragments[rnd.fragment].steps,
-                            in_flight)
+                            in_flight, stopped)
 
     def _maybe_open_round(self, t: float) -> None:
         if not ready_to_open({lr.name: lr.tokens_since_open for lr in self.learners},
@@ -548,7 +549,7 @@ class Simulation:
         for learner in self.learners:
             if not learner.up:
                 continue
-            choice = self._offer_choice(learner, rnd, final=True)
+            choice = self._offer_choice(learner, rnd, final=final, stopped=True)
             if choice == "offer":
                 contribution = learner.sync.contribution(
                     learner.train.params, self.plan, rnd.fragment, rnd.index,

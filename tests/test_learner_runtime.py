@@ -138,6 +138,37 @@ def test_a_final_round_with_nothing_new_is_declined_in_the_heartbeat(harness):
     assert result["status"] == "done" and result["declined_rounds"] == [1]
 
 
+def test_the_round_open_at_stop_is_declined_when_there_is_nothing_new(harness):
+    # The round open when STOP comes was opened as an ordinary round. A learner that has
+    # nothing new on its fragment and trains no more must answer it (decline): after STOP the
+    # round waits for every live learner that did not decline, up to the round timeout.
+    import dataclasses as dc
+
+    from diloco_core.quorum import Estimates
+    from diloco_core.round_protocol import decide_round
+
+    h = harness
+    runtime, thread, result = _hold_at_8_steps_with_fragment_1_merged(h)
+    opened = time.time()
+    h.store.open_round(1, {"fragment": 1, "opened_at": opened, "final": False})
+    time.sleep(0.5)   # still training (held at max_steps): the round waits for its next step
+    assert not (h.store.get_heartbeat("learner-0") or {}).get("declined_rounds")
+    h.store.request_stop({"reason": "test"})
+    _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("declined_rounds") == [1],
+          what="the declined round open at STOP")
+    assert h.store.list_contributions(1) == []
+    # The syncer's rule then decides the round at once, not after the round timeout (300 s).
+    cfg = dc.replace(h.cfg, orchestration=dc.replace(h.cfg.orchestration,
+                                                     round_timeout_seconds=300.0))
+    declined = h.store.get_heartbeat("learner-0")["declined_rounds"]
+    decision = decide_round(opened + 1, {}, ["learner-0"], Estimates(1.0), cfg, stopping=True,
+                            opened_at=opened, declined=[n for n in ["learner-0"]
+                                                        if 1 in declined])
+    assert decision.merge and decision.members == () and "nothing new" in decision.reason
+    thread.join(30)
+    assert result["status"] == "done" and result["declined_rounds"] == [1]
+
+
 def test_a_stale_learner_rejoins_from_a_peers_adamw_state_and_the_global_params(harness):
     h = harness
     # One after the other (two Orbax managers saving the same step at the same moment in one

@@ -41,6 +41,9 @@ def load_config(overrides):
     ((5, True, 4, 3, True), "wait"),             # ... even in a final round: its merge comes
     ((5, False, 4, 0, False), "wait"),           # nothing new: offer after the next step
     ((5, True, 4, 0, False), "decline"),         # nothing new and never will be: decline
+    ((5, False, 4, 0, False, True), "decline"),  # ... the round open at STOP: trains no more
+    ((5, False, 4, 1, False, True), "offer"),    # ... unless it has news for it
+    ((5, False, 4, 0, True, True), "wait"),      # ... or an offer's merge is still to come
     ((5, False, 4, 1, False), "offer"),
 ])
 def test_offer_choice(args, expected):

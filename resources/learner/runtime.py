@@ -408,7 +408,8 @@ class LearnerRuntime:
         # while an offer of it awaits its merge a second offer would count its tokens twice.
         choice = offer_choice(rnd["round"], bool(rnd.get("final")), self.last_offered,
                               self.sync.fragments[p].steps,
-                              in_flight=self._offer_in_flight(p))
+                              in_flight=self._offer_in_flight(p),
+                              stopped=self.link.stop is not None)
         if choice in ("answered", "wait"):
             return None
         if choice == "decline":
