@@ -8,7 +8,7 @@ one after the other on this machine, same model, data, learners and token budget
                        no faults
   decoupled + tape     the same, under the fault tape
   synchronous          K=M, P=1, no overlap, no grace, every learner blocks at each sync
-                       until the merge arrives (orchestration.block_on_overlap); no faults
+                       until the merge arrives (sync.block_on_overlap); no faults
   synchronous + tape   the same, under the same tape
 
 and, for each `--extra-seeds` seed, both methods under that seed's tape ("<method>/tape-s<seed>"):
@@ -72,10 +72,7 @@ def configs(budget: int, overrides: list[str] = ()):
     from pipelines.cli import load_config
 
     decoupled = load_config(None, SOAK + [f"token_budget={budget}", *overrides])
-    sync = synchronous_config(decoupled)
-    sync = sync.replace(orchestration=dataclasses.replace(sync.orchestration,
-                                                          block_on_overlap=True))
-    return {"decoupled": decoupled, "synchronous": sync}
+    return {"decoupled": decoupled, "synchronous": synchronous_config(decoupled)}
 
 
 def make_tape(seed: int, budget: int, kills: int, restarts: list[tuple[str, float]],
@@ -302,8 +299,8 @@ def main() -> None:
         "machine": machine_info(),
         "command": "python benchmarks/chaos_soak.py " + " ".join(sys.argv[1:]),
         "config": {"overrides": SOAK + args.overrides, "token_budget": args.budget,
-                   "synchronous": "synchronous_config(decoupled) + "
-                                  "orchestration.block_on_overlap=true"},
+                   "synchronous": "synchronous_config(decoupled) (sync.block_on_overlap=true, "
+                                  "tau=0)"},
         "tape": tape,
         "extra_tapes": {label: t for label, t in tapes.items() if label != "tape"},
         "fragments": {method: cfg.sync.num_fragments for method, cfg in cfgs.items()},

@@ -19,7 +19,6 @@ Experiment 9's real-path counterpart is the chaos soak (`benchmarks/chaos_soak.p
 """
 
 import argparse
-import dataclasses
 import json
 import os
 import signal
@@ -59,8 +58,6 @@ def real_config(arm: Arm):
     cfg = arm_config(arm)
     if arm.method == SYNCHRONOUS:
         cfg = synchronous_config(cfg)
-        cfg = cfg.replace(orchestration=dataclasses.replace(cfg.orchestration,
-                                                            block_on_overlap=True))
     return cfg
 
 

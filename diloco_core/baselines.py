@@ -25,9 +25,11 @@ from diloco_core.simulator import Progress, heldout_data, learner_data, run_simu
 
 
 def synchronous_config(cfg: ExperimentConfig) -> ExperimentConfig:
-    """The synchronous-DiLoCo counterpart of a config (same H, learners, data and budget)."""
+    """The synchronous-DiLoCo counterpart of a config (same H, learners, data and budget): one
+    fragment, every learner in every round, and a barrier at every sync (pacing with tau = 0)."""
     sync = dataclasses.replace(
         cfg.sync, num_fragments=1, overlap_steps=0, min_quorum=cfg.learners.num_learners,
+        block_on_overlap=True,
         grace_gamma=0.0, grace_min_seconds=0.0, merge_rule="mean", weighting="uniform",
         receive_rule="overwrite")
     return cfg.replace(sync=sync)

@@ -237,6 +237,12 @@ class SyncConfig:
     num_fragments: int = 4         # P
     sync_period: int = 16          # H: inner steps between two syncs of one fragment
     overlap_steps: int = 1         # tau: steps a fragment may be in flight before it must land
+    # Pacing (`round_protocol.held_by_pacing`), the same rule in the simulator and on the real
+    # path: a learner waits (idle) while it is tau steps past an offer whose merged fragment
+    # has not arrived, or H/P + tau steps past the newest opened round. With tau = 0 it is
+    # synchronous DiLoCo's barrier at every sync. The default is chosen by measurement
+    # (benchmarks/pacing.py, docs/results.md).
+    block_on_overlap: bool = False
     min_quorum: int = 1            # K
     grace_gamma: float = 0.8       # gamma: share of the slack the grace window may use (0: none)
     grace_min_seconds: float = 0.0  # floor of the grace window after quorum
@@ -264,6 +270,8 @@ class SyncConfig:
     # or vs the version the learner started from ("base")
 
     def __post_init__(self):
+        _require(isinstance(self.block_on_overlap, bool), "block_on_overlap",
+                 f"must be true or false, got {self.block_on_overlap!r}")
         for name in ("num_fragments", "sync_period", "min_quorum", "encoding_block_size"):
             value = getattr(self, name)
             _require(isinstance(value, int) and value >= 1, name,
@@ -479,12 +487,6 @@ class OrchestrationConfig:
     # Emulated hardware: pad each inner step to at least step_seconds_floor / speed seconds
     # (0: steps take what the machine takes; slower learners sleep (1/speed - 1) x that).
     step_seconds_floor: float = 0.0
-    # The simulator's overlap bound on the real path: a learner waits (idle) while it is tau
-    # steps past an offer whose merged fragment has not arrived, or H/P + tau steps past the
-    # last opened round. Off for Decoupled DiLoCo on Dagster, whose merges take a run launch
-    # (seconds) and whose learners therefore never wait; on for the synchronous-DiLoCo
-    # baseline (tau = 0: a barrier at every sync).
-    block_on_overlap: bool = False
     # Who decides and merges rounds. "service": one long-lived syncer process per experiment
     # (dispatched and supervised by Dagster like a learner, fenced by a lease in the store)
     # polls the store every syncer_poll_seconds and merges within a second; the quorum sensor
@@ -532,8 +534,6 @@ class OrchestrationConfig:
     def __post_init__(self):
         _require(isinstance(self.chaos, bool), "chaos",
                  f"must be true or false, got {self.chaos!r}")
-        _require(isinstance(self.block_on_overlap, bool), "block_on_overlap",
-                 f"must be true or false, got {self.block_on_overlap!r}")
         _require(isinstance(self.async_checkpoints, bool), "async_checkpoints",
                  f"must be true or false, got {self.async_checkpoints!r}")
         _require(isinstance(self.tensorboard_dir, str) and len(self.tensorboard_dir) <= 1024,

@@ -92,6 +92,11 @@ def _coerce(value: Any, annotation: Any, path: str) -> Any:
     return value
 
 
+# Fields that moved, so that an old config gets the new name rather than a list of fields.
+MOVED = {"orchestration.block_on_overlap": "sync.block_on_overlap (the simulator's pacing "
+                                          "rule too)"}
+
+
 def build_dataclass(cls: type, mapping: Mapping[str, Any], path: str) -> Any:
     """A config dataclass from a plain mapping, strictly: unknown keys and wrong types raise
     `ConfigError` under `path` (also used for the deployment file, outside the core)."""
@@ -100,6 +105,9 @@ def build_dataclass(cls: type, mapping: Mapping[str, Any], path: str) -> Any:
     prefix = f"{path}." if path else ""
     unknown = sorted(set(mapping) - names)
     if unknown:
+        moved = MOVED.get(f"{prefix}{unknown[0]}")
+        if moved is not None:
+            raise ConfigError(f"{prefix}{unknown[0]}", f"moved: it is {moved} now")
         raise ConfigError(f"{prefix}{unknown[0]}",
                           f"unknown field; valid fields are {', '.join(sorted(names))}")
     kwargs = {name: _coerce(value, hints[name], f"{prefix}{name}")

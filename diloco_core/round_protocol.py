@@ -72,6 +72,20 @@ def offer_choice(round_index: int, final: bool, last_answered: int, steps_on_fra
     return "offer"
 
 
+def held_by_pacing(step: int, offered_at_steps: Collection[int], tokens_since_round_seen: int,
+                   step_tokens: int, cfg: ExperimentConfig) -> bool:
+    """Rule 1, the learner's side (`sync.block_on_overlap`): whether it waits before its next
+    step. It does while it is tau steps past an offer whose merged fragment has not come back
+    (`offered_at_steps`: its step counter at each such offer), or H/P + tau steps' worth of
+    its own tokens past the newest round it has seen open. The simulator and the learner
+    runtime both ask this."""
+    if not cfg.sync.block_on_overlap:
+        return False
+    if any(step >= at + cfg.sync.overlap_steps for at in offered_at_steps):
+        return True
+    return past_the_overlap_bound(tokens_since_round_seen, step_tokens, cfg)
+
+
 def past_the_overlap_bound(tokens_since_round_seen: int, step_tokens: int, cfg: ExperimentConfig
                            ) -> bool:
     """Rule 1, the learner's side, when it blocks on the overlap bound (synchronous DiLoCo):

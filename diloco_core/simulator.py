@@ -52,6 +52,7 @@ from diloco_core.quorum import Estimates
 from diloco_core.round_protocol import (
     decide_round,
     final_rounds,
+    held_by_pacing,
     offer_choice,
     ready_to_open,
     tokens_needed,
@@ -172,6 +173,8 @@ class Simulation:
         self.eval_interval_tokens = cfg.token_budget // cfg.simulation.eval_points
         self.next_eval_tokens = self.eval_interval_tokens
         self.tokens_needed = tokens_needed(cfg)
+        self.step_tokens = dict(zip(cfg.learners.learner_names, cfg.learner_step_tokens,
+                                    strict=True))
         self.finished = False
 
     # ---- event plumbing -------------------------------------------------------------------
@@ -388,11 +391,9 @@ class Simulation:
         learner.inbox.clear()
 
     def _may_proceed(self, learner: _Learner) -> bool:
-        tau = self.sync_cfg.overlap_steps
-        if learner.steps_since_open >= self.sync_cfg.round_interval_steps + tau:
-            return False
-        steps = learner.stats.steps
-        return all(steps < offered_at + tau for offered_at in learner.offered.values())
+        return not held_by_pacing(learner.stats.steps, list(learner.offered.values()),
+                                  learner.tokens_since_open, self.step_tokens[learner.name],
+                                  self.cfg)
 
     def _unblock(self, learner: _Learner, t: float) -> None:
         if learner.blocked_since is not None:

@@ -215,7 +215,7 @@ def test_block_on_overlap_makes_a_barrier_at_every_sync(tmp_path):
     # merged fragment comes back, and stops at H/P steps when no round opens.
     with dg.instance_for_test() as instance:
         h = Harness(instance, str(tmp_path / "store"), FAST + [
-            "orchestration.block_on_overlap=true", "sync.overlap_steps=0",
+            "sync.block_on_overlap=true", "sync.overlap_steps=0",
             "orchestration.round_timeout_seconds=5"])
         h.start()
         interval = h.cfg.sync.round_interval_steps
@@ -246,7 +246,7 @@ def test_a_learner_started_from_a_peers_state_waits_on_its_own_tokens(tmp_path):
     # ever opened (a deadlock seen in the chaos soak's synchronous run).
     with dg.instance_for_test() as instance:
         h = Harness(instance, str(tmp_path / "store"), FAST + [
-            "orchestration.block_on_overlap=true", "sync.overlap_steps=0",
+            "sync.block_on_overlap=true", "sync.overlap_steps=0",
             "orchestration.round_timeout_seconds=5", "orchestration.checkpoint_every_steps=1"])
         h.start()
         interval = h.cfg.sync.round_interval_steps

@@ -13,11 +13,13 @@ import dagster as dg
 import pytest
 from orchestration_harness import Harness
 
+from diloco_core.config import ConfigError
 from diloco_core.config_loading import config_from_mapping, overrides_to_mapping
 from diloco_core.quorum import Estimates
 from diloco_core.round_protocol import (
     budget_reached,
     decide_round,
+    held_by_pacing,
     offer_choice,
     ready_to_open,
     tokens_needed,
@@ -246,3 +248,24 @@ def test_the_syncer_service_and_the_sensor_fallback_decide_the_same_rounds(tmp_p
     assert decided == EXPECTED
     assert merged == {0: [0, 2], 1: [1, 3]}          # every decided round merged exactly once
     assert offered_to_0 == NAMES                      # the late offer is kept, never merged
+
+
+def test_pacing_holds_a_learner_tau_steps_past_an_offer_or_h_over_p_plus_tau_past_the_round():
+    cfg = load_config(["sync.block_on_overlap=true", "sync.sync_period=16",
+                       "sync.num_fragments=4", "sync.overlap_steps=2"])
+    step_tokens = cfg.learner_step_tokens[0]
+    # H/P + tau = 6 steps' worth of its own tokens past the newest round it saw open.
+    assert not held_by_pacing(10, [], 5 * step_tokens, step_tokens, cfg)
+    assert held_by_pacing(10, [], 6 * step_tokens, step_tokens, cfg)
+    # tau = 2 steps past an offer whose merge has not come back.
+    assert not held_by_pacing(10, [9], 0, step_tokens, cfg)
+    assert held_by_pacing(11, [9], 0, step_tokens, cfg)
+    # Off (the default, for the simulator and the real path alike): never held.
+    off = load_config(["sync.sync_period=16", "sync.num_fragments=4", "sync.overlap_steps=2"])
+    assert not off.sync.block_on_overlap
+    assert not held_by_pacing(11, [9], 60 * step_tokens, step_tokens, off)
+
+
+def test_the_old_pacing_key_names_where_it_moved():
+    with pytest.raises(ConfigError, match="moved: it is sync.block_on_overlap"):
+        load_config(["orchestration.block_on_overlap=true"])

@@ -91,20 +91,23 @@ def test_synchronous_diloco_stalls_during_the_same_outage(corpus):
 
 
 def test_slow_learners_cost_goodput_only_when_the_quorum_waits_for_them(corpus):
-    # Slow learner: 2 steps per round take 5 s; fast ones run tau=1 step ahead (3 s), then wait.
+    # Slow learner: 2 steps per round take 5 s; fast ones run tau=1 step ahead (3 s), then
+    # wait (pacing); with K=1 the rounds go at the fast learners' pace and nobody waits.
     speeds = "learners.speeds=[1.0, 1.0, 0.4]"
-    wait_all = run_simulation(tiny_cfg(speeds, "sync.min_quorum=3", "sync.grace_gamma=0"),
+    wait_all = run_simulation(tiny_cfg(speeds, "sync.min_quorum=3", "sync.grace_gamma=0",
+                                       "sync.block_on_overlap=true"),
                               corpus.learner_streams, corpus.heldout_stream)
-    k1 = run_simulation(tiny_cfg(speeds, "sync.min_quorum=1"), corpus.learner_streams,
-                        corpus.heldout_stream)
+    k1 = run_simulation(tiny_cfg(speeds, "sync.min_quorum=1", "sync.block_on_overlap=true"),
+                        corpus.learner_streams, corpus.heldout_stream)
     assert wait_all.goodput < 0.85
     assert k1.goodput > 0.97
 
 
 def test_one_learner_with_outer_lr_1_and_no_momentum_is_plain_training(corpus):
+    # Pacing with tau = 0: the learner waits for each merge (a barrier), as plain training.
     cfg = tiny_cfg("learners.num_learners=1", "sync.num_fragments=1", "sync.overlap_steps=0",
-                   "outer.lr=1.0", "outer.momentum=0.0", "sync.encoding=fp32",
-                   "token_budget=3072")  # 24 steps of 128 tokens
+                   "sync.block_on_overlap=true", "outer.lr=1.0", "outer.momentum=0.0",
+                   "sync.encoding=fp32", "token_budget=3072")  # 24 steps of 128 tokens
     result = run_simulation(cfg, corpus.learner_streams[:1], corpus.heldout_stream)
     model_def, params = init_model(cfg.model, cfg.seed)
     inner = InnerStep(model_def, cfg.inner, cfg.total_learner_steps)
@@ -120,6 +123,7 @@ def test_full_quorum_single_fragment_no_overlap_is_synchronous_diloco(corpus):
     # The last sync falls on the budget, so it is a final round: an outer step here, as in
     # the plain loop below (the "average" final rounds are tested on their own).
     cfg = tiny_cfg("sync.min_quorum=3", "sync.num_fragments=1", "sync.overlap_steps=0",
+                   "sync.block_on_overlap=true",
                    "sync.grace_gamma=0", "sync.encoding=fp32", "sync.merge_rule=mean",
                    "outer.final_rounds=outer_step")
     result = run_simulation(cfg, corpus.learner_streams, corpus.heldout_stream)
@@ -148,7 +152,7 @@ def test_full_quorum_single_fragment_no_overlap_is_synchronous_diloco(corpus):
     # which equal token weights here because every learner processes the same tokens).
     sync_cfg = synchronous_config(tiny_cfg("sync.encoding=fp32"))
     assert (sync_cfg.sync.min_quorum, sync_cfg.sync.num_fragments,
-            sync_cfg.sync.overlap_steps) == (3, 1, 0)
+            sync_cfg.sync.overlap_steps, sync_cfg.sync.block_on_overlap) == (3, 1, 0, True)
 
 
 def test_data_parallel_baseline_uses_the_same_budget(corpus):
@@ -413,3 +417,16 @@ def test_a_capacity_schedule_that_cannot_run_is_refused_by_field(overrides, fiel
 
     with pytest.raises(ConfigError, match=field.replace("[", r"\[").replace("]", r"\]")):
         tiny_cfg(*overrides)
+
+
+def test_by_default_no_learner_waits_for_a_round_in_the_simulator_either(corpus):
+    # The simulator paces learners by the real path's rule and default (off): a fast learner
+    # runs on while the quorum waits for a slow one; on, it idles at H/P + tau steps.
+    speeds = "learners.speeds=[1.0, 1.0, 0.4]"
+    free = run_simulation(tiny_cfg(speeds, "sync.min_quorum=3", "sync.grace_gamma=0"),
+                          corpus.learner_streams, corpus.heldout_stream)
+    paced = run_simulation(tiny_cfg(speeds, "sync.min_quorum=3", "sync.grace_gamma=0",
+                                    "sync.block_on_overlap=true"),
+                           corpus.learner_streams, corpus.heldout_stream)
+    assert all(s.idle_seconds == 0 for s in free.learners)
+    assert paced.learners[0].idle_seconds > 0

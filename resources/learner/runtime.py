@@ -44,7 +44,7 @@ from diloco_core.inner_step import InnerStep
 from diloco_core.learner import FragmentSync, LearnerSync
 from diloco_core.ledger import AttemptLedger
 from diloco_core.model import init_model
-from diloco_core.round_protocol import offer_choice, past_the_overlap_bound
+from diloco_core.round_protocol import held_by_pacing, offer_choice
 from diloco_core.simulator import learner_data
 from diloco_core.spmd import host_value, learner_mesh, place_state, shard_batch, state_shardings
 from resources.compile_cache import enable_compilation_cache
@@ -483,10 +483,10 @@ class LearnerRuntime:
         return True
 
     def _must_wait(self) -> bool:
-        """The overlap bound (`orchestration.block_on_overlap`), as in the simulator."""
-        if not self.cfg.orchestration.block_on_overlap:
+        """Pacing (`sync.block_on_overlap`): the protocol's rule, as in the simulator."""
+        if not self.cfg.sync.block_on_overlap:
             return False
-        s, step = self.cfg.sync, int(self.train.step)
+        step = int(self.train.step)
         rnd = self.link.open_round
         newest = -1 if rnd is None else rnd["round"]
         if self.round_seen is None or newest > self.round_seen[0]:
@@ -497,10 +497,9 @@ class LearnerRuntime:
             # timeout (e.g. a round whose merge committed nothing).
             if self.sync.fragments[p].version > version or self._now() - since > patience:
                 del self.awaiting[r]
-        if any(step >= at + s.overlap_steps for _, _, at, _ in self.awaiting.values()):
-            return True
-        return past_the_overlap_bound(self.tokens_total - self.round_seen[1],
-                                      self.cfg.learner_step_tokens[self.index], self.cfg)
+        return held_by_pacing(step, [at for _, _, at, _ in self.awaiting.values()],
+                              self.tokens_total - self.round_seen[1],
+                              self.cfg.learner_step_tokens[self.index], self.cfg)
 
     def _checkpoint(self) -> None:
         if self.link.fenced():
