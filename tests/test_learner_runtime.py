@@ -398,6 +398,34 @@ def test_a_replaced_attempt_writes_no_offer(harness):
     assert h.store.contribution_manifest(0, "learner-0")["extra"]["attempt"] == 1
 
 
+def test_a_failed_poll_skips_no_merged_fragment(harness, monkeypatch):
+    """A poll that fails after reading one fragment's new version (here: the next fragment's
+    read raises) must deliver that version on a later poll, not take it as known."""
+    from resources.learner.store_link import StoreLink
+
+    h = harness
+    P = h.cfg.sync.num_fragments
+    _bump(h, 0, 1, round_index=0)
+    _bump(h, 1, 1, round_index=1)
+    link = StoreLink(h.store, "learner-0", P, [0] * P, 3600.0, lambda _: None)
+    link.close()                      # the thread polled once, before the failure was set
+    link.take_merged()
+    link._known = [0] * P
+    real_load = h.store.load_global
+
+    def flaky(fragment, *args, **kwargs):
+        if fragment == 1:
+            raise OSError("transient")
+        return real_load(fragment, *args, **kwargs)
+
+    monkeypatch.setattr(h.store, "load_global", flaky)
+    link._poll()                      # fragment 0 read, fragment 1 failed: nothing taken
+    assert link.take_merged() == {}
+    monkeypatch.setattr(h.store, "load_global", real_load)
+    link._poll()
+    assert {p: a.version for p, a in link.take_merged().items()} == {0: 1, 1: 1}
+
+
 def test_a_checkpoint_slower_than_the_learner_timeout_keeps_the_heartbeat_alive(tmp_path):
     # learner_timeout 1 s, a save that takes 2.5 s: without heartbeats during the save the
     # supervisor would take the learner for hung and end it in the middle of its checkpoint.

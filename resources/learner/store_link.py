@@ -264,10 +264,13 @@ class StoreLink:
                                          merged_round if isinstance(merged_round, int) else None,
                                          merged_with, complete)
                     self.bytes_down += sum(v.nbytes for v in fragment.params.values())
-                    self._known[p] = version
         except Exception as err:  # noqa: BLE001 - a failed poll is retried next cycle
+            # Nothing of it is taken as known: a fragment read before the failure is read
+            # again next cycle, never skipped.
             self.log(f"store poll failed, will retry: {err!r}")
             return
+        for p, arrival in arrived.items():
+            self._known[p] = arrival.version
         with self._lock:
             self._open_round, self._stop = open_round, stop
             # Once asked to leave, the learner leaves: a join that follows is for a new attempt
