@@ -322,6 +322,35 @@ def test_a_copy_first_seen_in_the_same_poll_as_its_original_is_refused(tmp_path,
         assert copier in h.store.version_meta(0)["rejected"]
 
 
+def test_a_file_made_early_cannot_pass_for_the_original_of_a_same_poll_copy(tmp_path):
+    """The copier makes a junk file before the honest offer exists, then names it in a
+    manifest that claims the honest payload's digest: the store's creation time counts only
+    for bytes that hash to that digest, so the honest learner is never refused as the copy
+    (the copier's offer fails the merge's own digest check)."""
+    import json
+    import time
+
+    from resources.store import layout
+
+    with dg.instance_for_test() as instance:
+        h, service = _started(instance, tmp_path)
+        _open(h, service, 0)
+        mine = layout.contribution_dir(h.store.experiment, 0, "learner-0")
+        h.store.blobs.write(f"{mine}/early.npz", b"junk made before the original")
+        time.sleep(0.05)
+        h.offer(HOSTILE, 0)
+        src = layout.contribution_dir(h.store.experiment, 0, HOSTILE)
+        manifest = json.loads(h.store.blobs.read(f"{src}/{layout.MANIFEST}"))
+        manifest["objects"]["delta"] = {**manifest["objects"]["delta"], "name": "early.npz"}
+        manifest.update({"learner": "learner-0"})
+        h.store.blobs.write(f"{mine}/{layout.MANIFEST}", json.dumps(manifest).encode())
+        h.offer("learner-1", 0)
+        _decide(h, service)
+        decision = h.store.get_decision(0)
+        assert HOSTILE in decision["members"] and HOSTILE not in decision["refused"], decision
+        assert "learner-0" not in h.store.version_meta(0)["members"]
+
+
 def test_an_offer_changed_after_the_decision_is_refused(tmp_path, monkeypatch):
     """The decision commits to each member's manifest digest; a learner that swaps its offer
     between the decision and the merge is refused,

@@ -393,6 +393,11 @@ class LearnerRuntime:
             self._place_state()
             if fate == "not_merged" and before.offered_round is not None:
                 self.ledger = self.ledger.returned_claim(p, before.offered_round)
+            if fate == "pending" and p in self.in_flight:
+                # An earlier round's merge does not answer the offer: it stays in flight (a
+                # second offer now would carry its progress, and its tokens, twice).
+                offered_round, _, since = self.in_flight[p]
+                self.in_flight[p] = (offered_round, self.sync.fragments[p].version, since)
             self.ledger = self.ledger.received(p, keeps_local=s.receive_rule == "rebase")
             if arrival.merged_round is not None:
                 self.received_round[p] = max(self.received_round.get(p, -1),

@@ -419,12 +419,22 @@ class ArtifactStore:
         never the learner's), or None if unknown. Of two byte-identical payloads the copy was
         created after the original, since a copier must read the original first."""
         manifest = self.contribution_manifest(round_index, learner)
-        entry = (manifest or {}).get("objects", {}).get("delta", {})
+        objects = (manifest or {}).get("objects")
+        entry = objects.get("delta") if isinstance(objects, Mapping) else None
         name = entry.get("name") if isinstance(entry, Mapping) else None
         if not isinstance(name, str) or "/" in name:
             return None
-        directory = layout.contribution_dir(self.experiment, round_index, learner)
-        info = self.blobs.info(f"{directory}/{name}")
+        key = f"{layout.contribution_dir(self.experiment, round_index, learner)}/{name}"
+        # The bytes first, then the time: a file made early and filled with the original's
+        # bytes later must not pass for the original. Only the bytes the manifest claims
+        # count, and an overwrite after they were read has a later creation time.
+        try:
+            data = self.blobs.read(key)
+        except BlobNotFound:
+            return None
+        if sha256(data) != entry.get("sha256"):
+            return None
+        info = self.blobs.info(key)
         return None if info is None else info.created
 
     def load_contribution(self, round_index: int, learner: str,
