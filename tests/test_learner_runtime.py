@@ -48,6 +48,17 @@ def _start(h: Harness, learner: str, attempt: int = 0, max_steps: int = 8):
     return runtime, thread, result
 
 
+def _offered_round_0(h: Harness):
+    """learner-0 trains 8 steps and holds there (max_steps); round 0 (fragment 0) opens and
+    it offers."""
+    started = _start(h, "learner-0", max_steps=8)
+    _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("step", 0) >= 8,
+          what="8 steps")
+    h.store.open_round(0, {"fragment": 0, "opened_at": time.time(), "final": False})
+    _wait(lambda: h.store.list_contributions(0) == ["learner-0"], what="the first offer")
+    return started
+
+
 def _bump(h: Harness, fragment: int, times: int, round_index: int = -1) -> None:
     """Commit `times` new versions of a fragment (as merges of `round_index` would)."""
     for _ in range(times):
@@ -275,11 +286,7 @@ def test_a_fragment_in_flight_is_not_offered_again_until_its_merge_arrives(tmp_p
         h = Harness(instance, str(tmp_path / "store"),
                     FAST + ["orchestration.round_timeout_seconds=20"])
         h.start()
-        runtime, thread, result = _start(h, "learner-0", max_steps=8)
-        _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("step", 0) >= 8,
-              what="8 steps")
-        h.store.open_round(0, {"fragment": 0, "opened_at": time.time(), "final": False})
-        _wait(lambda: h.store.list_contributions(0) == ["learner-0"], what="the first offer")
+        runtime, thread, result = _offered_round_0(h)
         runtime.max_steps = 12
         h.store.open_round(1, {"fragment": 1, "opened_at": time.time(), "final": False})
         _wait(lambda: h.store.list_contributions(1) == ["learner-0"], what="fragment 1's offer")
@@ -573,11 +580,7 @@ def test_under_rebase_a_merge_without_the_learners_offer_keeps_its_progress(tmp_
         h = Harness(instance, str(tmp_path / "store"), [*FAST, "sync.receive_rule=rebase",
                                                             "sync.encoding=fp32"])
         h.start()
-        runtime, thread, result = _start(h, "learner-0", max_steps=8)
-        _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("step", 0) >= 8,
-              what="8 steps")
-        h.store.open_round(0, {"fragment": 0, "opened_at": time.time(), "final": False})
-        _wait(lambda: h.store.list_contributions(0) == ["learner-0"], what="an offer")
+        runtime, thread, result = _offered_round_0(h)
         offer = h.store.load_contribution(0, "learner-0")
         assert offer.steps == 8
         # Round 0 is decided and merged: a change of its own, with or without the offer.
