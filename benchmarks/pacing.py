@@ -29,22 +29,9 @@ sys.path.insert(0, str(REPO))
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "pacing.json"
 
 
-def spread_batches(stream, batch_size: int, seq_len: int, num_batches: int):
-    """`num_batches` windows of batch_size x seq_len tokens at evenly spaced offsets over the
-    whole stream: a held-out set that samples all of it, int32 [N, B, L]."""
-    import numpy as np
-
-    span = batch_size * seq_len
-    last = len(stream) - span
-    if last < 0:
-        raise ValueError(f"held-out stream of {len(stream)} tokens is shorter than one batch")
-    offsets = np.linspace(0, last, num_batches).astype(np.int64)
-    return np.stack([np.asarray(stream[o:o + span]).reshape(batch_size, seq_len)
-                     for o in offsets]).astype(np.int32)
-
-
 def run_one(args: tuple[bool, int, int, int]) -> dict:
     pacing, seed, budget, eval_batches = args
+    from diloco_core.eval_slices import spread_batches
     from diloco_core.evaluation import evaluate
     from diloco_core.model import make_model_def
     from diloco_core.simulator import run_simulation

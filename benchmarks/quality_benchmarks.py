@@ -5,6 +5,12 @@
     python benchmarks/quality_benchmarks.py 1 --workers 2   # arms in 2 processes at once
     python benchmarks/quality_benchmarks.py --report   # tables, plots and docs/results.md
                                                        # from the stored results
+    python benchmarks/quality_benchmarks.py 1 --seeds confirmation --tokens 1000000 \
+        --labels data-parallel "Decoupled DiLoCo"     # those arms on seeds 3-5 instead
+
+Every run is scored on a validation and a test slice of the held-out stream (100 batches each
+unless --validation-batches / --test-batches say otherwise; `diloco_core/eval_slices.py`).
+Seeds 0-2 are for selection, 3-5 for confirmation (`benchmarks/quality/selection.py`).
 
 Each arm's figures are stored in `benchmarks/results/quality/runs/` as soon as it finishes (an
 interrupted sweep resumes); each experiment's table, verdict and plot go to
@@ -20,6 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.quality.experiments import EXPERIMENTS, RUN_ORDER  # noqa: E402
+from benchmarks.quality.scoring import TEST_BATCHES, VALIDATION_BATCHES  # noqa: E402
 
 
 def _selected(names: list[str]) -> list[int]:
@@ -33,18 +40,40 @@ def _selected(names: list[str]) -> list[int]:
     return chosen
 
 
-def run(numbers: list[int], max_tokens: int | None = None) -> None:
+def _arms(exp, args) -> list:
+    """The experiment's arms that this command runs: its own, or (--seeds) each configuration
+    at the seeds asked for; --labels and --tokens narrow them, --max-tokens caps the budget."""
+    from benchmarks.quality.selection import parse_seeds, reseed
+
+    arms = list(exp.arms)
+    if args.seeds or args.labels or args.tokens is not None:
+        seeds = parse_seeds(args.seeds) if args.seeds else None
+        arms = [a for a in arms if (not args.labels or a.label in args.labels)
+                and (args.tokens is None or a.tokens == args.tokens)]
+        if seeds is not None:
+            arms = reseed(arms, seeds)
+    return [a for a in arms if args.max_tokens is None or a.tokens <= args.max_tokens]
+
+
+def _sizes(args):
+    from benchmarks.quality.scoring import SliceSizes
+
+    return SliceSizes(args.validation_batches, args.test_batches)
+
+
+def run(numbers: list[int], args) -> None:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from benchmarks.quality.report import write_experiment
-    from benchmarks.quality.runner import arm_key, load_arm, run_arm
+    from benchmarks.quality.runner import arm_key, is_usable, load_arm, run_arm
 
     console = Console(stderr=True)
+    sizes = _sizes(args)
     for number in numbers:
         exp = EXPERIMENTS[number]
-        arms = [a for a in exp.arms if max_tokens is None or a.tokens <= max_tokens]
-        todo = [a for a in arms if load_arm(a) is None]
+        arms = _arms(exp, args)
+        todo = [a for a in arms if not is_usable(load_arm(a), sizes)]
         console.print(f"experiment {number} ({exp.slug}): {len(exp.arms)} arms, "
                       f"{len(todo)} to run now")
         for arm in arms:
@@ -60,9 +89,9 @@ def run(numbers: list[int], max_tokens: int | None = None) -> None:
                         last[0] = 10 * done // total  # logs: one line every 10%
                         console.print(f"  {label}: {min(done, total):,}/{total:,} tokens")
 
-                record = run_arm(arm, progress=progress)
-            console.print(f"  {label}: held-out loss {record['summary']['final_heldout_loss']:.4f}"
-                          f" ({record['compute_seconds']} s, run {arm_key(arm)})")
+                record = run_arm(arm, progress=progress, sizes=sizes)
+            console.print(f"  {label}: {_figures(record)} ({record['compute_seconds']} s, "
+                          f"run {arm_key(arm)})")
         try:  # a report bug must not cost the runs: `--report` rebuilds it from stored results
             paths = write_experiment(exp)
             console.print(f"  wrote {', '.join(str(p.relative_to(REPO)) for p in paths)}")
@@ -70,37 +99,43 @@ def run(numbers: list[int], max_tokens: int | None = None) -> None:
             console.print(f"  [red]report of experiment {number} failed: {err!r}[/red]")
 
 
-def run_parallel(numbers: list[int], max_tokens: int | None, workers: int) -> None:
+def _figures(record: dict) -> str:
+    slices = record.get("heldout_slices")
+    first = f"first 8 KB {record['summary']['final_heldout_loss']:.4f}"
+    if not slices:
+        return f"held-out loss ({first})"
+    return (f"validation {slices['validation']['loss']:.4f}, test {slices['test']['loss']:.4f}"
+            f" ± {slices['test']['standard_error']:.4f} ({first})")
+
+
+def run_parallel(numbers: list[int], args) -> None:
     """Run the selected experiments' arms in `workers` fresh processes (spawned: JAX does not
     survive a fork), each arm once however many experiments share it, in the order given.
     On 2 cores, 2 workers finish a sweep about 1.6 times sooner than one."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    from benchmarks.quality.code_identity import is_current
     from benchmarks.quality.report import write_experiment
-    from benchmarks.quality.runner import arm_key, load_arm, run_arm
+    from benchmarks.quality.runner import arm_key, is_usable, load_arm, run_arm
 
+    sizes = _sizes(args)
     todo: dict[str, object] = {}
     for number in numbers:
-        for arm in EXPERIMENTS[number].arms:
-            stored = load_arm(arm)
-            if (max_tokens is None or arm.tokens <= max_tokens) and not (
-                    stored is not None and is_current(stored)):
+        for arm in _arms(EXPERIMENTS[number], args):
+            if not is_usable(load_arm(arm), sizes):
                 todo.setdefault(arm_key(arm), arm)
     # Longest first (tokens x learners ~ compute), so the sweep does not end on one long arm
     # running alone while the other processes sit idle.
     ordered = sorted(todo.values(), key=lambda a: -a.tokens)
-    print(f"{len(ordered)} arms to run in {workers} processes", flush=True)
+    print(f"{len(ordered)} arms to run in {args.workers} processes", flush=True)
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=context) as pool:
-        futures = {pool.submit(run_arm, arm): arm for arm in ordered}
+    with ProcessPoolExecutor(args.workers, mp_context=context) as pool:
+        futures = {pool.submit(run_arm, arm, sizes=sizes): arm for arm in ordered}
         for future in as_completed(futures):
             arm = futures[future]
             record = future.result()
-            print(f"  {arm.label} (seed {arm.seed}, {arm.tokens:,} tokens): held-out loss "
-                  f"{record['summary']['final_heldout_loss']:.4f} ({record['compute_seconds']} s,"
-                  f" run {arm_key(arm)})", flush=True)
+            print(f"  {arm.label} (seed {arm.seed}, {arm.tokens:,} tokens): {_figures(record)}"
+                  f" ({record['compute_seconds']} s, run {arm_key(arm)})", flush=True)
     for number in numbers:
         try:
             write_experiment(EXPERIMENTS[number])
@@ -117,14 +152,25 @@ def main() -> None:
                         help="run only the arms with at most this budget (the rest later)")
     parser.add_argument("--workers", type=int, default=1,
                         help="run arms in this many processes at once (default 1)")
+    parser.add_argument("--seeds", nargs="+", default=None,
+                        help="run each configuration at these seeds instead: 'selection' "
+                             "(0-2), 'confirmation' (3-5) or numbers")
+    parser.add_argument("--labels", nargs="+", default=None,
+                        help="run only the arms with these labels")
+    parser.add_argument("--tokens", type=int, default=None,
+                        help="run only the arms at this token budget")
+    parser.add_argument("--validation-batches", type=int, default=VALIDATION_BATCHES,
+                        help=f"validation slice size in batches (default {VALIDATION_BATCHES})")
+    parser.add_argument("--test-batches", type=int, default=TEST_BATCHES,
+                        help=f"test slice size in batches (default {TEST_BATCHES})")
     args = parser.parse_args()
     numbers = _selected(args.experiments)
     if args.workers < 1:
         parser.error(f"--workers must be >= 1, got {args.workers}")
     if not args.report and args.workers > 1:
-        run_parallel(numbers, args.max_tokens, args.workers)
+        run_parallel(numbers, args)
     elif not args.report:
-        run(numbers, args.max_tokens)
+        run(numbers, args)
     from benchmarks.quality.report import Missing, write_experiment, write_results_page
 
     for number in numbers:

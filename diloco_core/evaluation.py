@@ -12,12 +12,19 @@ from diloco_core.model import FlatParams, ModelDef, apply_model
 from diloco_core.objectives import classification_metrics, next_token_loss
 
 
+def _losses(model_def: ModelDef, params: FlatParams, batches: jax.Array) -> jax.Array:
+    # lax.map: one dispatch for all N batches, memory of one batch at a time.
+    return jax.lax.map(lambda b: next_token_loss(model_def, params, b), batches)
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def _mean_loss(model_def: ModelDef, params: FlatParams, batches: jax.Array) -> jax.Array:
-    # lax.map: one dispatch for all N batches, memory of one batch at a time. Batches share a
-    # shape, so the mean of per-batch means is the mean over all predicted tokens.
-    losses = jax.lax.map(lambda b: next_token_loss(model_def, params, b), batches)
-    return losses.mean()
+    # Batches share a shape, so the mean of per-batch means is the mean over all predicted
+    # tokens.
+    return _losses(model_def, params, batches).mean()
+
+
+_batch_losses = jax.jit(_losses, static_argnums=0)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -34,11 +41,23 @@ def evaluate(model_def: ModelDef, params: FlatParams, batches) -> dict[str, floa
         metrics = _classification(model_def, params, jnp.asarray(batches["images"], jnp.float32),
                                   jnp.asarray(batches["labels"], jnp.int32))
         return {k: float(v) for k, v in metrics.items()}
+    batches = _text_batches(batches)
+    loss = float(_mean_loss(model_def, params, batches))
+    return {"loss": loss, "bits_per_byte": loss / math.log(2)}
+
+
+def _text_batches(batches) -> np.ndarray:
     batches = np.asarray(batches, dtype=np.int32)
     if batches.ndim != 3 or batches.shape[-1] < 2:
         raise ValueError(f"batches must be [N, B, L] with L >= 2, got shape {batches.shape}")
-    loss = float(_mean_loss(model_def, params, batches))
-    return {"loss": loss, "bits_per_byte": loss / math.log(2)}
+    return batches
+
+
+def batch_losses(model_def: ModelDef, params: FlatParams, batches) -> np.ndarray:
+    """Mean next-token cross-entropy (nats) of each text batch in int32 [N, B, L]: float64 [N],
+    for a mean with its standard error over batches."""
+    batches = _text_batches(batches)
+    return np.asarray(_batch_losses(model_def, params, batches), dtype=np.float64)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3, 4))

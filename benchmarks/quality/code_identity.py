@@ -2,7 +2,8 @@
 
 An arm's figures depend on the modules the simulator, the baselines and the data loaders import,
 found by following their imports (module- and function-level) through the project's own
-packages, plus the runner that turns a simulation into figures. Code they cannot reach (the
+packages, plus the runner that turns a simulation into figures and the scoring that turns its
+final model into validation and test figures. Code they cannot reach (the
 learner mesh, the goodput model) does not make stored results stale.
 
 The hash is of each module's syntax tree with docstrings dropped, not of its bytes: a comment,
@@ -16,8 +17,10 @@ import hashlib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+# scoring.py is named, not followed: imports are followed only through PACKAGES, so that adding
+# an experiment (experiments.py) or a report column does not make every stored result stale.
 ROOTS = ("diloco_core/simulator.py", "diloco_core/baselines.py", "resources/task_data.py",
-         "benchmarks/quality/runner.py")
+         "benchmarks/quality/runner.py", "benchmarks/quality/scoring.py")
 PACKAGES = ("diloco_core", "resources")
 
 
