@@ -256,31 +256,67 @@ def _cmd_iam(args) -> int:
 
 
 def _open_experiment(args):
-    """The experiment named by --experiment (default: the active one) in --store, or None
-    after a one-line error naming the store and what is missing."""
-    from resources.store.resource import ArtifactStoreResource
+    """The experiment `--experiment` names, else the active one, else the only one, in the
+    store `--store` names (else the most recent under runs/: `run_address`); None after a
+    one-line error naming the store and what is missing."""
+    from pipelines.run_address import AddressError, choose_experiment, open_existing
 
-    resource = ArtifactStoreResource(base_uri=args.store)
+    uri = _store_uri(args)
+    if uri is None:
+        return None
     try:
-        store = resource.store(args.experiment) if args.experiment else resource.active()
-        config = None if store is None else store.get_config()
+        return choose_experiment(open_existing(uri), uri, args.experiment)
+    except AddressError as err:
+        print(f"diloco {args.command}: {err}", file=sys.stderr)
     except Exception as err:  # noqa: BLE001 - credentials, network, permissions: say which
-        print(f"diloco: cannot read the store {args.store}: {type(err).__name__}: "
+        print(f"diloco: cannot read the store {uri}: {type(err).__name__}: "
               f"{' '.join(str(err).split())[:300]}", file=sys.stderr)
+    return None
+
+
+def _store_uri(args) -> str | None:
+    """--store, else $DILOCO_STORE_URI, else the most recent store under runs/ (said on
+    stderr, so that --json output stays clean); None after a one-line error."""
+    from pipelines.run_address import AddressError, resolve_store
+
+    try:
+        uri, note = resolve_store(args.store)
+    except AddressError as err:
+        print(f"diloco {args.command}: {err}", file=sys.stderr)
         return None
-    if store is None or config is None:
-        what = f"experiment {args.experiment!r}" if args.experiment else "active experiment"
-        print(f"diloco: no {what} in the store {args.store} (launch the `train` job, or give "
-              "--store / --experiment)", file=sys.stderr)
-        return None
-    return store
+    if note:
+        print(f"diloco {args.command}: {note}", file=sys.stderr)
+    return uri
+
+
+STORE_HELP = ("the store: a directory or gs://bucket/prefix (default $DILOCO_STORE_URI, else "
+              "the most recently used store under runs/: the last demo's)")
 
 
 def _add_store_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", default=os.environ.get("DILOCO_STORE_URI", "runs/store"),
-                        help="the store: a directory or gs://bucket/prefix "
-                             "(default $DILOCO_STORE_URI, else runs/store)")
-    parser.add_argument("--experiment", help="default: the active experiment")
+    parser.add_argument("--store", help=STORE_HELP)
+    parser.add_argument("--experiment",
+                        help="default: the store's active experiment, else its only one")
+
+
+def _cmd_list(args) -> int:
+    from pipelines.list_command import list_experiments, print_experiments
+    from pipelines.run_address import AddressError, open_existing
+
+    uri = _store_uri(args)
+    if uri is None:
+        return 2
+    try:
+        rows = list_experiments(open_existing(uri))
+    except AddressError as err:
+        print(f"diloco list: {err}", file=sys.stderr)
+        return 2
+    except Exception as err:  # noqa: BLE001 - credentials, network, permissions: say which
+        print(f"diloco: cannot read the store {uri}: {type(err).__name__}: "
+              f"{' '.join(str(err).split())[:300]}", file=sys.stderr)
+        return 2
+    print_experiments(rows, uri, args.json)
+    return 0
 
 
 def _cmd_status(args) -> int:
@@ -418,8 +454,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "the last merge decisions of a run, read from its store")
     _add_store_args(st)
     st.add_argument("--rounds", type=int, default=5, help="how many recent decisions to show")
-    st.add_argument("--json", action="store_true")
+    st.add_argument("--json", action="store_true", help="print the status as JSON")
     st.set_defaults(func=_cmd_status)
+
+    ls = sub.add_parser("list", help="the experiments in a store, each with its state (active, "
+                        "stopping, finished, stopped, inactive)")
+    ls.add_argument("--store", help=STORE_HELP)
+    ls.add_argument("--json", action="store_true", help="print the list as JSON")
+    ls.set_defaults(func=_cmd_list)
 
     ex = sub.add_parser("export", help="write an experiment's current global model as "
                         "safetensors and an Orbax checkpoint, with its config (load it with "

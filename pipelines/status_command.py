@@ -24,7 +24,8 @@ from rich.table import Table
 from diloco_core.config import ExperimentConfig
 from diloco_core.config_loading import config_from_mapping
 from pipelines.liveness import LIVE_STATUSES
-from resources.store.artifact_store import ArtifactStore
+from pipelines.experiment_state import experiment_state
+from resources.store.artifact_store import ArtifactStore, active_experiment
 
 
 def _decisions(store: ArtifactStore, open_round: int | None) -> list[dict]:
@@ -80,6 +81,7 @@ def run_status(store: ArtifactStore, now: float | None = None, last_rounds: int 
     merged = [d for d in decisions if d["members"]]
     return {
         "experiment": store.experiment,
+        "state": experiment_state(store, active_experiment(store.blobs)),
         "open_round": open_round,
         "rounds_merged": len(merged),
         "global_versions": [store.current_version(p) for p in range(cfg.sync.num_fragments)],
@@ -93,10 +95,17 @@ def run_status(store: ArtifactStore, now: float | None = None, last_rounds: int 
 
 def print_status(status: dict, console: Console | None = None) -> None:
     console = console or Console()
-    stop = " (stop requested: finishing the final rounds)" if status["stop_requested"] else ""
+    # A finished run has no open round: its last one was the final round, decided and merged.
+    where = {
+        "active": f"round {status['open_round']} open",
+        "stopping": f"round {status['open_round']} open (stopping: finishing the final rounds)",
+        "finished": f"finished after round {status['open_round']}",
+        "stopped": f"stopped early at an operator's request after round {status['open_round']}",
+        "inactive": f"inactive at round {status['open_round']} (its processes are not running; "
+                    "launching it again resumes it)",
+    }[status.get("state", "active")]
     console.print(f"[bold]{status['experiment']}[/]: {status['rounds_merged']} rounds merged, "
-                  f"round {status['open_round']} open, global fragment versions "
-                  f"{status['global_versions']}{stop}")
+                  f"{where}, global fragment versions {status['global_versions']}")
     learners = Table(title="learners")
     for column in ("learner", "region", "state", "attempt", "step", "tokens", "loss",
                    "heartbeat"):

@@ -77,6 +77,7 @@ def test_down_done_and_not_started_learners(harness):
 
 
 def test_status_without_an_experiment_says_what_to_do(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
     assert main(["status", "--store", str(tmp_path / "empty")]) == 2
     assert "no active experiment" in capsys.readouterr().err
 

@@ -1,0 +1,49 @@
+"""`diloco list`: the experiments in a store, each with its state (`experiment_state`), its
+rounds merged so far and its token budget, read from the store alone."""
+
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+from pipelines.experiment_state import experiment_state
+from resources.store.artifact_store import ArtifactStore, active_experiment
+from resources.store.catalog import experiment_names
+
+
+def list_experiments(blobs) -> list[dict]:
+    active = active_experiment(blobs)
+    rows = []
+    for name in experiment_names(blobs):
+        store = ArtifactStore(blobs, name)
+        config = store.get_config() or {}
+        summary = store.get_summary() or {}
+        opened = (store.latest_open_round() or {}).get("round")
+        rows.append({"experiment": name, "state": experiment_state(store, active),
+                     "open_round": opened, "rounds_merged": summary.get("rounds_merged"),
+                     "final_eval_loss": summary.get("final_eval_loss"),
+                     "token_budget": config.get("token_budget")})
+    return rows
+
+
+def print_experiments(rows: list[dict], store_uri: str, as_json: bool,
+                      console: Console | None = None) -> None:
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    console = console or Console()
+    if not rows:
+        console.print(f"no experiments in the store {store_uri}")
+        return
+    table = Table(title=f"experiments in {store_uri}")
+    for column in ("experiment", "state", "last round", "rounds merged", "final loss",
+                   "token budget"):
+        table.add_column(column)
+    colour = {"active": "green", "stopping": "yellow", "inactive": "red"}
+    for r in rows:
+        table.add_row(r["experiment"], f"[{colour.get(r['state'], 'white')}]{r['state']}[/]",
+                      "" if r["open_round"] is None else str(r["open_round"]),
+                      "" if r["rounds_merged"] is None else str(r["rounds_merged"]),
+                      "" if r["final_eval_loss"] is None else f"{r['final_eval_loss']:.3f}",
+                      "" if r["token_budget"] is None else f"{r['token_budget']:,}")
+    console.print(table)
