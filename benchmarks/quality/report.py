@@ -14,6 +14,13 @@ from pathlib import Path
 from benchmarks.quality.code_identity import changed_since, is_current
 from benchmarks.quality.experiments import EXPERIMENTS, HEADLINE_TOKENS, RUN_ORDER, Arm, Experiment
 from benchmarks.quality.runner import load_arm
+from benchmarks.quality.scoring import mean_and_standard_error
+from benchmarks.quality.selection import (
+    configurations_tried,
+    observed_arms,
+    role,
+)
+from benchmarks.quality.slice_report import across_seeds, paired_ratios
 
 REPO = Path(__file__).resolve().parents[2]
 OUT_DIR = REPO / "benchmarks" / "results" / "quality"
@@ -74,33 +81,23 @@ def _paired_ratios(arms: list[Arm], reference: list[Arm]) -> list[float]:
     return [_loss(a) / ref[a.seed] for a in arms if a.seed in ref]
 
 
-def _standard_error(values: list[float]) -> float | None:
-    return statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else None
-
-
 def _exp1(exp):
+    """Per budget, method and seed role (selection / confirmation): both slices' mean loss with
+    standard errors, the paired ratio to data-parallel on the test slice, and the first-8 KB
+    figure for continuity. Runs at seeds other than the experiment's own (--seeds) count."""
     rows = []
-    seeds = sorted({a.seed for a in exp.arms})
+    arms_seen = observed_arms(exp, load_arm)
     for tokens in sorted({a.tokens for a in exp.arms}):
-        arms = [a for a in exp.arms if a.tokens == tokens]
-        if tokens != HEADLINE_TOKENS and any(load_arm(a) is None for a in arms):
+        if tokens != HEADLINE_TOKENS and any(load_arm(a) is None for a in exp.arms
+                                             if a.tokens == tokens):
             continue  # the budget-trend runs are optional; the headline ones are not
+        arms = [a for a in arms_seen if a.tokens == tokens]
         groups = _by_label(Experiment(exp.number, exp.slug, exp.title, exp.question, exp.target,
                                       tuple(arms)))
-        dp = groups["data-parallel"]
+        dp = {a.seed: _record(a) for a in groups["data-parallel"]}
         for label, group in groups.items():
-            c = _common(group[0])
-            losses = {a.seed: round(_loss(a), 4) for a in group}
-            ratios = _paired_ratios(group, dp)
-            se = _standard_error(ratios)
-            rows.append({"tokens": tokens, "method": label,
-                         **{f"loss_seed{s}": losses.get(s) for s in seeds},
-                         "mean_loss": round(_mean_loss(group), 4),
-                         "vs_data_parallel": round(statistics.fmean(ratios), 4),
-                         "standard_error": None if se is None or label == "data-parallel"
-                         else round(se, 4),
-                         "bytes_up_per_token": c["bytes_up_per_token"],
-                         "rounds_merged": c["rounds_merged"]})
+            for seed_role, members in _by_role(group):
+                rows.append(_exp1_row(tokens, label, seed_role, members, dp))
     ratio, measured = _decoupled_gap(exp, HEADLINE_TOKENS)
     measured += f"; within 2%: {'yes' if ratio <= 1.02 else 'no'}"
     # The largest budget, where it was run on more than one seed: where the trend ends up.
@@ -111,15 +108,64 @@ def _exp1(exp):
     return rows, {"target": exp.target, "measured": measured, "met": ratio <= 1.04}
 
 
+def _by_role(group: list[Arm]) -> list[tuple[str, list[Arm]]]:
+    """The group's runs split into selection and confirmation seeds (others: their own row)."""
+    roles: dict[str, list[Arm]] = {}
+    for arm in sorted(group, key=lambda a: a.seed):
+        roles.setdefault(role([arm.seed]), []).append(arm)
+    return list(roles.items())
+
+
+def _exp1_row(tokens: int, label: str, seed_role: str, members: list[Arm], dp: dict) -> dict:
+    records = {a.seed: _record(a) for a in members}
+    c = _common(members[0])
+    val, test = (across_seeds(list(records.values()), name) for name in ("validation", "test"))
+    ratios = paired_ratios(records, dp, "test")
+    ratio, ratio_se = mean_and_standard_error(ratios) if ratios else (None, None)
+    first = [r["summary"]["final_heldout_loss"] for r in records.values()]
+    first_ratios = [records[s]["summary"]["final_heldout_loss"]
+                    / dp[s]["summary"]["final_heldout_loss"] for s in records if s in dp]
+    return {"tokens": tokens, "method": label, "seeds": ", ".join(map(str, records)),
+            "seed_role": seed_role,
+            "configurations_tried": configurations_tried(members[0].method, tokens),
+            "validation_loss": _round(val and val["loss"], 4),
+            "validation_se_batches": _round(val and val["se_batches"], 4),
+            "test_loss": _round(test and test["loss"], 4),
+            "test_se_batches": _round(test and test["se_batches"], 4),
+            "test_se_seeds": _round(test and test["se_seeds"], 4),
+            "test_vs_data_parallel": _round(ratio, 4),
+            "test_ratio_se_seeds": _round(ratio_se, 4),
+            "first_8kb_loss": round(statistics.fmean(first), 4),
+            "first_8kb_vs_data_parallel": _round(statistics.fmean(first_ratios), 4)
+            if first_ratios else None,
+            "bytes_up_per_token": c["bytes_up_per_token"], "rounds_merged": c["rounds_merged"]}
+
+
 def _decoupled_gap(exp: Experiment, tokens: int) -> tuple[float, str]:
-    """Decoupled DiLoCo's held-out loss over data-parallel's at one budget, paired by seed."""
-    arms = [a for a in exp.arms if a.tokens == tokens]
-    ratios = _paired_ratios([a for a in arms if a.label == "Decoupled DiLoCo"],
-                            [a for a in arms if a.label == "data-parallel"])
-    ratio, se = statistics.fmean(ratios), _standard_error(ratios)
-    spread = f" ± {se:.4f} (s.e.)" if se is not None else ""
+    """Decoupled DiLoCo's held-out loss over data-parallel's at one budget, paired by seed: on
+    the test slice over the confirmation seeds where they were run, else over the selection
+    seeds (said so); on the first 8 KB only where no run was scored on the slices."""
+    arms = [a for a in observed_arms(exp, load_arm) if a.tokens == tokens]
+    by_role = {}
+    for seed_role in ("confirmation", "selection"):
+        mine = {a.seed: _record(a) for a in arms if a.label == "Decoupled DiLoCo"
+                and role([a.seed]) == seed_role}
+        ref = {a.seed: _record(a) for a in arms if a.label == "data-parallel"
+               and role([a.seed]) == seed_role}
+        by_role[seed_role] = (mine, ref, paired_ratios(mine, ref, "test"))
+    seed_role = "confirmation" if by_role["confirmation"][2] else "selection"
+    mine, ref, ratios = by_role[seed_role]
+    where = f"test slice, {seed_role} seeds {', '.join(map(str, sorted(mine)))}"
+    if seed_role == "selection":
+        where += " (not yet confirmed on fresh seeds)"
+    if not ratios:  # runs scored before the slices: the continuity figure, marked as such
+        ratios = [mine[s]["summary"]["final_heldout_loss"] / ref[s]["summary"]
+                  ["final_heldout_loss"] for s in mine if s in ref]
+        where = "first 8 KB of the held-out stream (no run scored on the slices)"
+    ratio, se = mean_and_standard_error(ratios)
+    spread = f" ± {se:.4f} (s.e. over seeds)" if se is not None else ""
     return ratio, (f"Decoupled / data-parallel = {ratio:.4f}{spread} at {tokens:,} tokens "
-                   f"(mean of {len(ratios)} seeds, paired)")
+                   f"(mean of {len(ratios)} seeds, paired; {where})")
 
 
 def _exp2(exp):
@@ -348,7 +394,7 @@ def _trend_plot(exp: Experiment, path: Path) -> Path | None:
     ax.set_xscale("log", base=2)
     ax.set_xticks([t / 1e6 for t in budgets], [f"{t / 1e6:g}M" for t in budgets])
     ax.set_xlabel("token budget (outer steps per fragment grow with it)")
-    ax.set_ylabel("held-out loss / data-parallel's")
+    ax.set_ylabel("first-8 KB held-out loss / data-parallel's")
     return _save(fig, ax, "Experiment 1: the gap to data-parallel against the budget", path)
 
 
@@ -429,7 +475,7 @@ def _what_changed(records: list[dict]) -> str:
 
 def provenance(exp: Experiment) -> str:
     """Which commits computed the experiment's runs, and whether the code has changed since."""
-    records = [r for a in exp.arms if (r := load_arm(a)) is not None]
+    records = [r for a in observed_arms(exp, load_arm) if (r := load_arm(a)) is not None]
     commits = sorted({((r.get("commit") or {}).get("commit") or "")[:7] for r in records} - {""})
     stale = sum(not is_current(r) for r in records)
     undated = sum(not (r.get("commit") or {}).get("commit") for r in records)
@@ -450,6 +496,22 @@ def provenance(exp: Experiment) -> str:
     return line
 
 
+def _evaluation_line(exp: Experiment) -> str:
+    """How the rows were scored and which seeds chose and which confirmed."""
+    arms = observed_arms(exp, load_arm)
+    ev, seeds = _evaluation(arms), _selection_record(exp, arms)["seeds"]
+    if "test_batches" not in ev:
+        return ("Scored on the first 8 KB of the held-out stream only (these runs predate the "
+                "validation and test slices).")
+    confirmed = (f"seeds {', '.join(map(str, seeds['confirmation']))} confirm"
+                 if seeds["confirmation"] else "no confirmation seeds run yet")
+    return (f"Scored on a validation slice ({ev['validation_batches']} batches, for choosing) "
+            f"and a disjoint test slice ({ev['test_batches']} batches, for reporting) of "
+            f"{ev['batch']}, interleaved over the whole held-out stream "
+            "(`diloco_core/eval_slices.py`); `first 8kb` is the old figure, kept for "
+            f"continuity. Seeds {', '.join(map(str, seeds['selection']))} select; {confirmed}.")
+
+
 def section(exp: Experiment) -> str:
     """The experiment's markdown section: question, command, table, target verdict, plot."""
     rows, verdict = TABLES[exp.number](exp)
@@ -462,7 +524,7 @@ def section(exp: Experiment) -> str:
     if verdict:
         lines += [f"**Target:** {verdict['target']}. **Measured:** {verdict['measured']}. "
                   f"**{'Met' if verdict['met'] else 'Not met'}.**", ""]
-    lines += [provenance(exp), ""]
+    lines += [_evaluation_line(exp), provenance(exp), ""]
     lines += [f"![experiment {exp.number}](img/quality_{_name(exp)}.png)", ""]
     if exp.number == 1 and (IMG_DIR / f"quality_{_name(exp)}_trend.png").exists():
         lines += [f"![experiment 1, the gap against the budget](img/quality_{_name(exp)}"
@@ -475,9 +537,11 @@ def write_experiment(exp: Experiment) -> list[Path]:
     rows, verdict = TABLES[exp.number](exp)
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     IMG_DIR.mkdir(parents=True, exist_ok=True)
-    records = [r for a in exp.arms if (r := load_arm(a)) is not None]
+    arms = observed_arms(exp, load_arm)
+    records = [r for a in arms if (r := load_arm(a)) is not None]
     data = {"experiment": exp.number, "slug": exp.slug, "title": exp.title,
             "command": f"python benchmarks/quality_benchmarks.py {exp.number}",
+            **_selection_record(exp, arms),
             # The commits whose code computed the runs (their code hash is recorded per run).
             "commits": sorted({(r.get("commit") or {}).get("commit") or "unrecorded"
                                for r in records}),
@@ -485,7 +549,7 @@ def write_experiment(exp: Experiment) -> list[Path]:
             "question": exp.question, "target": exp.target or None, "verdict": verdict,
             "machine": _record(exp.arms[0])["machine"], "rows": rows,
             "runs": {f"{a.label} (seed {a.seed}, {a.tokens:,} tokens)": _record(a)["key"]
-                     for a in exp.arms if load_arm(a) is not None}}
+                     for a in arms if load_arm(a) is not None}}
     json_path = OUT_DIR / f"{_name(exp)}.json"
     json_path.write_text(json.dumps(data, indent=2))
     md_path = OUT_DIR / f"{_name(exp)}.md"
@@ -495,6 +559,40 @@ def write_experiment(exp: Experiment) -> list[Path]:
         trend = _trend_plot(exp, IMG_DIR / f"quality_{_name(exp)}_trend.png")
         paths += [trend] if trend is not None else []
     return paths
+
+
+def _selection_record(exp: Experiment, arms: list[Arm]) -> dict:
+    """What every figure was scored on, which seeds chose and which confirmed, and (experiment
+    1) how many configurations each method was tried in, per budget."""
+    seeds = {name: sorted({a.seed for a in arms if role([a.seed]) == name
+                           and load_arm(a) is not None}) for name in ("selection", "confirmation")}
+    out = {"evaluation": _evaluation(arms),
+           "seeds": {"selection": seeds["selection"], "confirmation": seeds["confirmation"],
+                     "rule": "configurations chosen on the selection seeds and the validation "
+                             "slice, reported on the confirmation seeds and the test slice"}}
+    if seeds["confirmation"]:
+        out["confirmation_command"] = (f"python benchmarks/quality_benchmarks.py {exp.number} "
+                                       f"--seeds confirmation")
+    if exp.number == 1:
+        out["configurations_tried"] = {
+            method: {str(t): configurations_tried(method, t)
+                     for t in sorted({a.tokens for a in exp.arms})}
+            for method in sorted({a.method for a in exp.arms})}
+    return out
+
+
+def _evaluation(arms: list[Arm]) -> dict:
+    """The slices the runs were scored on (from the first run that has them)."""
+    for arm in arms:
+        slices = (load_arm(arm) or {}).get("heldout_slices")
+        if slices:
+            return {"validation_batches": slices["validation"]["batches"],
+                    "test_batches": slices["test"]["batches"],
+                    "batch": f"{slices['batch_size']} x {slices['seq_len']} tokens",
+                    "selection": slices["selection"],
+                    "continuity": "first_8kb: the first 4 batches of the held-out stream, the "
+                                  "figure reported before issue 38"}
+    return {"continuity": "first 8 KB of the held-out stream only (runs predate the slices)"}
 
 
 def real_path_section(path: Path = OUT_DIR / "real_path.json") -> str:

@@ -35,14 +35,14 @@ def parse_seeds(words: list[str]) -> tuple[int, ...]:
 
 
 def role(seeds) -> str:
-    """What a group of seeds is for: selection, confirmation, or mixed (a figure that mixes the
-    two is not a confirmation)."""
+    """What a group of seeds is for: selection, confirmation, mixed (a figure that mixes the
+    two is not a confirmation) or other (seeds outside both)."""
     seeds = set(seeds)
     if seeds <= set(SELECTION_SEEDS):
         return "selection"
     if seeds <= set(CONFIRMATION_SEEDS):
         return "confirmation"
-    return "mixed"
+    return "mixed" if seeds & set(SELECTION_SEEDS + CONFIRMATION_SEEDS) else "other"
 
 
 def reseed(arms, seeds, labels=None, tokens=None) -> list[Arm]:
@@ -83,3 +83,15 @@ def configurations_tried(method: str, tokens: int, experiments=None) -> int:
             if not scenario:
                 seen.add(tuple(sorted((k, repr(v)) for k, v in tuned.items())))
     return len(seen)
+
+
+def observed_arms(exp, load) -> list[Arm]:
+    """The experiment's own arms, plus each of its configurations at the selection and
+    confirmation seeds where `load` (the runner's `load_arm`) finds a stored result: runs made
+    with --seeds belong in the experiment's report."""
+    arms = {(a.label, a.seed, a.tokens): a for a in exp.arms}
+    for arm in reseed(exp.arms, SELECTION_SEEDS + CONFIRMATION_SEEDS):
+        key = (arm.label, arm.seed, arm.tokens)
+        if key not in arms and load(arm) is not None:
+            arms[key] = arm
+    return list(arms.values())
