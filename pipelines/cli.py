@@ -190,9 +190,12 @@ def _cmd_simulate(args) -> int:
 
 
 def _cmd_demo(args) -> int:
+    import time
+
     from pipelines.dagster_dev import check_postgres_url
     from pipelines.demo_command import run_demo
     from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS, require_orchestratable
+    from pipelines.workdir import WorkdirError, previous_experiment
 
     postgres_url = args.postgres_url or None  # an empty DILOCO_POSTGRES_URL means SQLite
     if postgres_url is not None:
@@ -201,13 +204,44 @@ def _cmd_demo(args) -> int:
         except ValueError as err:
             print(f"diloco: invalid --postgres-url: {err}", file=sys.stderr)
             return 2
-    cfg = load_config(args.config, args.overrides, base=ORCHESTRATED_DEFAULTS)
+    # Each demo is its own experiment, named after its start (TensorBoard runs and exports
+    # stay apart); a demo on an earlier demo's workdir resumes that one's experiment. A name
+    # from --config or --set wins over both.
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    workdir = Path(args.workdir or f"runs/demo-{stamp}")
+    name = previous_experiment(workdir) or f"diloco-demo-{stamp}"
+    cfg = load_config(args.config, args.overrides, base=[*ORCHESTRATED_DEFAULTS, f"name={name}"])
     require_orchestratable(cfg)
     # A SIGTERM unwinds like Ctrl-C, so that the demo's Dagster instance is stopped with it.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    return run_demo(cfg, chaos=args.chaos, json_path=args.json, workdir=args.workdir,
-                    port=args.port, timeout=args.timeout, fault_tape_path=args.fault_tape,
-                    postgres_url=postgres_url)
+    try:
+        return run_demo(cfg, chaos=args.chaos, json_path=args.json, workdir=str(workdir),
+                        port=args.port, timeout=args.timeout, fault_tape_path=args.fault_tape,
+                        postgres_url=postgres_url,
+                        resume_command=_resume_command(args.argv, workdir.resolve()))
+    except WorkdirError as err:
+        print(f"diloco demo: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130      # the line saying how to resume was printed as the interrupt came
+
+
+def _resume_command(argv: list[str], workdir: Path) -> str:
+    """The command line that resumes this demo: the same options (a resume must launch the
+    same config), with --workdir pointing at this one."""
+    import shlex
+
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--workdir":
+            skip = True
+        elif not arg.startswith("--workdir="):
+            kept.append(arg)
+    if kept and kept[0] == "demo":
+        kept = kept[1:]
+    return shlex.join(["diloco", "demo", *kept, "--workdir", str(workdir)])
 
 
 def _cmd_manifests(args) -> int:
@@ -439,8 +473,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "injected by the learners and merges, Dagster restarts by this "
                            "command at their times")
     demo.add_argument("--json", metavar="PATH", help="write the run summary as JSON")
-    demo.add_argument("--workdir", help="where DAGSTER_HOME and the store go "
-                      "(default runs/demo-<time>)")
+    demo.add_argument("--workdir", help="where DAGSTER_HOME and the store go (default "
+                      "runs/demo-<time>); a workdir an interrupted demo left resumes its run")
     demo.add_argument("--port", type=int, help="Dagster UI port (default: a free one)")
     demo.add_argument("--timeout", type=float, default=1800, help="give up after this many s")
     demo.add_argument("--postgres-url", default=os.environ.get("DILOCO_POSTGRES_URL"),
@@ -566,7 +600,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv
     try:
         return args.func(args)
     except ConfigError as err:
@@ -582,6 +618,20 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"diloco {args.command}: {err}", file=sys.stderr)
         return 2
+    except OSError as err:
+        # A path the command cannot create, write or read (read-only, a file where a directory
+        # should be, permissions): the path and the reason; DILOCO_DEBUG=1 for the traceback.
+        if os.environ.get("DILOCO_DEBUG"):
+            raise
+        print(f"diloco {args.command}: {_os_error_line(err)}", file=sys.stderr)
+        return 1
+
+
+def _os_error_line(err: OSError) -> str:
+    reason = err.strerror or type(err).__name__
+    if err.filename is None:
+        return f"{reason}: {' '.join(str(err).split())[:300]}" if err.strerror else str(err)
+    return f"cannot use {err.filename}: {reason}"
 
 
 if __name__ == "__main__":

@@ -257,13 +257,17 @@ class DagsterDev:
         self._build_services()
         try:
             self._start(list(self.services))
-        except BaseException:
-            self.stop()
+        except BaseException as err:
+            self.stop(self.INTERRUPT_GRACE if isinstance(err, KeyboardInterrupt) else 30.0)
             raise
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.stop()
+    # On Ctrl-C the user is waiting at the terminal: the instance gets a short grace, then is
+    # killed (learners resume from their checkpoints; nothing the store holds is lost).
+    INTERRUPT_GRACE = 5.0
+
+    def __exit__(self, exc_type, *exc) -> None:
+        self.stop(self.INTERRUPT_GRACE if exc_type is KeyboardInterrupt else 30.0)
 
     def stop(self, grace: float = 30.0) -> None:
         # Webserver and daemon first, so that nothing launches runs while the code server

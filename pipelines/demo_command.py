@@ -21,6 +21,7 @@ PostgreSQL database (dagster-postgres) instead of SQLite files in DAGSTER_HOME.
 import contextlib
 import json
 import os
+import shlex
 import signal
 import sys
 import time
@@ -31,7 +32,9 @@ import yaml
 
 from diloco_core.config import ExperimentConfig
 from diloco_core.config_loading import config_to_mapping
+from pipelines import workdir as workdirs
 from pipelines.dagster_dev import DagsterDev, check_postgres_url, redact_url
+from pipelines.run_address import run_commands
 from resources.store.artifact_store import ArtifactStore
 from resources.store.backends import open_blob_store
 
@@ -127,7 +130,10 @@ def _restart_due(dev: DagsterDev, store: ArtifactStore, watch: Watch, launched: 
 
 def run_demo(cfg: ExperimentConfig, *, chaos: bool, json_path: str | None, workdir: str | None,
              port: int | None, timeout: float, store_uri: str | None = None,
-             fault_tape_path: str | None = None, postgres_url: str | None = None) -> int:
+             fault_tape_path: str | None = None, postgres_url: str | None = None,
+             resume_command: str | None = None) -> int:
+    """`resume_command`: what Ctrl-C tells the user to run to resume (default: the demo on the
+    same workdir, without the options it was started with)."""
     if postgres_url is not None:
         check_postgres_url(postgres_url)  # a ValueError before anything is created or started
     # Validate the tape here too: its Dagster faults are this command's to execute.
@@ -141,11 +147,66 @@ def run_demo(cfg: ExperimentConfig, *, chaos: bool, json_path: str | None, workd
         cfg = cfg.replace(orchestration=replace(cfg.orchestration, chaos=True))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     root = Path(workdir or f"runs/demo-{stamp}").resolve()
-    root.mkdir(parents=True, exist_ok=True)
-    store_uri = store_uri or str(root / "store")
-    config_path = root / "experiment.yaml"
-    config_path.write_text(yaml.safe_dump(config_to_mapping(cfg), sort_keys=False))
-    store = ArtifactStore(open_blob_store(store_uri), cfg.name)
+    workdirs.prepare(root)
+    with workdirs.held(root):
+        store_uri = store_uri or str(root / "store")
+        store = ArtifactStore(open_blob_store(store_uri), cfg.name)
+        if _already_finished(store, root, store_uri):
+            return 0
+        config_path = root / "experiment.yaml"
+        try:
+            config_path.write_text(yaml.safe_dump(config_to_mapping(cfg), sort_keys=False))
+        except OSError as err:
+            raise workdirs.WorkdirError(f"cannot write {config_path}: "
+                                        f"{workdirs.os_reason(err)}") from None
+        resume = resume_command or f"diloco demo --workdir {shlex.quote(str(root))}"
+        with _interrupt_says(f"demo: interrupted; resume this run with: {resume}"):
+            return _drive(cfg, root, store, store_uri, config_path, chaos=chaos, tape=tape,
+                          json_path=json_path, port=port, timeout=timeout,
+                          fault_tape_path=fault_tape_path, postgres_url=postgres_url)
+
+
+def _already_finished(store: ArtifactStore, root: Path, store_uri: str) -> bool:
+    """A workdir whose experiment has its summary has nothing left to run: say so (and where
+    the run's figures are), rather than start Dagster only to show the old summary again."""
+    summary = store.get_summary()
+    if summary is None:
+        return False
+    ended = store.finished() or {}
+    when = (time.strftime("%Y-%m-%d %H:%M", time.localtime(ended["time"]))
+            if isinstance(ended.get("time"), (int, float)) else "earlier")
+    stopped = " (stopped early at an operator's request)" if store.stop_request() else ""
+    print(f"demo: experiment {store.experiment} in {root} already finished ({when}){stopped}: "
+          f"{summary.get('rounds_merged')} rounds merged, held-out loss "
+          f"{summary.get('initial_eval_loss', float('nan')):.3f} -> "
+          f"{summary.get('final_eval_loss', float('nan')):.3f}. Nothing to run; start a new "
+          "demo without --workdir (or with a new one).")
+    for command in run_commands(store_uri, store.experiment).values():
+        print(f"demo:   {command}")
+    return True
+
+
+@contextlib.contextmanager
+def _interrupt_says(line: str):
+    """Ctrl-C: print `line` at once (before the seconds Dagster takes to stop), then unwind as
+    KeyboardInterrupt; a second Ctrl-C while stopping is ignored, so that the shutdown (bounded
+    by DagsterDev's grace) is not cut short and leaves no traceback."""
+    def on_interrupt(signum, frame):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        print(f"\n{line}", file=sys.stderr, flush=True)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _drive(cfg: ExperimentConfig, root: Path, store: ArtifactStore, store_uri: str,
+           config_path: Path, *, chaos: bool, tape, json_path: str | None, port: int | None,
+           timeout: float, fault_tape_path: str | None, postgres_url: str | None) -> int:
+    """Start the instance, launch `train`, watch the store until the summary, print it."""
     env = {"DILOCO_STORE_URI": store_uri, "DILOCO_ENV": "local",
            "DILOCO_TICK_SECONDS": os.environ.get("DILOCO_TICK_SECONDS", "3"),
            # Every merge run and relaunched learner is a new process: share compiled XLA
@@ -157,6 +218,10 @@ def run_demo(cfg: ExperimentConfig, *, chaos: bool, json_path: str | None, workd
     print(f"demo: {m} learners, budget {cfg.token_budget:,} tokens, K={cfg.sync.min_quorum}, "
           f"H={cfg.sync.sync_period}, P={cfg.sync.num_fragments}; working in {root}",
           flush=True)
+    print(f"demo: experiment {cfg.name} in the store {store_uri}", flush=True)
+    commands = run_commands(store_uri, cfg.name)
+    for verb in ("status", "stop"):
+        print(f"demo: {verb:<6} {commands[verb]}", flush=True)
     if postgres_url is not None:
         print(f"demo: Dagster instance storage in PostgreSQL at {redact_url(postgres_url)}",
               flush=True)
@@ -206,6 +271,8 @@ def run_demo(cfg: ExperimentConfig, *, chaos: bool, json_path: str | None, workd
     if json_path:
         Path(json_path).write_text(json.dumps(summary, indent=2))
         print(f"demo: summary written to {json_path}")
+    print(f"demo: status {commands['status']}")
+    print(f"demo: export {commands['export']}")
     return 0
 
 

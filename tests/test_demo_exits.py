@@ -1,0 +1,223 @@
+"""`diloco demo` around the run itself, with Dagster replaced by a stand-in (fast): each demo is
+its own experiment and prints the commands that reach it; Ctrl-C is one line saying how to
+resume; a finished workdir says so; a workdir that cannot be used, or that another demo
+holds, is one line naming the path."""
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipelines import demo_command
+from pipelines.cli import main
+
+FAST = ["--set", "model.preset=tiny"]
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """Stops `run_demo` at its call: what it would have run."""
+    calls = []
+
+    def fake_run_demo(cfg, **kw):
+        calls.append({"cfg": cfg, **kw})
+        return 0
+
+    monkeypatch.setattr(demo_command, "run_demo", fake_run_demo)
+    return calls
+
+
+def test_each_demo_is_its_own_experiment_and_a_workdir_resumes_its_own(tmp_path, monkeypatch,
+                                                                      launched):
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", *FAST]) == 0
+    first = launched[-1]
+    assert first["cfg"].name.startswith("diloco-demo-")
+    stamp = first["cfg"].name.removeprefix("diloco-demo-")
+    assert first["workdir"] == f"runs/demo-{stamp}"       # the workdir and the name agree
+    # The workdir of an earlier demo keeps its experiment, so running there resumes it.
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "experiment.yaml").write_text(yaml.safe_dump({"name": "diloco-demo-earlier"}))
+    assert main(["demo", *FAST, "--workdir", str(old)]) == 0
+    assert launched[-1]["cfg"].name == "diloco-demo-earlier"
+    # A name the user gives wins.
+    assert main(["demo", *FAST, "--set", "name=mine", "--workdir", str(old)]) == 0
+    assert launched[-1]["cfg"].name == "mine"
+    # The resume command repeats the options, with the workdir made absolute.
+    assert launched[-1]["resume_command"] == (
+        f"diloco demo --set model.preset=tiny --set name=mine --workdir {old.resolve()}")
+
+
+class FakeDev:
+    """DagsterDev's interface; `on_enter` runs as the instance 'starts', `on_submit` as the
+    train job is launched."""
+
+    on_enter = on_submit = None
+    exits: list = []
+
+    def __init__(self, home, **kw):
+        self.home = Path(home)
+        self.url, self.log_path, self.restarts = "http://127.0.0.1:1", self.home / "log", []
+
+    def __enter__(self):
+        if FakeDev.on_enter:
+            FakeDev.on_enter()
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        FakeDev.exits.append(exc_type)
+
+    def submit_job(self, *a, **kw):
+        if FakeDev.on_submit:
+            FakeDev.on_submit()
+        return "run-1"
+
+
+@pytest.fixture
+def fake_dagster(monkeypatch):
+    FakeDev.on_enter, FakeDev.on_submit, FakeDev.exits = None, None, []
+    monkeypatch.setattr(demo_command, "DagsterDev", FakeDev)
+    return FakeDev
+
+
+def test_ctrl_c_is_one_line_saying_how_to_resume(tmp_path, fake_dagster, capsys):
+    fake_dagster.on_submit = lambda: os.kill(os.getpid(), signal.SIGINT)
+    workdir = tmp_path / "demo"
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        code = main(["demo", *FAST, "--workdir", str(workdir), "--timeout", "5"])
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C escaped from the demo (a traceback for the user)")
+    assert code == 130
+    err = capsys.readouterr().err.strip()
+    assert err == ("demo: interrupted; resume this run with: diloco demo --set "
+                   f"model.preset=tiny --timeout 5 --workdir {workdir.resolve()}")
+    assert fake_dagster.exits == [KeyboardInterrupt]       # the instance was stopped
+    assert signal.getsignal(signal.SIGINT) is previous     # Ctrl-C is the user's again
+
+
+def test_the_instance_gets_a_short_grace_on_ctrl_c(tmp_path):
+    from pipelines.dagster_dev import DagsterDev
+
+    graces = []
+    dev = DagsterDev(tmp_path / "home")
+    dev.stop = lambda grace=30.0: graces.append(grace)
+    dev.__exit__(KeyboardInterrupt, KeyboardInterrupt(), None)
+    dev.__exit__(None, None, None)
+    assert graces[0] <= 10 and graces[1] == 30.0
+
+
+def test_a_finished_workdir_says_it_is_finished_and_starts_nothing(tmp_path, fake_dagster,
+                                                                   capsys):
+    from diloco_core.config_loading import config_to_mapping
+    from pipelines.cli import load_config
+    from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
+    from resources.store.artifact_store import ArtifactStore
+    from resources.store.backends import open_blob_store
+
+    workdir = tmp_path / "demo"
+    cfg = load_config(None, ["name=done-demo", "model.preset=tiny"], base=ORCHESTRATED_DEFAULTS)
+    store = ArtifactStore(open_blob_store(str(workdir / "store")), cfg.name)
+    store.put_config(config_to_mapping(cfg))
+    store.mark_finished({"time": time.time()})
+    store.put_summary({"rounds_merged": 62, "initial_eval_loss": 5.56, "final_eval_loss": 1.73})
+    (workdir / "experiment.yaml").write_text(yaml.safe_dump(config_to_mapping(cfg)))
+
+    def started():
+        raise AssertionError("Dagster must not start for a finished run")
+
+    fake_dagster.on_enter = started
+    assert main(["demo", *FAST, "--workdir", str(workdir)]) == 0
+    out = capsys.readouterr().out
+    assert "already finished" in out and "done-demo" in out and "62 rounds merged" in out
+    assert "diloco status --store" in out and "wall time" not in out
+
+
+def test_the_demo_prints_the_store_experiment_and_commands(tmp_path, fake_dagster, capsys):
+    workdir = tmp_path / "demo"
+    assert main(["demo", *FAST, "--workdir", str(workdir), "--timeout", "0.1"]) == 1
+    out = capsys.readouterr().out
+    name = yaml.safe_load((workdir / "experiment.yaml").read_text())["name"]
+    store = workdir.resolve() / "store"
+    assert f"experiment {name} in the store {store}" in out
+    assert f"diloco status --store {store} --experiment {name}" in out
+    assert f"diloco stop --store {store} --experiment {name}" in out
+
+
+def _read_only_below(monkeypatch, top: Path):
+    """Creating anything under `top` fails as on a read-only file system (the tests run as
+    root, which a chmod does not stop)."""
+    real = Path.mkdir
+
+    def mkdir(self, *a, **kw):
+        if top in self.resolve().parents or self.resolve() == top:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+
+
+def test_a_workdir_that_is_a_file_is_one_line(tmp_path, fake_dagster, capsys):
+    workdir = tmp_path / "demo"
+    workdir.write_text("x")
+    assert main(["demo", *FAST, "--workdir", str(workdir)]) == 2
+    assert capsys.readouterr().err == (f"diloco demo: cannot use {workdir} as the workdir: it "
+                                       "is a file, not a directory\n")
+
+
+def test_a_read_only_workdir_is_one_line(tmp_path, fake_dagster, capsys, monkeypatch):
+    _read_only_below(monkeypatch, tmp_path / "ro")
+    workdir = tmp_path / "ro" / "demo"
+    assert main(["demo", *FAST, "--workdir", str(workdir)]) == 2
+    assert capsys.readouterr().err == (f"diloco demo: cannot create the workdir {workdir}: "
+                                       "Read-only file system\n")
+
+
+def test_a_workdir_another_demo_holds_is_refused(tmp_path, fake_dagster, capsys):
+    from pipelines.workdir import held
+
+    workdir = tmp_path / "demo"
+    workdir.mkdir()
+    # The holder is another process (an flock is per open file, so a second open in this
+    # process would be refused too, but the point is another demo).
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
+         "from pipelines.workdir import held\n"
+         f"with held(Path({str(workdir)!r})):\n    print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert main(["demo", *FAST, "--workdir", str(workdir), "--timeout", "1"]) == 2
+        err = capsys.readouterr().err
+        assert err.strip() == (f"diloco demo: the workdir {workdir.resolve()} is in use by "
+                               f"another demo (pid {holder.pid}); watch that run with "
+                               "`diloco status`, or give another --workdir")
+    finally:
+        holder.kill()
+        holder.wait()
+    with held(workdir):        # released when its holder died, however it died
+        pass
+
+
+def test_export_to_a_read_only_place_is_one_line(tmp_path, capsys, monkeypatch):
+    from resources import model_export
+
+    def export_global(store, out, formats):   # the real one, up to where it writes
+        Path(out).mkdir(parents=True, exist_ok=True)
+
+    monkeypatch.setattr(model_export, "export_global", export_global)
+    from test_run_address import _experiment
+
+    _experiment(tmp_path / "store", "exp", active=True)
+    _read_only_below(monkeypatch, tmp_path / "ro")
+    out = tmp_path / "ro" / "x"
+    code = main(["export", "--store", str(tmp_path / "store"), "--out", str(out)])
+    assert code != 0
+    assert capsys.readouterr().err == f"diloco export: cannot use {out}: Read-only file system\n"
