@@ -1,10 +1,18 @@
 """The `diloco` command line: simulate, run and inspect Decoupled DiLoCo training.
 
-    diloco simulate [--config FILE] [--set field.path=value ...]   # the main job for now
-    diloco config   [--config FILE] [--set ...]                    # validate and print a config
-    diloco params   [--preset NAME]                                # parameter counts and bytes
-    diloco bandwidth [--params N] [--sites S] ...                  # cross-site bandwidth plan
-    diloco goodput  --chips N [--learners M] [--json]              # goodput under failures
+    diloco demo      [--config FILE] [--set field.path=value ...] [--chaos]   # an orchestrated run
+    diloco status    [--store URI] [--experiment NAME]     # where a run stands, from its store
+    diloco list      [--store URI]                         # the experiments in a store
+    diloco stop      [--store URI] [--reason TEXT]         # end a run before its budget
+    diloco export    --out DIR [--store URI]               # the global model, safetensors + Orbax
+    diloco capacity  [--join L] [--leave L]                # learners joining or leaving a run
+    diloco simulate  [--config FILE] [--set ...]           # the in-process reference simulator
+    diloco config    [--config FILE] [--set ...]           # validate and print a config
+    diloco manifests --deployment FILE                     # learners' GKE Pods/JobSets
+    diloco iam       --store gs://...                      # the bucket's IAM bindings
+    diloco params    [--preset NAME]                       # parameter counts and bytes
+    diloco bandwidth [--params N] [--sites S] ...          # cross-site bandwidth plan
+    diloco goodput   --chips N [--learners M] [--json]     # goodput under failures
 
 Heavy imports (JAX) happen inside the commands so `diloco --help` and config errors are instant.
 """
@@ -432,6 +440,18 @@ def _names(values: list[str] | None) -> list[str]:
     return [n.strip() for v in values or [] for n in v.split(",") if n.strip()]
 
 
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Says an option's default after its help, unless the help already states one (argparse's
+    ArgumentDefaultsHelpFormatter would say it twice) or there is none (no "default: None")."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (not action.option_strings or "default" in text.lower()
+                or action.default in (None, False, "", [], argparse.SUPPRESS)):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -449,8 +469,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     def described(name: str, **kw) -> argparse.ArgumentParser:
         # The one-line help doubles as the command's description in `diloco NAME --help`.
-        return add_parser(name, description=kw.get("help"),
-                          formatter_class=argparse.ArgumentDefaultsHelpFormatter, **kw)
+        return add_parser(name, description=kw.get("help"), formatter_class=DefaultsFormatter,
+                          **kw)
 
     sub.add_parser = described
 
@@ -467,7 +487,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "sensors, learner processes and merges on this machine")
     _add_config_args(demo)
     demo.add_argument("--chaos", action="store_true",
-                      help="kill one learner process mid-run and show it rejoining")
+                      help="kill one learner process mid-run and show it rejoining, then kill "
+                           "the syncer service and show the quorum sensor taking over until "
+                           "the syncer is relaunched")
     demo.add_argument("--fault-tape", metavar="PATH",
                       help="replay a fault tape (JSON, see docs/chaos.md): learner faults are "
                            "injected by the learners and merges, Dagster restarts by this "
@@ -572,29 +594,33 @@ def build_parser() -> argparse.ArgumentParser:
     gp.add_argument("--seeds", type=POSITIVE_INT, default=5,
                     help="independent failure schedules (the 95%% CI comes from them)")
     gp.add_argument("--plot", default="runs/goodput.png", help="'' for no plot")
-    gp.add_argument("--json", action="store_true")
+    gp.add_argument("--json", action="store_true",
+                    help="print the figures (and their 95%% CIs) as JSON")
     gp.set_defaults(func=_cmd_goodput)
 
     bw = sub.add_parser("bandwidth", help="cross-site bandwidth: data-parallel vs DiLoCo vs "
                         "Decoupled DiLoCo")
     bw.add_argument("--preset", default="12b", help="model preset (ignored with --params)")
     bw.add_argument("--params", type=POSITIVE, help="parameter count, e.g. 12e9")
-    bw.add_argument("--sites", type=POSITIVE_INT, default=4)
+    bw.add_argument("--sites", type=POSITIVE_INT, default=4,
+                    help="number of sites (datacentres) the run spans")
     bw.add_argument("--sync-period", type=POSITIVE_INT, default=24, help="H")
     bw.add_argument("--fragments", type=POSITIVE_INT, default=24, help="P")
     bw.add_argument("--overlap", type=_number(int, 0), default=2, help="tau")
-    bw.add_argument("--step-seconds", type=POSITIVE, default=1.0)
+    bw.add_argument("--step-seconds", type=POSITIVE, default=1.0,
+                    help="seconds per inner step")
     bw.add_argument("--bits", type=POSITIVE, default=16, help="outer-gradient bits per value")
     bw.add_argument("--dp-bits", type=POSITIVE, default=16, help="data-parallel gradient bits")
-    bw.add_argument("--download-bits", type=POSITIVE, default=16)
+    bw.add_argument("--download-bits", type=POSITIVE, default=16,
+                    help="bits per value of the merged fragment sent back to the learners")
     bw.add_argument("--available-gbps", type=POSITIVE, help="link speed per site")
     bw.add_argument("--plot", default="runs/bandwidth.png", help="'' for no plot")
-    bw.add_argument("--json", action="store_true")
+    bw.add_argument("--json", action="store_true", help="print the plans as JSON")
     bw.set_defaults(func=_cmd_bandwidth)
 
     params = sub.add_parser("params", help="parameter counts of the model presets")
-    params.add_argument("--preset")
-    params.add_argument("--json", action="store_true")
+    params.add_argument("--preset", help="one preset (default: every preset, tiny to 12b)")
+    params.add_argument("--json", action="store_true", help="print the counts as JSON")
     params.set_defaults(func=_cmd_params)
     return parser
 
