@@ -63,8 +63,9 @@ def _progress_line(store: ArtifactStore, cfg: ExperimentConfig, watch: Watch) ->
         evals = store.get_eval(back)
         if evals:
             break
+    # Statuses in full: cut to five letters, "stopping" and "failed" read "stopp", "faile".
     learners = " ".join(
-        f"{n.split('-')[-1]}:{b.get('status', 'down')[:5]}@{b.get('step', 0)}"
+        f"{n.split('-')[-1]}:{b.get('status', 'down')}@{b.get('step', 0)}"
         f"{'(a' + str(b['attempt']) + ')' if b.get('attempt') else ''}"
         for n, b in beats.items())
     loss = f"{evals['loss']:.3f}" if evals else "-"

@@ -78,6 +78,9 @@ def export_global(store: ArtifactStore, out_dir: str | os.PathLike,
 
         save_file(params, str(out / SAFETENSORS),
                   metadata={"experiment": store.experiment, "format": "decoupled-diloco"})
+        # safetensors writes through a private temporary file (mode 0600): give the export
+        # the mode its other files got from the umask, so whoever may read one reads all.
+        os.chmod(out / SAFETENSORS, (out / CONFIG).stat().st_mode & 0o777)
         files[SAFETENSORS] = sha256((out / SAFETENSORS).read_bytes())
     if "orbax" in formats:
         import orbax.checkpoint as ocp

@@ -67,10 +67,26 @@ def test_the_cli_exports_the_active_experiment_and_never_overwrites(store, tmp_p
     assert "never overwrites" in err and len(err.strip().splitlines()) == 1
     assert main(["export", "--store", str(tmp_path / "nothing"), "--out",
                  str(tmp_path / "x")]) == 2
-    assert "no active experiment" in capsys.readouterr().err
+    assert "no store at" in capsys.readouterr().err
     assert main(["export", "--store", store.base_uri, "--out", str(tmp_path / "y"),
                  "--format", "onnx"]) == 2
     assert "formats" in capsys.readouterr().err
+
+
+def test_every_exported_file_has_the_same_mode(store, tmp_path):
+    """safetensors writes through a private temporary file: its model was left 0600 while the
+    config beside it was 0644 (whoever could read one could not read the other)."""
+    import os
+    import stat
+
+    out = tmp_path / "modes"
+    previous = os.umask(0o022)
+    try:
+        export_global(store.active(), out, ("safetensors",))
+    finally:
+        os.umask(previous)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+    assert modes == {"config.json": 0o644, "model.safetensors": 0o644, "export.json": 0o644}
 
 
 def _tamper(out, what):
