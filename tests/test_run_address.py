@@ -128,3 +128,19 @@ def test_export_finds_the_only_experiment(tmp_path, capsys, state):
     code = main(["export", "--store", str(tmp_path / "store"), "--out", str(tmp_path / "x")])
     err = capsys.readouterr().err
     assert code == 2 and "no active experiment" not in err and "fragment 0" in err
+
+
+def test_list_on_a_gcs_store_reads_only_the_experiment_level(gcs_server, capsys):
+    """On GCS the experiments come from one delimiter listing (not every object under them)."""
+    import uuid
+
+    from gcs_emulator import BUCKET
+
+    uri = f"gs://{BUCKET}/catalog-{uuid.uuid4().hex[:8]}"
+    _experiment(uri, "one", finished=True)
+    _experiment(uri, "two", active=True)
+    open_blob_store(uri).write("experiments/no-config/rounds/OPEN", b"{}")
+    assert main(["list", "--store", uri, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["experiment"], r["state"]) for r in rows] == [("one", "finished"),
+                                                            ("two", "active")]
