@@ -23,7 +23,11 @@ from benchmarks.quality.selection import (  # noqa: E402
     reseed,
     role,
 )
-from benchmarks.quality.slice_report import across_seeds, paired_ratios  # noqa: E402
+from benchmarks.quality.slice_report import (  # noqa: E402
+    across_seeds,
+    paired_ratios,
+    ratio_se_over_batches,
+)
 
 
 def test_standard_error_is_the_sample_deviation_over_root_n():
@@ -52,6 +56,26 @@ def test_across_seeds_gives_both_standard_errors_and_refuses_unscored_runs():
     ratios = paired_ratios({0: _slices(1, 2.2), 1: _slices(1, 3.0)},
                            {0: _slices(1, 2.0), 2: _slices(1, 3.0)}, "test")
     assert ratios == [pytest.approx(1.1)]                  # only seed 0 is paired
+
+
+def _batches(losses) -> dict:
+    return {"heldout_slices": {"test": {"loss": sum(losses) / len(losses),
+                                        "batch_losses": losses}}}
+
+
+def test_the_ratio_is_compared_batch_by_batch():
+    ref = {0: _batches([1.0, 2.0, 3.0, 4.0])}
+    # 10% worse on every batch: no doubt at all, however different the batches are.
+    assert ratio_se_over_batches({0: _batches([1.1, 2.2, 3.3, 4.4])}, ref, "test") == \
+        pytest.approx(0.0, abs=1e-12)
+    # Level on average, +-0.1 per batch: residuals +-0.1, stdev 0.1155 / 2 / mean 2.5.
+    got = ratio_se_over_batches({0: _batches([1.1, 1.9, 3.1, 3.9])}, ref, "test")
+    assert got == pytest.approx(math.sqrt(0.04 / 3) / 2 / 2.5)
+    # Two seeds with the same error: sqrt(2 e^2) / 2.
+    two = ratio_se_over_batches({0: _batches([1.1, 1.9, 3.1, 3.9]),
+                                 1: _batches([1.1, 1.9, 3.1, 3.9])},
+                                {0: ref[0], 1: ref[0]}, "test")
+    assert two == pytest.approx(got / math.sqrt(2))
 
 
 def test_seeds_are_named_by_role_and_arms_reseeded():

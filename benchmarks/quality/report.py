@@ -20,7 +20,7 @@ from benchmarks.quality.selection import (
     observed_arms,
     role,
 )
-from benchmarks.quality.slice_report import across_seeds, paired_ratios
+from benchmarks.quality.slice_report import across_seeds, paired_ratios, ratio_se_over_batches
 
 REPO = Path(__file__).resolve().parents[2]
 OUT_DIR = REPO / "benchmarks" / "results" / "quality"
@@ -135,6 +135,7 @@ def _exp1_row(tokens: int, label: str, seed_role: str, members: list[Arm], dp: d
             "test_se_seeds": _round(test and test["se_seeds"], 4),
             "test_vs_data_parallel": _round(ratio, 4),
             "test_ratio_se_seeds": _round(ratio_se, 4),
+            "test_ratio_se_batches": _round(ratio_se_over_batches(records, dp, "test"), 4),
             "first_8kb_loss": round(statistics.fmean(first), 4),
             "first_8kb_vs_data_parallel": _round(statistics.fmean(first_ratios), 4)
             if first_ratios else None,

@@ -45,3 +45,26 @@ def paired_ratios(records: dict[int, dict], reference: dict[int, dict], name: st
         if mine is not None and theirs:
             out.append(mine / theirs)
     return out
+
+
+def ratio_se_over_batches(records: dict[int, dict], reference: dict[int, dict], name: str
+                          ) -> float | None:
+    """The standard error over batches of the mean paired ratio (`paired_ratios`), the two arms
+    compared batch by batch on the same text: per seed, the ratio estimator's error
+    stdev(a_b - r * ref_b) / sqrt(n) / mean(ref), then sqrt(sum of squares) / seeds. Much
+    smaller than either loss's own error over batches, since a hard batch is hard for both.
+    None where a seed lacks per-batch losses."""
+    errors = []
+    for seed, record in sorted(records.items()):
+        ref = reference.get(seed)
+        mine = (record.get("heldout_slices") or {}).get(name)
+        theirs = ref and (ref.get("heldout_slices") or {}).get(name)
+        if not mine or not theirs:
+            continue
+        a, b = mine.get("batch_losses"), theirs.get("batch_losses")
+        if not a or not b or len(a) != len(b) or len(a) < 2:
+            return None
+        ratio = sum(a) / sum(b)
+        residuals = [x - ratio * y for x, y in zip(a, b, strict=True)]
+        errors.append(mean_and_standard_error(residuals)[1] / (sum(b) / len(b)))
+    return math.sqrt(sum(e * e for e in errors)) / len(errors) if errors else None
