@@ -173,17 +173,18 @@ def _already_finished(store: ArtifactStore, root: Path, store_uri: str) -> bool:
     summary = store.get_summary()
     if summary is None:
         return False
-    ended = store.finished() or {}
-    when = (time.strftime("%Y-%m-%d %H:%M", time.localtime(ended["time"]))
-            if isinstance(ended.get("time"), (int, float)) else "earlier")
+    ended = (store.finished() or {}).get("at")        # the round controller's clock
+    when = (time.strftime("%Y-%m-%d %H:%M", time.localtime(ended))
+            if isinstance(ended, (int, float)) else "earlier")
     stopped = " (stopped early at an operator's request)" if store.stop_request() else ""
     print(f"demo: experiment {store.experiment} in {root} already finished ({when}){stopped}: "
           f"{summary.get('rounds_merged')} rounds merged, held-out loss "
           f"{summary.get('initial_eval_loss', float('nan')):.3f} -> "
           f"{summary.get('final_eval_loss', float('nan')):.3f}. Nothing to run; start a new "
           "demo without --workdir (or with a new one).")
-    for command in run_commands(store_uri, store.experiment).values():
-        print(f"demo:   {command}")
+    commands = run_commands(store_uri, store.experiment)
+    print(f"demo: see it with:    {commands['status']}")
+    print(f"demo: export it with: {commands['export']}")
     return True
 
 
@@ -221,8 +222,8 @@ def _drive(cfg: ExperimentConfig, root: Path, store: ArtifactStore, store_uri: s
           flush=True)
     print(f"demo: experiment {cfg.name} in the store {store_uri}", flush=True)
     commands = run_commands(store_uri, cfg.name)
-    for verb in ("status", "stop"):
-        print(f"demo: {verb:<6} {commands[verb]}", flush=True)
+    print(f"demo: watch it with:  {commands['status']}", flush=True)
+    print(f"demo: stop it with:   {commands['stop']}", flush=True)
     if postgres_url is not None:
         print(f"demo: Dagster instance storage in PostgreSQL at {redact_url(postgres_url)}",
               flush=True)
@@ -272,8 +273,8 @@ def _drive(cfg: ExperimentConfig, root: Path, store: ArtifactStore, store_uri: s
     if json_path:
         Path(json_path).write_text(json.dumps(summary, indent=2))
         print(f"demo: summary written to {json_path}")
-    print(f"demo: status {commands['status']}")
-    print(f"demo: export {commands['export']}")
+    print(f"demo: see it with:    {commands['status']}")
+    print(f"demo: export it with: {commands['export']}")
     return 0
 
 

@@ -36,8 +36,10 @@ def print_experiments(rows: list[dict], store_uri: str, as_json: bool,
         console.print(f"no experiments in the store {store_uri}")
         return
     table = Table(title=f"experiments in {store_uri}")
-    for column in ("experiment", "state", "last round", "rounds merged", "final loss",
-                   "token budget"):
+    # The name is what the user copies into --experiment: never cut to fit the terminal.
+    table.add_column("experiment", no_wrap=True,
+                     min_width=max(len(r["experiment"]) for r in rows))
+    for column in ("state", "last round", "rounds merged", "final loss", "token budget"):
         table.add_column(column)
     colour = {"active": "green", "stopping": "yellow", "inactive": "red"}
     for r in rows:

@@ -126,7 +126,8 @@ def test_a_finished_workdir_says_it_is_finished_and_starts_nothing(tmp_path, fak
     cfg = load_config(None, ["name=done-demo", "model.preset=tiny"], base=ORCHESTRATED_DEFAULTS)
     store = ArtifactStore(open_blob_store(str(workdir / "store")), cfg.name)
     store.put_config(config_to_mapping(cfg))
-    store.mark_finished({"time": time.time()})
+    store.mark_finished({"at": time.mktime((2026, 11, 20, 9, 30, 0, 0, 0, -1)), "by": "syncer-a0",
+                        "last_round": 61})
     store.put_summary({"rounds_merged": 62, "initial_eval_loss": 5.56, "final_eval_loss": 1.73})
     (workdir / "experiment.yaml").write_text(yaml.safe_dump(config_to_mapping(cfg)))
 
@@ -136,8 +137,9 @@ def test_a_finished_workdir_says_it_is_finished_and_starts_nothing(tmp_path, fak
     fake_dagster.on_enter = started
     assert main(["demo", *FAST, "--workdir", str(workdir)]) == 0
     out = capsys.readouterr().out
-    assert "already finished" in out and "done-demo" in out and "62 rounds merged" in out
-    assert "diloco status --store" in out and "wall time" not in out
+    assert "already finished (2026-11-20 09:30)" in out and "done-demo" in out
+    assert "62 rounds merged" in out and "diloco status --store" in out
+    assert "diloco stop" not in out and "wall time" not in out
 
 
 def test_the_demo_prints_the_store_experiment_and_commands(tmp_path, fake_dagster, capsys):

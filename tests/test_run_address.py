@@ -25,7 +25,7 @@ def _experiment(store_dir, name, *, active=False, finished=False, operator_stop=
         store.put_stop_request({"requested_by": "test", "reason": "", "time": time.time()})
     if finished:
         store.request_stop({"reason": "token budget", "time": time.time()})
-        store.mark_finished({"time": time.time()})
+        store.mark_finished({"at": time.time(), "by": "test", "last_round": 6})
         store.put_summary({"rounds_merged": 7, "initial_eval_loss": 5.5,
                            "final_eval_loss": 2.25})
     if active:
@@ -63,16 +63,17 @@ def test_list_shows_every_experiment_with_its_state(tmp_path, capsys):
     _experiment(store, "done", finished=True)
     _experiment(store, "halted", finished=True, operator_stop=True)
     _experiment(store, "interrupted")
-    _experiment(store, "running", active=True)
+    _experiment(store, "diloco-demo-20261126-001019", active=True)
     (store / "experiments" / "half-made").mkdir()          # no config yet: not listed
     assert main(["list", "--store", str(store), "--json"]) == 0
     rows = {r["experiment"]: r for r in json.loads(capsys.readouterr().out)}
     assert {k: r["state"] for k, r in rows.items()} == {
         "done": "finished", "halted": "stopped", "interrupted": "inactive",
-        "running": "active"}
+        "diloco-demo-20261126-001019": "active"}
     assert rows["done"]["rounds_merged"] == 7
     assert main(["list", "--store", str(store)]) == 0
-    assert "halted" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "halted" in out and "diloco-demo-20261126-001019" in out    # never cut to fit
 
 
 def test_read_only_commands_never_create_directories(tmp_path, capsys, monkeypatch):
