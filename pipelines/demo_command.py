@@ -268,7 +268,8 @@ def _drive(cfg: ExperimentConfig, root: Path, store: ArtifactStore, store_uri: s
     summary = {**summary, "wall_seconds": wall,
                "failures_injected": watch.failures_injected, "killed": watch.killed,
                "syncer_killed": watch.syncer_killed,
-               "restarts": watch.restarts, "workdir": str(root)}
+               "restarts": watch.restarts, "workdir": str(root),
+               "stopped_early": store.stop_request()}
     _print_summary(summary)
     if json_path:
         Path(json_path).write_text(json.dumps(summary, indent=2))
@@ -293,6 +294,15 @@ def _recorded_summary(store, summary: dict, deadline: float) -> dict:
         print("demo: the summarize run did not record the summary within a minute",
               file=sys.stderr)
     return summary
+
+
+def _stop_line(request: dict) -> str:
+    """When, by whom and why an operator ended the run before its token budget."""
+    at = request.get("time")
+    when = (time.strftime("%H:%M:%S", time.localtime(at)) if isinstance(at, (int, float))
+            else "an unknown time")
+    reason = request.get("reason") or "no reason given"
+    return f"at {when}, requested by {request.get('requested_by') or 'an operator'}: {reason}"
 
 
 def _print_summary(s: dict) -> None:
@@ -332,5 +342,7 @@ def _print_summary(s: dict) -> None:
         print(f"token ledger         {'balanced' if ledger['balanced'] else 'UNBALANCED'}"
               f"{'' if ledger['exact'] else ' (inexact: crashed attempts)'}; merged "
               f"{ledger['tokens']['merged']:,.0f}; lost: {lost or 'none'}")
+    if s.get("stopped_early"):
+        print(f"stopped early        {_stop_line(s['stopped_early'])}")
     print(f"wall time            {s['wall_seconds']:.0f}s")
     print(f"sample               {s['final_sample']!r}")

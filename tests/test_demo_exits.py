@@ -223,3 +223,18 @@ def test_export_to_a_read_only_place_is_one_line(tmp_path, capsys, monkeypatch):
     code = main(["export", "--store", str(tmp_path / "store"), "--out", str(out)])
     assert code != 0
     assert capsys.readouterr().err == f"diloco export: cannot use {out}: Read-only file system\n"
+
+
+def test_the_summary_says_when_and_why_a_run_was_stopped_early(capsys):
+    summary = {"rounds_merged": 3, "rounds_opened": 5, "initial_eval_loss": 5.5,
+               "final_eval_loss": 4.0, "final_bits_per_byte": 5.0, "tokens": 10,
+               "token_budget": 100, "uptime": 1.0, "learner_idle_fraction": 0.0,
+               "merge_latency_seconds": {"median": None}, "failures_injected": 0,
+               "learners_rejoined": [], "wall_seconds": 9.0, "final_sample": "x"}
+    demo_command._print_summary(summary)
+    assert "stopped early" not in capsys.readouterr().out
+    at = time.mktime((2026, 11, 20, 9, 30, 5, 0, 0, -1))
+    demo_command._print_summary({**summary, "stopped_early": {
+        "requested_by": "ana (diloco stop)", "reason": "capacity reclaimed", "time": at}})
+    assert ("stopped early        at 09:30:05, requested by ana (diloco stop): capacity "
+            "reclaimed") in capsys.readouterr().out
