@@ -43,7 +43,8 @@ def load_config(path: str | None, overrides: list[str],
 
     A user who sets the number of learners but not a per-learner list (speeds, batch sizes,
     regions, names) gets that list's default for the new M, not the base's list for its M:
-    `demo --set learners.num_learners=2` must not fail on four speeds nobody asked for."""
+    `demo --set learners.num_learners=2` must not fail on four speeds nobody asked for; nor
+    `num_learners=1` on the base's quorum K = 2 (K becomes M when the base's K exceeds it)."""
     mapping = {}
     if path:
         file = Path(path)
@@ -59,6 +60,14 @@ def load_config(path: str | None, overrides: list[str],
         for per_learner in ("names", "regions", "speeds", "batch_sizes"):
             if per_learner not in chosen:
                 base_mapping["learners"].pop(per_learner, None)
+        # Likewise the base's quorum: K = 2 must not refuse `num_learners=1`, a K the user
+        # never set. A K the user sets is checked as given.
+        base_sync = base_mapping.get("sync")
+        user_sync = user.get("sync") if isinstance(user.get("sync"), dict) else {}
+        m, k = chosen["num_learners"], (base_sync or {}).get("min_quorum")
+        if ("min_quorum" not in user_sync and isinstance(m, int) and isinstance(k, int)
+                and 1 <= m < k):
+            base_sync["min_quorum"] = m
     return config_from_mapping(merge_mappings(base_mapping, mapping), overrides)
 
 

@@ -172,6 +172,20 @@ def test_changing_the_number_of_learners_drops_the_launch_defaults_per_learner_l
     assert cfg.learners.learner_speeds == (1.0, 0.5)
 
 
+def test_one_learner_is_not_refused_for_a_quorum_the_user_never_set():
+    from diloco_core.config import ConfigError
+    from pipelines.cli import load_config
+    from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
+
+    cfg = load_config(None, ["learners.num_learners=1"], base=ORCHESTRATED_DEFAULTS)
+    assert cfg.learners.num_learners == 1 and cfg.sync.min_quorum == 1
+    assert load_config(None, ["learners.num_learners=3"],
+                       base=ORCHESTRATED_DEFAULTS).sync.min_quorum == 2    # K <= M: kept
+    with pytest.raises(ConfigError, match="min_quorum"):       # a K the user set is checked
+        load_config(None, ["learners.num_learners=1", "sync.min_quorum=2"],
+                    base=ORCHESTRATED_DEFAULTS)
+
+
 def test_config_orchestrated_shows_what_demo_and_train_run(capsys):
     import yaml
 

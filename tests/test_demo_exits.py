@@ -144,8 +144,10 @@ def test_a_finished_workdir_says_it_is_finished_and_starts_nothing(tmp_path, fak
 
 def test_the_demo_prints_the_store_experiment_and_commands(tmp_path, fake_dagster, capsys):
     workdir = tmp_path / "demo"
-    assert main(["demo", *FAST, "--workdir", str(workdir), "--timeout", "0.1"]) == 1
+    assert main(["demo", *FAST, "--set", "learners.num_learners=1", "--workdir", str(workdir),
+                 "--timeout", "0.1"]) == 1
     out = capsys.readouterr().out
+    assert out.startswith("demo: 1 learner, budget")
     name = yaml.safe_load((workdir / "experiment.yaml").read_text())["name"]
     store = workdir.resolve() / "store"
     assert f"experiment {name} in the store {store}" in out
