@@ -30,7 +30,7 @@ def run_store(context: dg.AssetExecutionContext | dg.OpExecutionContext,
 def _partition_experiment(context) -> str | None:
     if not context.has_partition_key:
         return None
-    from pipelines.round_control import partition_experiment
+    from pipelines.partition_keys import partition_experiment
 
     key = context.partition_key
     if isinstance(key, dg.MultiPartitionKey):

@@ -229,7 +229,7 @@ def release_checks(held: dict, upto: int | None, closed_upto: int) -> tuple[list
     """Evaluate the held checks of every partition whose rounds all lie at or before `upto`
     (None: every partition, the run is finished); returns the events and the last round of
     the partitions evaluated so far (later results for them are dropped, not re-evaluated)."""
-    from pipelines.round_control import partition_rounds
+    from pipelines.partition_keys import partition_rounds
 
     events = []
     for partition in sorted(held):

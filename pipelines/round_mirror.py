@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from diloco_core.config import ExperimentConfig
-from pipelines.round_control import LATE_WINDOW, describe_offer
+from diloco_core.syncer_machine import LATE_WINDOW
+from pipelines.offer_summary import describe_offer
 from resources.store.artifact_store import ArtifactStore
 
 MAX_ROUNDS_PER_TICK = 64

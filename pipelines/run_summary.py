@@ -28,7 +28,7 @@ sensor requests then records it as the `run_summary` asset, reusing those evals.
 import statistics
 
 from diloco_core.config_loading import config_from_mapping
-from pipelines.liveness import ENDED_STATUSES
+from diloco_core.liveness import ENDED_STATUSES
 from pipelines.resilience import resilience_report
 from pipelines.round_eval import evaluate_global
 from pipelines.token_ledger import run_ledger

@@ -12,7 +12,7 @@ A learner is
 - `down`: no heartbeat for `orchestration.learner_timeout_seconds`, or its process failed;
 - `done` / `not started`.
 Heartbeat ages use the learner's own clock against this machine's, so a skewed clock shifts
-them; the syncer itself never compares clocks (`pipelines/liveness.py`).
+them; the syncer itself never compares clocks (`diloco_core/liveness.py`).
 """
 
 import json
@@ -23,7 +23,7 @@ from rich.table import Table
 
 from diloco_core.config import ExperimentConfig
 from diloco_core.config_loading import config_from_mapping
-from pipelines.liveness import LIVE_STATUSES
+from diloco_core.liveness import LIVE_STATUSES
 from pipelines.experiment_state import experiment_state
 from resources.store.artifact_store import ArtifactStore, active_experiment
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from orchestration_harness import Harness
 
-from pipelines.liveness import observe, silent_for
+from diloco_core.liveness import observe, silent_for
 from pipelines.run_summary import build_summary
 
 REPO = Path(__file__).resolve().parent.parent

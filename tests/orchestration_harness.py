@@ -16,7 +16,7 @@ from diloco_core.config_loading import config_from_mapping
 from diloco_core.contribution import Contribution
 from pipelines.definitions import defs as load_defs
 from pipelines.defs.sensors import quorum_tick
-from pipelines.round_control import learner_partition_key, partition_key
+from pipelines.partition_keys import learner_partition_key, partition_key
 from resources.store.resource import ArtifactStoreResource
 
 
@@ -37,6 +37,13 @@ TINY = ["model.preset=tiny", "data.seq_len=32", "data.batch_size=4", "learners.n
         # The quorum sensor decides and requests merge runs itself (the syncer service's
         # fallback path); tests of the service add "orchestration.syncer=service".
         "orchestration.syncer=sensor"]
+
+
+# For scripted learners that jump past the token budget in one heartbeat, to test what comes
+# after STOP: the syncer credits a heartbeat's total only as far as the learner's offers and
+# peers corroborate it (`syncer_machine.credited`), so a jump would be held. Those rules have
+# their own tests (test_syncer_machine, test_untrusted_learner); these turn them off.
+JUMPS = ["sync.max_speed_ratio=inf"]
 
 
 class Harness:

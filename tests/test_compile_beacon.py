@@ -3,7 +3,7 @@ and goes silent after its limit, so a truly hung compile is still detected."""
 
 import time
 
-from pipelines.liveness import observe, silent_for
+from diloco_core.liveness import observe, silent_for
 from resources.learner.beacon import CompileBeacon
 
 

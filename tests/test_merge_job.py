@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from orchestration_harness import Harness
 
-from pipelines.round_control import partition_key
+from pipelines.partition_keys import partition_key
 from resources.hostile_records import CONTRIBUTION_ATTACKS
 from resources.store import layout
 from resources.store.artifact_store import Conflict

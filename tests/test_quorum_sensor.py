@@ -7,7 +7,7 @@ dedup, runs executed in-process), so merges really run and commit to the store.
 
 import dagster as dg
 import pytest
-from orchestration_harness import Harness
+from orchestration_harness import JUMPS, Harness
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -16,6 +16,15 @@ pytestmark = pytest.mark.timeout(300)
 def harness(tmp_path):
     with dg.instance_for_test() as instance:
         h = Harness(instance, str(tmp_path / "store"))
+        h.start()
+        yield h
+
+
+@pytest.fixture
+def jumping(tmp_path):
+    """A harness whose scripted learners may jump past the budget (`JUMPS`)."""
+    with dg.instance_for_test() as instance:
+        h = Harness(instance, str(tmp_path / "store"), JUMPS)
         h.start()
         yield h
 
@@ -145,8 +154,8 @@ def _merge_round_0_then_pass_the_budget(h: Harness) -> None:
     h.tick()
 
 
-def test_budget_reached_runs_final_rounds_then_the_summary(harness):
-    h = harness
+def test_budget_reached_runs_final_rounds_then_the_summary(jumping):
+    h = jumping
     _merge_round_0_then_pass_the_budget(h)
     assert h.store.stop_requested() is not None
     for r in (1, 2):
@@ -166,11 +175,11 @@ def test_budget_reached_runs_final_rounds_then_the_summary(harness):
     assert h.resource.active() is None            # the sensors go quiet
 
 
-def test_a_final_round_does_not_wait_for_a_learner_with_nothing_to_offer(harness):
+def test_a_final_round_does_not_wait_for_a_learner_with_nothing_to_offer(jumping):
     # learner-1 stopped training right after receiving fragment 1: it answers that final round
     # with nothing to offer (named in its heartbeat), so the round is decided at once instead
     # of after orchestration.round_timeout_seconds.
-    h = harness
+    h = jumping
     _merge_round_0_then_pass_the_budget(h)
     assert h.state()["round"] == 1 and h.state()["final"]
     h.offer("learner-0", 1)
@@ -269,7 +278,8 @@ def test_a_final_round_publishes_the_members_weighted_average_not_an_outer_step(
     mean outer gradient), with no outer-optimizer step on top; `outer_step` (the old behaviour)
     scales it by the outer lr and adds momentum, so it lands elsewhere."""
     with dg.instance_for_test() as instance:
-        h = Harness(instance, str(tmp_path / "store"), [f"outer.final_rounds={final_rounds}"])
+        h = Harness(instance, str(tmp_path / "store"),
+                    [f"outer.final_rounds={final_rounds}", *JUMPS])
         h.start()
         _final_round_lands_on_the_average(h, final_rounds == "average")
 

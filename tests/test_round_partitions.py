@@ -9,7 +9,7 @@ from orchestration_harness import Harness
 from diloco_core.config import ROUND_PARTITIONS_MAX
 from pipelines.cli import load_config
 from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
-from pipelines.round_control import (
+from pipelines.partition_keys import (
     learner_partition_key,
     partition_experiment,
     partition_key,

@@ -11,7 +11,7 @@ import json
 
 import dagster as dg
 import pytest
-from orchestration_harness import Harness
+from orchestration_harness import JUMPS, Harness
 
 from diloco_core.config import ConfigError
 from diloco_core.config_loading import config_from_mapping, overrides_to_mapping
@@ -218,7 +218,7 @@ def _play(store_dir: str, path: str) -> tuple:
     """The scenario decided by one path ("sensor": the quorum sensor's fallback with merge
     runs; "service": the syncer service in-process, its lease on the harness's clock)."""
     with dg.instance_for_test() as instance:
-        h = Harness(instance, store_dir, overrides=[f"orchestration.syncer={path}"])
+        h = Harness(instance, store_dir, overrides=[f"orchestration.syncer={path}", *JUMPS])
         h.start()
         if path == "service":
             service = SyncerService(h.store, attempt=0, log=lambda _: None)

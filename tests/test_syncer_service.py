@@ -14,7 +14,7 @@ import time
 
 import dagster as dg
 import pytest
-from orchestration_harness import Harness, wait_until
+from orchestration_harness import JUMPS, Harness, wait_until
 
 from pipelines.syncer_service import SyncerService
 from resources.store.lease import LeaseLost, LeaseRefused, SyncerLease
@@ -376,14 +376,23 @@ def _finish(h: Harness, service: SyncerService) -> None:
     raise AssertionError("the final rounds did not finish")
 
 
+@pytest.fixture
+def jumping(tmp_path):
+    """A service harness whose scripted learners may jump past the budget (`JUMPS`)."""
+    with dg.instance_for_test() as instance:
+        h = Harness(instance, str(tmp_path / "store"), overrides=SERVICE + JUMPS)
+        h.start()
+        yield h
+
+
 def test_the_service_writes_the_summary_with_its_own_evals_once_the_learners_ended(
-        harness, monkeypatch):
+        jumping, monkeypatch):
     """At FINISHED the syncer waits for every learner's last process to end (their ledger
     records are final then), then writes the summary with the evals it made with its warm
     program; the `summarize` run records it in Dagster without evaluating again."""
     import pipelines.run_summary as run_summary
 
-    h = harness
+    h = jumping
     service = _service_after_round_0(h)
     service.initial_eval = run_summary.evaluate_global(h.store, version=0)
     _finish(h, service)

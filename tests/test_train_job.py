@@ -93,10 +93,10 @@ def test_a_second_experiment_does_not_orphan_the_active_one_and_a_relaunch_resum
 
 
 def test_a_resume_may_raise_the_token_budget_and_the_run_stops_at_the_new_one(tmp_path):
-    from orchestration_harness import Harness
+    from orchestration_harness import JUMPS, Harness
 
     with dg.instance_for_test() as instance:
-        h = Harness(instance, str(tmp_path / "store"), ["token_budget=20000"])
+        h = Harness(instance, str(tmp_path / "store"), ["token_budget=20000", *JUMPS])
         h.start()
 
         def relaunch(*overrides):

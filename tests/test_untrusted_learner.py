@@ -222,6 +222,34 @@ def test_a_heartbeat_claiming_2_to_the_62_tokens_does_not_stop_the_run(tmp_path)
         assert h.store.version_meta(0)["round"] == 2
 
 
+def test_with_two_learners_a_2_to_the_62_claim_is_held_by_the_syncers_own_account(tmp_path):
+    """M = 2: no other live learner to compare a heartbeat with, so what held the claim above
+    (the peers' totals) cannot. The syncer's account of what the learner offered does: the
+    claim is clipped with a reason, the run goes on, and its rounds merge both learners."""
+    with dg.instance_for_test() as instance:
+        h, service = _started(instance, tmp_path, ["learners.num_learners=2",
+                                                   "sync.min_quorum=2"])
+        names = h.cfg.learners.learner_names
+        liar = names[1]
+        reasons = []
+        for r in range(4):
+            for name in names:
+                h.beat(name, 2)
+            h.store.put_heartbeat(liar, {"learner": liar, "status": "training",
+                                         "time": h.now, "step": 2 ** 62 // 128,
+                                         "tokens_total": 2 ** 62, "compute_seconds": 1.0})
+            h.now += 1
+            reasons.append(service.step(now=h.now))
+            assert service.state["round"] == r, service.state
+            for name in names:
+                h.offer(name, r)
+            _decide(h, service)
+        assert h.store.stop_requested() is None
+        assert not service.state["stop"], service.state
+        assert any(f"{liar} (claims {2 ** 62} tokens, credited" in why for why in reasons)
+        assert h.store.version_meta(1)["members"] == list(names)
+
+
 @pytest.mark.parametrize("compute_seconds", [1e300, 1.7e308])
 def test_a_heartbeats_step_time_cannot_hold_rounds_open(tmp_path, compute_seconds):
     """The step-time estimate sets the grace window: 1e300 seconds a step held the round open

@@ -14,7 +14,7 @@ from pydantic import Field
 from pipelines.config_schema import form_model
 from pipelines.defs.partitions import learners
 from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS, require_orchestratable
-from pipelines.round_control import learner_partition_key
+from pipelines.partition_keys import learner_partition_key
 from resources.compute import LearnerCompute
 from resources.store.resource import ArtifactStoreResource
 

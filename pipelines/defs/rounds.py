@@ -14,7 +14,7 @@ import dagster as dg
 
 from pipelines.defs.partitions import ROUND_TAG, learners, round_x_learner, rounds
 from pipelines.experiment_context import EXPERIMENT_TAG, run_store
-from pipelines.round_control import partition_key, partition_rounds
+from pipelines.partition_keys import partition_key, partition_rounds
 from pipelines.round_metadata import (
     eval_regression,
     global_params_events,

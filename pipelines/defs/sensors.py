@@ -12,6 +12,7 @@ import time
 
 import dagster as dg
 
+from diloco_core.liveness import LIVE_STATUSES, observe, silent_for
 from pipelines.defs.learners import learner
 from pipelines.defs.partitions import (
     FRAGMENT_TAG,
@@ -27,8 +28,8 @@ from pipelines.defs.rounds import merge_job
 from pipelines.defs.summary import summary_job
 from pipelines.defs.syncer import syncer
 from pipelines.experiment_context import EXPERIMENT_TAG
-from pipelines.liveness import LIVE_STATUSES, observe, silent_for
-from pipelines.round_control import RoundController, learner_partition_key, partition_key
+from pipelines.partition_keys import learner_partition_key, partition_key
+from pipelines.round_control import RoundController
 from pipelines.round_mirror import fresh_mirror, mirror_tick
 from resources.store.resource import ArtifactStoreResource
 

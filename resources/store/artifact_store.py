@@ -29,6 +29,7 @@ from diloco_core.capacity import Capacity
 from diloco_core.config import ENCODINGS, MAX_LEARNERS, LearnersConfig
 from diloco_core.contribution import Contribution
 from diloco_core.round_records import MAX_INT, Heartbeat, RecordError, RoundDecision, RoundOpen
+from diloco_core.syncer_machine import OfferDigest
 from resources.store import layout
 from resources.store.array_bundle import BadBundle, decode_bundle, encode_bundle, sha256
 from resources.store.blobs import BlobNotFound, BlobStore, ListingTooLong, PreconditionFailed
@@ -143,11 +144,17 @@ class ArtifactStore:
 
     def _read_record(self, key: str, kind: type[RoundOpen | RoundDecision | Heartbeat]
                      ) -> dict | None:
+        typed = self._read_typed(key, kind)
+        return None if typed is None else typed.to_json()
+
+    def _read_typed(self, key: str, kind: type[RoundOpen | RoundDecision | Heartbeat]):
+        """The record at `key` validated into `kind`, None if absent; `RejectedArtifact`
+        names the field that is wrong."""
         raw = self._read_json(key)
         if raw is None:
             return None
         try:
-            return kind.from_json(raw).to_json()
+            return kind.from_json(raw)
         except RecordError as err:
             raise RejectedArtifact(key, str(err)) from None
 
@@ -399,12 +406,12 @@ class ArtifactStore:
             self.listing_refusals[prefix] = reason
             _log.warning("listing of %s stopped: %s", prefix, reason)
 
-    def contribution_digest(self, round_index: int, learner: str
-                            ) -> tuple[str, str, int] | None:
-        """(SHA-256 of the offer's manifest, SHA-256 of its payload as the manifest states
-        it, its base version), or None if nothing is committed; `RejectedArtifact` for a
-        manifest that is no offer of this learner to this round. A decision commits to the
-        first; the second tells a replayed or copied payload, the third a replayed base."""
+    def contribution_digest(self, round_index: int, learner: str) -> OfferDigest | None:
+        """What the store vouches for of a committed offer (the SHA-256 of its manifest and of
+        its payload as the manifest states it, its base version, its counters), or None if
+        nothing is committed; `RejectedArtifact` for a manifest that is no offer of this
+        learner to this round. A decision commits to the first; the second tells a replayed
+        or copied payload, the third a replayed base."""
         directory = layout.contribution_dir(self.experiment, round_index, learner)
         key = f"{directory}/{layout.MANIFEST}"
         found = self._read_json_with_digest(key)
@@ -412,7 +419,8 @@ class ArtifactStore:
             return None
         manifest, digest = found
         _check_contribution_manifest(key, manifest, round_index, learner)
-        return digest, manifest["objects"]["delta"]["sha256"], manifest["base_version"]
+        return OfferDigest(digest, manifest["objects"]["delta"]["sha256"],
+                           manifest["base_version"], manifest["tokens"], manifest["steps"])
 
     def contribution_created(self, round_index: int, learner: str) -> float | None:
         """When the store created the payload of the learner's committed offer (its own clock,
@@ -492,6 +500,10 @@ class ArtifactStore:
         """The decision record (validated: `RejectedArtifact` names the field otherwise)."""
         return self._read_record(layout.decision(self.experiment, round_index), RoundDecision)
 
+    def decision_record(self, round_index: int) -> RoundDecision | None:
+        """`get_decision` as the typed record."""
+        return self._read_typed(layout.decision(self.experiment, round_index), RoundDecision)
+
     def put_round_not_merged(self, round_index: int, record: Mapping[str, Any]) -> None:
         """The merge record of a round that committed nothing (write-once: a retry finds it;
         the reasons of its rejections must outlive the merge run for the token ledger)."""
@@ -527,6 +539,14 @@ class ArtifactStore:
     def get_round_open(self, round_index: int) -> dict | None:
         return self._read_record(layout.round_open(self.experiment, round_index), RoundOpen)
 
+    def latest_open_record(self) -> RoundOpen | None:
+        """`latest_open_round` as the typed record."""
+        return self._read_typed(layout.open_pointer(self.experiment), RoundOpen)
+
+    def round_open_record(self, round_index: int) -> RoundOpen | None:
+        """`get_round_open` as the typed record."""
+        return self._read_typed(layout.round_open(self.experiment, round_index), RoundOpen)
+
     def put_heartbeat(self, learner: str, beat: Heartbeat | Mapping[str, Any],
                       if_generation: int | None = None) -> None:
         """Write a learner's heartbeat; with `if_generation` (from `heartbeat_generation`) only
@@ -558,8 +578,13 @@ class ArtifactStore:
         """(the learner's validated heartbeat or None, why it was refused or None). A learner
         writes it: a malformed one reads as no heartbeat (the learner is not live) plus the
         reason, never as an error that would stop the reader."""
+        beat, why = self.heartbeat_record(learner)
+        return (None if beat is None else beat.to_json()), why
+
+    def heartbeat_record(self, learner: str) -> tuple[Heartbeat | None, str | None]:
+        """`read_heartbeat` as the typed record."""
         try:
-            return self._read_record(layout.heartbeat(self.experiment, learner), Heartbeat), None
+            return self._read_typed(layout.heartbeat(self.experiment, learner), Heartbeat), None
         except RejectedArtifact as err:
             return None, err.reason
 

@@ -1,10 +1,11 @@
 """Which learners are live, judged by the syncer's clock, never by the learners' own.
 
 A learner's heartbeat carries its own clock, which may be skewed (another machine, another
-region). So the syncer never compares that clock with its own: it remembers, in its sensor
-cursor, when it last saw each heartbeat *change*, and a learner is live while that was less than
-`learner_timeout_seconds` ago (and its status says it is working). A lost cursor only makes
-every heartbeat look fresh once, for one timeout.
+region). So the syncer never compares that clock with its own: it remembers, in its state (the
+sensor's cursor), when it last saw each heartbeat *change*, and a learner is live while that
+was less than `learner_timeout_seconds` ago (and its status says it is working). A lost state
+only makes every heartbeat look fresh once, for one timeout. Pure: the syncer's state machine
+(`syncer_machine`) and the sensors use it alike.
 """
 
 from collections.abc import Mapping

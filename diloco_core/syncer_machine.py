@@ -1,0 +1,554 @@
+"""The syncer's side of the round protocol as one pure state machine:
+`step(state, observed, cfg) -> (state, actions)`.
+
+Its drivers read the store, step, and write the actions in order (`pipelines/round_control.py`:
+the syncer service and the quorum sensor's fallback, on the syncer's wall clock). The machine
+reads and writes nothing itself: everything it knows arrives as one `Observed` per tick, and
+everything it decides leaves as actions (`StopRun`, `Decide`, `OpenRound`, `FinishRun`). The
+rules are the round protocol's (`round_protocol`); what this module adds is the state they run
+on and how one tick's observations become decisions:
+
+- An offer's arrival time is when a tick first saw it (the syncer's clock, never a learner's).
+- A learner is live while its heartbeat changed less than `learner_timeout_seconds` ago by the
+  syncer's clock (`liveness`), unless the capacity record marks it absent.
+- Offers to a decided round are late: recorded, never merged into it. Offers written before
+  their round opened are planted and refused; a payload offered before is a replay or a copy.
+- **The syncer's own account of each learner** (`accounts`): the tokens of the offers it saw
+  from that learner, per fragment, each credited only as far as the protocol's pace allows
+  (`corroboration.credit_offer`). A heartbeat's total counts toward the budget and the opening
+  of rounds only up to `max_speed_ratio` times that account plus one sync period: a learner
+  that claims 2^62 tokens has to offer for them, one round at a time, even where no other live
+  learner is there to compare with (M = 2).
+"""
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from diloco_core.config import ExperimentConfig
+from diloco_core.corroboration import credit_offer, credited_totals, offer_step_bound
+from diloco_core.liveness import live_learners, observe
+from diloco_core.quorum import Estimates
+from diloco_core.round_protocol import (
+    budget_reached,
+    decide_round,
+    final_rounds,
+    ready_to_open,
+    tokens_needed,
+)
+from diloco_core.round_records import MAX_TEXT, Heartbeat, RoundDecision, RoundOpen
+
+LATE_WINDOW = 2          # decided rounds still watched for late offers
+# A payload offered again within this many versions of every fragment (P rounds each) is a
+# replay or a copy; it is remembered by the first PAYLOAD_KEY_CHARS hex digits of its SHA-256
+# (64 bits: the window holds M x 16 P keys in the cursor, and a learner that wants to evade
+# the check changes one byte instead, which makes it a fresh offer under every other rule).
+REPLAY_WINDOW_VERSIONS = 16
+PAYLOAD_KEY_CHARS = 16
+
+
+# ---- what a tick observes ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class OfferDigest:
+    """What the store vouches for of one committed offer: the SHA-256 of its manifest (what a
+    decision commits to), of its payload (tells replays and copies), its base version, and the
+    counters it claims (the account credits them as far as the pace allows)."""
+
+    manifest: str
+    payload: str
+    base: int
+    tokens: int
+    steps: int
+
+
+@dataclass(frozen=True)
+class OfferSeen:
+    """An offer a tick listed for the first time. `digest` is read for offers to the open
+    round only (None: not read, or the store refused the manifest: `rejected` says why);
+    `created`: when the store created its payload, read only when two offers of this tick
+    carry the same payload (the later is the copy)."""
+
+    round: int
+    learner: str
+    digest: OfferDigest | None = None
+    rejected: str | None = None
+    created: float | None = None
+
+
+@dataclass(frozen=True)
+class VersionSeen:
+    """A fragment's current version as its metadata says: the round that merged it and the
+    members it took."""
+
+    round: int
+    members: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    requested_by: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Observed:
+    """One tick's reading of the store. `beats`: each configured learner's validated heartbeat
+    (None: none, or refused: `refused_beats` says why); `absent`: learners the capacity record
+    marks absent; `budget`: the token budget in force; `stop_request`: an operator's, if read
+    this tick; `versions`: current versions of fragments with merges pending; `offers`: offers
+    listed for the first time, in listing order; `current_versions`: of the fragments new
+    offers are for (an offer's staleness bounds its credit)."""
+
+    now: float
+    beats: Mapping[str, Heartbeat | None] = field(default_factory=dict)
+    refused_beats: Mapping[str, str] = field(default_factory=dict)
+    absent: frozenset[str] = frozenset()
+    budget: int = 0
+    stop_request: StopRequest | None = None
+    versions: Mapping[int, VersionSeen] = field(default_factory=dict)
+    offers: tuple[OfferSeen, ...] = ()
+    current_versions: Mapping[int, int] = field(default_factory=dict)
+
+
+# ---- what it decides --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StopRun:
+    reason: str
+    at: float
+    tokens: int
+    final_left: int
+
+    def record(self) -> dict:
+        return {"reason": self.reason, "at": self.at, "tokens": self.tokens,
+                "final_left": self.final_left}
+
+
+@dataclass(frozen=True)
+class Decide:
+    decision: RoundDecision
+
+
+@dataclass(frozen=True)
+class OpenRound:
+    """Open round `record.round`. The driver lists the offers already there *before* it writes
+    the record (they were planted: nobody honest could know the round) and hands them to
+    `planted`."""
+
+    record: RoundOpen
+
+
+@dataclass(frozen=True)
+class FinishRun:
+    at: float
+    last_round: int
+
+
+Action = StopRun | Decide | OpenRound | FinishRun
+
+
+# ---- the state --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Pending:
+    """A decided round whose merge is not yet published; `bases`: each member's base version
+    (once published, an offer of the fragment on a base no newer is a replay)."""
+
+    round: int
+    fragment: int
+    decided_at: float
+    bases: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SyncerState:
+    """Everything the syncer remembers between ticks; the sensor keeps it as its cursor
+    (`to_json`), and a lost one is rebuilt from the store's records."""
+
+    experiment: str
+    round: int = -1
+    fragment: int = 0
+    decided: bool = True
+    final: bool = False
+    opened_at: float = 0.0
+    tokens_at_open: Mapping[str, int] = field(default_factory=dict)
+    arrivals: Mapping[str, float] = field(default_factory=dict)
+    watch: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+    pending: tuple[Pending, ...] = ()
+    estimates: Estimates | None = None
+    stop: bool = False
+    final_left: int | None = None
+    finished: bool = False
+    digests: Mapping[str, OfferDigest] = field(default_factory=dict)   # admitted, open round
+    payloads: Mapping[str, tuple[str, int]] = field(default_factory=dict)  # key -> (who, round)
+    refused: Mapping[str, str] = field(default_factory=dict)           # open round
+    bases: Mapping[str, Mapping[int, tuple[int, int]]] = field(default_factory=dict)
+    seen: Mapping[str, list] = field(default_factory=dict)             # liveness markers
+    accounts: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Stepped:
+    state: SyncerState
+    actions: tuple[Action, ...]
+    reason: str
+    clipped: Mapping[str, str] = field(default_factory=dict)
+
+
+# ---- the account ------------------------------------------------------------------------------
+def account_bound(account: Mapping[int, int], floor: int, ratio: float, slack: int
+                  ) -> int | None:
+    """The most total tokens the syncer credits a learner on its own account: `ratio` times
+    the largest sum of credited tokens it offered on any one fragment, or `floor` (what it
+    was credited when the open round opened) if larger, plus `slack` (one sync period: its
+    progress since). Each fragment's offers together carry about all of a learner's tokens
+    (each offer, its progress since it last received the fragment), less what a receive rule
+    discarded between offer and receipt; `ratio` covers that loss, and the floor keeps what
+    was credited before (a restarted syncer's account starts from the last round's record).
+    None: unbounded (`max_speed_ratio = inf`)."""
+    if math.isinf(ratio):
+        return None
+    return max(int(ratio * max(account.values(), default=0)), floor) + slack
+
+
+def credited(accounts: Mapping[str, Mapping[int, int]], floors: Mapping[str, int],
+             beats: Mapping[str, Heartbeat | None], live: Sequence[str], cfg: ExperimentConfig
+             ) -> tuple[dict[str, int], dict[str, int], dict[str, str]]:
+    """(totals for the budget, totals for opening rounds, why claims were clipped): each
+    heartbeat's total as far as the other live learners (`credited_totals`) and the syncer's
+    own account of the learner corroborate it."""
+    claimed = {n: b.tokens_total for n, b in beats.items() if b}
+    slack = max(tokens_needed(cfg).values()) * cfg.sync.num_fragments
+    ratio = cfg.sync.max_speed_ratio
+    budget_tokens, clipped = credited_totals(claimed, live, 1.0, slack)
+    opening, _ = credited_totals(claimed, live, ratio, slack)
+    for name in claimed:
+        bound = account_bound(accounts.get(name, {}), floors.get(name, 0), ratio, slack)
+        if bound is None or claimed[name] <= bound:
+            continue
+        budget_tokens[name] = min(budget_tokens[name], bound)
+        opening[name] = min(opening[name], bound)
+        clipped[name] = (f"claims {claimed[name]} tokens, credited {bound}: at most {ratio:g}x "
+                         f"what its offers carried on one fragment, or its total when round "
+                         f"opened, plus {slack}")
+    return budget_tokens, opening, clipped
+
+
+# ---- one tick ---------------------------------------------------------------------------------
+class _Tick:
+    """One step's working copy: the state's containers copied once, changed in place, frozen
+    again at the end (the caller's state is never touched)."""
+
+    def __init__(self, state: SyncerState, obs: Observed, cfg: ExperimentConfig):
+        self.s = state
+        self.obs, self.cfg = obs, cfg
+        self.arrivals = dict(state.arrivals)
+        self.watch = {k: set(v) for k, v in state.watch.items()}
+        self.pending = list(state.pending)
+        self.digests = dict(state.digests)
+        self.payloads = dict(state.payloads)
+        self.refused = dict(state.refused)
+        self.bases = dict(state.bases)
+        self.accounts = dict(state.accounts)
+        self.estimates = state.estimates
+        self.decided_by = "sensor"
+        self.actions: list[Action] = []
+        self.reason = ""
+        self.fields: dict[str, Any] = {}
+
+    def freeze(self) -> SyncerState:
+        keep = sorted(self.watch)[-(LATE_WINDOW + 1):]
+        return replace(self.s, arrivals=self.arrivals,
+                       watch={k: tuple(sorted(self.watch[k])) for k in keep},
+                       pending=tuple(self.pending[-4 * self.cfg.sync.num_fragments:]),
+                       digests=self.digests, payloads=self.payloads, refused=self.refused,
+                       bases=self.bases, accounts=self.accounts, estimates=self.estimates,
+                       **self.fields)
+
+    def get(self, name: str):
+        return self.fields.get(name, getattr(self.s, name))
+
+
+def step(state: SyncerState, obs: Observed, cfg: ExperimentConfig, decided_by: str = "sensor"
+         ) -> Stepped:
+    """One tick of the syncer: observations in, the new state and the actions out.
+    `decided_by` names the decider in the decisions it writes ("sensor" or the syncer's)."""
+    if state.finished:
+        return Stepped(state, (), "the run is finished")
+    t = _Tick(state, obs, cfg)
+    t.decided_by = decided_by
+    now = obs.now
+    t.fields["seen"] = seen = observe(state.seen, {n: _marker_view(b)
+                                                  for n, b in obs.beats.items()}, now)
+    live = [n for n in live_learners({n: _marker_view(b) for n, b in obs.beats.items()}, seen,
+                                     now, cfg.orchestration.learner_timeout_seconds)
+            if n not in obs.absent]
+    estimates = _estimates(t, obs.beats)
+    _watch_published(t, now)
+    _collect_offers(t, now)
+    budget_tokens, tokens, clipped = credited(t.accounts, t.get("tokens_at_open"), obs.beats,
+                                              live, cfg)
+    _maybe_stop(t, budget_tokens, now)
+    if not t.get("decided"):
+        _decide(t, live, estimates, now)
+    if t.get("decided"):
+        _maybe_open(t, tokens, live, now)
+    if not t.reason:
+        t.reason = _status(t, live)
+    if obs.refused_beats:
+        t.reason += "; heartbeats refused: " + "; ".join(
+            f"{n} ({why})" for n, why in sorted(obs.refused_beats.items()))
+    if clipped:
+        t.reason += "; claims not corroborated: " + "; ".join(
+            f"{n} ({why})" for n, why in sorted(clipped.items()))
+    return Stepped(t.freeze(), tuple(t.actions), t.reason, clipped)
+
+
+def planted(state: SyncerState, round_index: int, names: Sequence[str]) -> SyncerState:
+    """The offers found under a round before its open record was written: refused (planted,
+    to reach quorum the moment it opens), and watched so they are never arrivals."""
+    if not names:
+        return state
+    refused = {**state.refused, **{n: f"offered before round {round_index} opened (planted)"
+                                   for n in names}}
+    return replace(state, refused=refused,
+                   watch={**state.watch, round_index: tuple(sorted(names))})
+
+
+def _marker_view(beat: Heartbeat | None) -> Mapping | None:
+    """The fields liveness reads of a heartbeat."""
+    if beat is None:
+        return None
+    return {"attempt": beat.attempt, "time": beat.time, "step": beat.step,
+            "status": beat.status}
+
+
+def _estimates(t: _Tick, beats: Mapping[str, Heartbeat | None]) -> Estimates:
+    # The step time sets grace windows, and each learner reports its own: the lower median
+    # (one learner claiming 1e300 seconds a step moves it no more than one claiming 0), held
+    # within the round timeout (no window longer than a round may wait anyway).
+    step_times = sorted(b.compute_seconds / b.step for b in beats.values()
+                        if b and b.step and b.compute_seconds)
+    seconds = step_times[(len(step_times) - 1) // 2] if step_times else 1.0
+    seconds = min(seconds, float(t.cfg.orchestration.round_timeout_seconds))
+    t.estimates = replace(t.estimates or Estimates(seconds), step_seconds=seconds)
+    return t.estimates
+
+
+def _observe(t: _Tick, **observed: float) -> None:
+    t.estimates = t.estimates.observe(t.cfg.sync.ema_decay, **observed)
+
+
+def _watch_published(t: _Tick, now: float) -> None:
+    """Merges requested earlier whose version is now current: measure the sync latency, and
+    remember the bases their members offered on."""
+    still = []
+    for p in t.pending:
+        seen = t.obs.versions.get(p.fragment)
+        if seen is None or seen.round < p.round:
+            still.append(p)
+            continue
+        _observe(t, sync=now - p.decided_at)
+        if seen.round != p.round:
+            continue     # a later round's version is current: this one's members are unknown
+        for member in seen.members:
+            base = p.bases.get(member)
+            if base is not None:
+                bases = dict(t.bases.get(member, {}))
+                bases[p.fragment] = (max(base, bases.get(p.fragment, (-1, 0))[0]), p.round)
+                t.bases[member] = bases
+    t.pending = still
+
+
+def _collect_offers(t: _Tick, now: float) -> None:
+    r = t.get("round")
+    if r < 0:
+        return
+    fresh: set[str] = set()      # payloads first seen this tick
+    admitted: list[OfferSeen] = []
+    names = set(t.cfg.learners.learner_names)
+    for offer in t.obs.offers:
+        seen = t.watch.setdefault(offer.round, set())
+        if offer.learner in seen:
+            continue
+        seen.add(offer.learner)
+        if offer.round == r and not t.get("decided") and offer.learner in names:
+            if _admit_offer(t, r, offer, now, fresh):
+                admitted.append(offer)
+        elif offer.learner in names and offer.digest is not None:
+            _credit(t, offer)       # late: not merged, but the learner did the work
+    # Admitted offers count once this tick's copies are told apart (a copy first admitted
+    # may be refused by a later listing of its original).
+    for offer in admitted:
+        if t.digests.get(offer.learner) is offer.digest:
+            _credit(t, offer)
+    horizon = r - REPLAY_WINDOW_VERSIONS * t.cfg.sync.num_fragments
+    t.payloads = {k: v for k, v in t.payloads.items() if v[1] >= horizon}
+
+
+def _credit(t: _Tick, offer: OfferSeen) -> None:
+    """Add an offer's tokens to its learner's account, as far as the protocol's pace allows."""
+    d = offer.digest
+    fragment = offer.round % t.cfg.sync.num_fragments
+    current = t.obs.current_versions.get(fragment)
+    staleness = 0 if current is None else max(0, current - d.base)
+    bound = offer_step_bound(t.cfg.sync.sync_period, staleness, t.cfg.sync.max_speed_ratio)
+    step_tokens = dict(zip(t.cfg.learners.learner_names, t.cfg.learner_step_tokens,
+                           strict=True)).get(offer.learner)
+    tokens, _, _ = credit_offer(d.tokens, d.steps, step_tokens, bound)
+    account = dict(t.accounts.get(offer.learner, {}))
+    account[fragment] = account.get(fragment, 0) + tokens
+    t.accounts[offer.learner] = account
+
+
+def _admit_offer(t: _Tick, r: int, offer: OfferSeen, now: float, fresh: set[str]) -> bool:
+    """An offer to the open round arrives: record the digests a decision will commit to, or
+    refuse it when its payload was offered before (a replay of its own old offer, or a copy of
+    another learner's seen in an earlier tick). Two offers of one payload first seen in the
+    same tick are told apart by when the store created each payload: the later is the copy.
+    Where the store cannot say, both arrive (refusing both would let a copier deny an honest
+    learner its round; the copy adds one honest delta twice, nothing of its own). A manifest
+    the store refuses still arrives (the merge refuses it with the store's reason). True:
+    admitted with its digests."""
+    learner, d = offer.learner, offer.digest
+    if d is None:
+        t.arrivals[learner] = now
+        return False
+    merged = t.bases.get(learner, {}).get(t.get("fragment"))
+    if merged is not None and d.base <= merged[0]:
+        t.refused[learner] = (
+            f"base version {d.base}: its offer on base {merged[0]} was merged in round "
+            f"{merged[1]}, and it has not received a version since (a replay)")
+        t.arrivals.pop(learner, None)
+        return False
+    key = d.payload[:PAYLOAD_KEY_CHARS]
+    prior = t.payloads.get(key)
+    if prior is not None and key in fresh and prior[1] == r and prior[0] != learner:
+        # Both first seen in this tick: the store's creation times tell original from copy.
+        first = _created_first(t, prior[0], offer)
+        if first == prior[0]:
+            _refuse_copy(t, learner, prior[0], r, "the store created it later")
+            return False
+        if first == learner:
+            _refuse_copy(t, prior[0], learner, r, "the store created it later")
+            t.digests.pop(prior[0], None)
+            prior = None
+    if prior is not None and prior != (learner, r) and not (key in fresh and prior[1] == r):
+        who, when = prior
+        t.refused[learner] = (f"its payload is {who}'s offer to round {when}: "
+                              + ("a replay" if who == learner else "a copy"))
+        t.arrivals.pop(learner, None)
+        return False
+    t.payloads[key] = (learner, r)
+    fresh.add(key)
+    t.digests[learner] = d
+    t.arrivals[learner] = now
+    return True
+
+
+def _created_first(t: _Tick, earlier: str, offer: OfferSeen) -> str | None:
+    """Which of two offers of one payload the store created first; None when it cannot say."""
+    other = next((o for o in t.obs.offers
+                  if o.learner == earlier and o.round == offer.round), None)
+    times = [None if other is None else other.created, offer.created]
+    if None in times or times[0] == times[1]:
+        return None
+    return earlier if times[0] < times[1] else offer.learner
+
+
+def _refuse_copy(t: _Tick, copier: str, original: str, r: int, why: str) -> None:
+    t.refused[copier] = f"its payload is {original}'s offer to round {r}: a copy ({why})"
+    t.arrivals.pop(copier, None)
+
+
+def _maybe_stop(t: _Tick, tokens: Mapping[str, int], now: float) -> None:
+    if t.get("stop"):
+        return
+    total, P = sum(tokens.values()), final_rounds(t.cfg.sync.num_fragments)
+    request = t.obs.stop_request
+    if budget_reached(tokens, t.obs.budget):
+        reason = f"token budget reached ({total} >= {t.obs.budget})"
+    elif request is not None:
+        # An operator's request ends the run the same way the budget does, so the final
+        # rounds still publish every learner's last progress.
+        reason = (f"stop requested by {request.requested_by[:80] or 'an operator'} "
+                  f"({request.reason[:200] or 'no reason given'}) at {total} tokens")
+    else:
+        return
+    t.actions.append(StopRun(reason, now, total, P))
+    t.fields.update(stop=True, final_left=P)
+
+
+def _decide(t: _Tick, live: list[str], estimates: Estimates, now: float) -> None:
+    r, arrivals = t.get("round"), t.arrivals
+    # After STOP the learners stop training: an open round waits for every live learner (up
+    # to the round timeout) instead of a quorum that may never come. A learner that trained
+    # nothing on this fragment since it last received it says so in its heartbeat.
+    declined = [n for n in live if (b := t.obs.beats.get(n)) and r in b.declined_rounds]
+    final = t.get("final")
+    decision = decide_round(now, arrivals, live, estimates, t.cfg,
+                            stopping=bool(final or t.get("stop")),
+                            opened_at=t.get("opened_at"), declined=declined)
+    if not decision.merge:
+        t.reason = f"round {r}: {decision.reason}"
+        return
+    k = t.cfg.sync.min_quorum
+    order = sorted(arrivals.values())
+    quorum_at = order[min(k, len(order)) - 1] if order else now
+    admitted = {m: t.digests[m] for m in decision.members if m in t.digests}
+    record = RoundDecision(
+        round=r, fragment=t.get("fragment"), final=final, decided_by=t.decided_by,
+        members=decision.members, late=decision.late, missing=decision.missing,
+        reason=decision.reason, grace_seconds=decision.grace_seconds,
+        deadline=decision.deadline, opened_at=t.get("opened_at"), quorum_at=quorum_at,
+        decided_at=now, arrivals=dict(arrivals), live=tuple(live),
+        declined=tuple(sorted(set(declined) - set(arrivals))),
+        digests={m: d.manifest for m, d in admitted.items()},
+        payloads={m: d.payload for m, d in admitted.items()},
+        refused={n: why[:MAX_TEXT] for n, why in t.refused.items()})
+    t.actions.append(Decide(record))
+    if not final:
+        _observe(t, quorum=quorum_at - t.get("opened_at"))
+    t.fields["decided"] = True
+    if decision.members:
+        t.pending.append(Pending(r, t.get("fragment"), now,
+                                 {m: d.base for m, d in admitted.items()}))
+    if final:
+        t.fields["final_left"] = max(0, (t.get("final_left") or 1) - 1)
+    t.reason = f"round {r} decided: {decision.reason}"
+
+
+def _maybe_open(t: _Tick, tokens: Mapping[str, int], live: list[str], now: float) -> None:
+    cfg = t.cfg
+    if t.get("stop"):
+        if t.get("final_left") == 0:
+            # Finished once the final merges are published (or evidently failed).
+            timeout = cfg.orchestration.round_timeout_seconds
+            if any(now - p.decided_at < timeout for p in t.pending):
+                t.reason = "waiting for the final merges to be published"
+                return
+            t.actions.append(FinishRun(now, t.get("round")))
+            t.fields["finished"] = True
+            return
+        final = True
+    else:
+        at_open = t.get("tokens_at_open")
+        since = {n: tokens.get(n, 0) - at_open.get(n, 0) for n in tokens}
+        if not ready_to_open(since, tokens_needed(cfg), live, cfg.sync.min_quorum,
+                             previous_decided=t.get("decided")):
+            return
+        final = False
+    r = t.get("round") + 1
+    fragment = r % cfg.sync.num_fragments
+    t.actions.append(OpenRound(RoundOpen(round=r, fragment=fragment, opened_at=now,
+                                         final=final, learner_tokens=dict(tokens))))
+    t.fields.update(round=r, fragment=fragment, decided=False, final=final, opened_at=now,
+                    tokens_at_open=dict(tokens))
+    t.arrivals, t.digests, t.refused = {}, {}, {}
+
+
+def _status(t: _Tick, live: list[str]) -> str:
+    r = t.get("round")
+    if r < 0:
+        return f"waiting for learners to progress before round 0 ({len(live)} live)"
+    return (f"round {r} {'decided' if t.get('decided') else 'open'}; waiting for "
+            f"{t.cfg.sync.min_quorum} of {len(live)} live learners to progress")

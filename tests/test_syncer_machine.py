@@ -1,0 +1,150 @@
+"""The syncer's state machine (`diloco_core.syncer_machine`), driven without a store: scripted
+observations in, actions out. The drivers' tests (quorum sensor, syncer service) run the same
+machine against a real store."""
+
+import copy
+
+import pytest
+
+from diloco_core.config_loading import config_from_mapping, overrides_to_mapping
+from diloco_core.round_records import Heartbeat
+from diloco_core.syncer_machine import (
+    Decide,
+    Observed,
+    OfferDigest,
+    OfferSeen,
+    OpenRound,
+    StopRun,
+    SyncerState,
+    account_bound,
+    planted,
+    step,
+)
+from diloco_core.syncer_state_codec import state_from_json, state_to_json
+
+NAMES = ["learner-0", "learner-1"]
+
+
+def _cfg(*extra):
+    return config_from_mapping(overrides_to_mapping([
+        "learners.num_learners=2", "sync.min_quorum=1", "sync.num_fragments=2",
+        "sync.sync_period=4", "sync.grace_gamma=0", "token_budget=100000", *extra]))
+
+
+def _beat(tokens: int, cfg, status="training", t=0.0) -> Heartbeat:
+    steps = tokens // cfg.learner_step_tokens[0]
+    return Heartbeat(status=status, time=t, step=steps, tokens_total=tokens,
+                     compute_seconds=0.01 * max(1, steps))
+
+
+def _offer(learner: str, r: int, cfg, steps=2, base=0, payload=None) -> OfferSeen:
+    tokens = steps * cfg.learner_step_tokens[0]
+    return OfferSeen(r, learner, OfferDigest(f"m-{learner}-{r}", payload or f"p-{learner}-{r}",
+                                             base, tokens, steps))
+
+
+class Script:
+    """Ticks the machine the way a driver does: each learner's heartbeat total moves with
+    the progress it made; each round, each learner offers the steps since its last offer."""
+
+    def __init__(self, cfg, liar_claim: int | None = None):
+        self.cfg, self.liar_claim = cfg, liar_claim
+        self.state, self.now = SyncerState("exp"), 1000.0
+        self.tokens = dict.fromkeys(NAMES, 0)
+        self.actions: list = []
+
+    def tick(self, offers=(), advance=1.0):
+        self.now += advance
+        beats = {n: _beat(self.tokens[n], self.cfg, t=self.now) for n in NAMES}
+        if self.liar_claim is not None:
+            beats["learner-1"] = _beat(self.liar_claim, self.cfg, t=self.now)
+        stepped = step(self.state, Observed(self.now, beats, budget=self.cfg.token_budget,
+                                            offers=tuple(offers)), self.cfg)
+        for action in stepped.actions:
+            if isinstance(action, OpenRound):
+                stepped = type(stepped)(planted(stepped.state, action.record.round, []),
+                                        stepped.actions, stepped.reason, stepped.clipped)
+        self.state = stepped.state
+        self.actions.extend(stepped.actions)
+        return stepped
+
+    def train_and_offer(self, steps=2):
+        for n in NAMES:
+            self.tokens[n] += steps * self.cfg.learner_step_tokens[0]
+        self.tick()                                        # progress seen: the round opens
+        r = self.state.round
+        self.tick([_offer(n, r, self.cfg, steps) for n in NAMES])
+
+
+def test_one_learner_claiming_2_pow_62_tokens_does_not_end_a_two_learner_run():
+    """With M = 2 there is no other learner to compare a heartbeat with: the syncer's own
+    account of what the liar offered bounds it. (Without the account, the first tick after
+    the claim writes STOP.)"""
+    cfg = _cfg()
+    s = Script(cfg, liar_claim=2 ** 62)
+    for _ in range(6):
+        s.train_and_offer()
+    assert not any(isinstance(a, StopRun) for a in s.actions), s.actions
+    assert not s.state.stop
+    stepped = s.tick()
+    assert "learner-1 (claims 4611686018427387904 tokens, credited" in stepped.reason
+    assert "what its offers carried on one fragment" in stepped.reason
+    # The honest rounds went on: decided and merged, both learners members.
+    decided = [a.decision for a in s.actions if isinstance(a, Decide)]
+    assert len(decided) >= 5 and all(d.members for d in decided)
+
+
+def test_honest_learners_whose_offers_carry_their_tokens_reach_the_budget():
+    cfg = _cfg("token_budget=4000")
+    s = Script(cfg)
+    for _ in range(12):
+        s.train_and_offer()
+        if s.state.stop:
+            break
+    stops = [a for a in s.actions if isinstance(a, StopRun)]
+    assert len(stops) == 1 and "token budget reached" in stops[0].reason
+    assert stops[0].tokens >= 4000
+    # Never clipped on the way: each learner's claims match what it offered.
+    assert "not corroborated" not in s.tick().reason
+
+
+def test_the_account_bound_grows_with_the_offers_and_keeps_what_was_credited():
+    assert account_bound({}, 0, 4.0, 512) == 512
+    assert account_bound({0: 1000, 1: 3000}, 0, 4.0, 512) == 12512
+    assert account_bound({0: 10}, 20000, 4.0, 512) == 20512      # the floor: credited before
+    assert account_bound({0: 10}, 0, float("inf"), 512) is None
+
+
+def test_a_step_never_changes_the_state_it_was_given():
+    cfg = _cfg()
+    s = Script(cfg)
+    s.train_and_offer()
+    before = copy.deepcopy(s.state)
+    r = s.state.round
+    s.tokens["learner-0"] += 256
+    step(s.state, Observed(s.now + 1, {n: _beat(s.tokens[n], cfg) for n in NAMES},
+                           budget=cfg.token_budget,
+                           offers=(_offer("learner-0", r + 1, cfg),)), cfg)
+    assert s.state == before
+
+
+def test_the_state_reads_back_from_its_json_and_an_old_cursor_still_reads():
+    cfg = _cfg()
+    s = Script(cfg)
+    for _ in range(3):
+        s.train_and_offer()
+    s.tick([_offer("learner-0", s.state.round + 1, cfg)])   # an early offer is watched
+    assert s.state.accounts and s.state.payloads
+    assert state_from_json(state_to_json(s.state)) == s.state
+    old = state_to_json(s.state)
+    old["digests"] = {"learner-0": ["m", "p", 3]}            # before digests held counters
+    del old["accounts"]
+    restored = state_from_json(old)
+    assert restored.digests["learner-0"].base == 3 and restored.accounts == {}
+
+
+@pytest.mark.parametrize("raw", [None, [], {"round": 1}, {"experiment": "e", "round": "x"},
+                                 {"experiment": "e", "pending": [{"round": 1}]}])
+def test_a_cursor_that_is_no_state_is_refused(raw):
+    with pytest.raises((ValueError, TypeError, KeyError)):
+        state_from_json(raw)
