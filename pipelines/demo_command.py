@@ -217,9 +217,9 @@ def _drive(cfg: ExperimentConfig, root: Path, store: ArtifactStore, store_uri: s
            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.2"}
     watch = Watch(pending=list(tape.dagster_faults()) if tape else [])
     m = cfg.learners.num_learners
-    print(f"demo: {m} learner{'s' if m != 1 else ''}, budget {cfg.token_budget:,} tokens, K={cfg.sync.min_quorum}, "
-          f"H={cfg.sync.sync_period}, P={cfg.sync.num_fragments}; working in {root}",
-          flush=True)
+    print(f"demo: {m} learner{'s' if m != 1 else ''}, budget {cfg.token_budget:,} tokens, "
+          f"K={cfg.sync.min_quorum}, H={cfg.sync.sync_period}, P={cfg.sync.num_fragments}; "
+          f"working in {root}", flush=True)
     print(f"demo: experiment {cfg.name} in the store {store_uri}", flush=True)
     commands = run_commands(store_uri, cfg.name)
     print(f"demo: watch it with:  {commands['status']}", flush=True)
