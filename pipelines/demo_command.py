@@ -24,6 +24,7 @@ import os
 import shlex
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -198,6 +199,9 @@ def _interrupt_says(line: str):
         print(f"\n{line}", file=sys.stderr, flush=True)
         raise KeyboardInterrupt
 
+    if threading.current_thread() is not threading.main_thread():
+        yield           # signals reach only the main thread (a driver running this in one)
+        return
     previous = signal.signal(signal.SIGINT, on_interrupt)
     try:
         yield
