@@ -240,3 +240,21 @@ def test_the_summary_says_when_and_why_a_run_was_stopped_early(capsys):
         "requested_by": "ana (diloco stop)", "reason": "capacity reclaimed", "time": at}})
     assert ("stopped early        at 09:30:05, requested by ana (diloco stop): capacity "
             "reclaimed") in capsys.readouterr().out
+
+
+def test_the_ctrl_c_line_is_set_up_only_from_the_main_thread():
+    import threading
+
+    errors = []
+
+    def drive():
+        try:
+            with demo_command._interrupt_says("x"):
+                pass
+        except ValueError as err:        # signal.signal outside the main thread
+            errors.append(err)
+
+    thread = threading.Thread(target=drive)
+    thread.start()
+    thread.join()
+    assert errors == []
