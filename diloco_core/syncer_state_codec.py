@@ -1,14 +1,34 @@
-"""The syncer's state as JSON: the quorum sensor keeps it as its cursor between ticks, and the
-syncer service keeps it in memory the same way. Keys are those of the cursor before the state
-machine existed, so a cursor written by an older version still reads; one that does not read
-raises `ValueError`, and the driver rebuilds the state from the store as for a lost cursor.
+"""The syncer's state machine in JSON: its state, what it observes and what it decides.
+
+The state: the quorum sensor keeps it as its cursor between ticks, and the syncer service keeps
+it in memory the same way. Keys are those of the cursor before the state machine existed, so a
+cursor written by an older version still reads; one that does not read raises `ValueError`, and
+the driver rebuilds the state from the store as for a lost cursor.
+
+Observations and actions: a recorded trace of a real run (`pipelines/syncer_trace.py`) is
+replayed through `step` (`syncer_replay`). JSON keeps floats exactly, so a replay decides to
+the bit what the run decided.
 """
 
 from collections.abc import Mapping
 from typing import Any
 
 from diloco_core.quorum import Estimates
-from diloco_core.syncer_machine import OfferDigest, Pending, SyncerState
+from diloco_core.round_records import Heartbeat
+from diloco_core.syncer_machine import (
+    Action,
+    Decide,
+    FinishRun,
+    Observed,
+    OfferDigest,
+    OfferSeen,
+    OpenRound,
+    Pending,
+    StopRequest,
+    StopRun,
+    SyncerState,
+    VersionSeen,
+)
 
 
 def state_to_json(s: SyncerState) -> dict:
@@ -79,3 +99,51 @@ def state_from_json(raw: Any) -> SyncerState:
         seen={str(n): [v[0], float(v[1])] for n, v in _map(raw.get("seen"), "seen").items()},
         accounts={str(n): {int(f): int(t) for f, t in _map(a, "accounts").items()}
                   for n, a in _map(raw.get("accounts"), "accounts").items()})
+
+
+def _digest_to_json(d: OfferDigest | None) -> list | None:
+    return None if d is None else [d.manifest, d.payload, d.base, d.tokens, d.steps]
+
+
+def observed_to_json(o: Observed) -> dict:
+    return {
+        "now": o.now,
+        "beats": {n: None if b is None else b.to_json() for n, b in o.beats.items()},
+        "refused_beats": dict(o.refused_beats), "absent": sorted(o.absent), "budget": o.budget,
+        "stop_request": None if o.stop_request is None else [o.stop_request.requested_by,
+                                                             o.stop_request.reason],
+        "versions": {str(f): [v.round, list(v.members)] for f, v in o.versions.items()},
+        "offers": [[x.round, x.learner, _digest_to_json(x.digest), x.rejected, x.created]
+                   for x in o.offers],
+        "current_versions": {str(f): v for f, v in o.current_versions.items()},
+    }
+
+
+def observed_from_json(raw: Mapping) -> Observed:
+    stop = raw.get("stop_request")
+    return Observed(
+        now=float(raw["now"]),
+        beats={n: None if b is None else Heartbeat.from_json(b)
+               for n, b in raw["beats"].items()},
+        refused_beats=dict(raw["refused_beats"]), absent=frozenset(raw["absent"]),
+        budget=int(raw["budget"]),
+        stop_request=None if stop is None else StopRequest(*stop),
+        versions={int(f): VersionSeen(int(v[0]), tuple(v[1]))
+                  for f, v in raw["versions"].items()},
+        offers=tuple(OfferSeen(int(r), str(n), None if d is None else OfferDigest(*d),
+                               rejected, created)
+                     for r, n, d, rejected, created in raw["offers"]),
+        current_versions={int(f): int(v) for f, v in raw["current_versions"].items()})
+
+
+def action_to_json(a: Action) -> dict:
+    """An action as the record it writes (what a replay compares)."""
+    if isinstance(a, StopRun):
+        return {"stop": a.record()}
+    if isinstance(a, Decide):
+        return {"decide": a.decision.to_json()}
+    if isinstance(a, OpenRound):
+        return {"open": a.record.to_json()}
+    if isinstance(a, FinishRun):
+        return {"finish": {"at": a.at, "last_round": a.last_round}}
+    raise TypeError(f"not an action: {a!r}")

@@ -30,6 +30,7 @@ from diloco_core.syncer_machine import (
     OfferSeen,
     OpenRound,
     Pending,
+    Stepped,
     StopRequest,
     StopRun,
     SyncerState,
@@ -39,6 +40,7 @@ from diloco_core.syncer_machine import (
 )
 from diloco_core.syncer_state_codec import state_from_json, state_to_json
 from pipelines.offer_summary import describe_offer
+from pipelines.syncer_trace import SyncerTrace
 from resources.store.artifact_store import ArtifactStore, Conflict, RejectedArtifact
 
 # An operator's stop request (`diloco stop`) and the capacity and budget records are read at
@@ -63,7 +65,7 @@ class RoundController:
 
     def __init__(self, store: ArtifactStore, cfg: ExperimentConfig | None = None,
                  decided_by: str = "sensor", guard: Callable[[], None] | None = None,
-                 describe_offers: bool = True):
+                 describe_offers: bool = True, trace: SyncerTrace | None = None):
         self.store = store
         self.cfg = cfg or config_from_mapping(store.get_config())
         self.decided_by = decided_by
@@ -71,6 +73,7 @@ class RoundController:
         # The sensor reports each offer to Dagster; the syncer service only needs arrivals
         # (and skips the two reads per offer that describing it costs).
         self.describe_offers = describe_offers
+        self.trace = trace                       # records each tick for replay, if given
         self._stop_request_read_at = -math.inf
         self._absent: frozenset[str] = frozenset(self.cfg.learners.standby_names)
         self._budget = self.cfg.token_budget     # raised on resume (`BUDGET` in the store)
@@ -91,12 +94,15 @@ class RoundController:
             result.reason = "the run is finished"
             return result
         observed = self._observe(typed, now, result, reported)
+        before = typed
         stepped = step(typed, observed, self.cfg, self.decided_by)
         typed = stepped.state
+        found: list[tuple[int, list[str]]] = []     # planted offers, by round opened
         try:
             for action in stepped.actions:
-                typed = self._write(action, typed, result)
+                typed = self._write(action, typed, result, found)
         except Conflict as err:
+            self._record(before, observed, stepped, found)
             # Another decider (the syncer and the sensor fallback during a hand-over) wrote
             # this record first: its record stands; take the state from the store.
             carried = SyncerState(self.store.experiment, estimates=typed.estimates,
@@ -105,9 +111,16 @@ class RoundController:
             return TickResult(state_to_json(typed), merges=remerge, offers=result.offers,
                               reason=f"another decider wrote first ({err}); state rebuilt "
                                      "from the store")
+        self._record(before, observed, stepped, found)
         result.state = state_to_json(typed)
         result.reason = stepped.reason
         return result
+
+    def _record(self, before: SyncerState, observed: Observed, stepped: Stepped,
+                found: list[tuple[int, list[str]]]) -> None:
+        if self.trace is not None:
+            self.trace.tick(before, self.decided_by, observed, stepped.actions, stepped.state,
+                            found)
 
     # ---- reading --------------------------------------------------------------------------
     def _load(self, state: dict | None) -> SyncerState | None:
@@ -231,7 +244,8 @@ class RoundController:
             self._budget = self.store.token_budget(self.cfg.token_budget)
 
     # ---- writing --------------------------------------------------------------------------
-    def _write(self, action, state: SyncerState, result: TickResult) -> SyncerState:
+    def _write(self, action, state: SyncerState, result: TickResult,
+               found: list[tuple[int, list[str]]]) -> SyncerState:
         store = self.store
         if isinstance(action, StopRun):
             self.guard()
@@ -246,13 +260,15 @@ class RoundController:
             r = action.record.round
             # Offers already there were written before anyone could know the round: planted.
             # Listed before the open record is written, so no honest offer is among them.
-            found = store.list_contributions(r)
+            early = store.list_contributions(r)
             self.guard()
             store.open_round(r, action.record)
-            state = planted(state, r, found)
-            if found and self.describe_offers:
+            state = planted(state, r, early)
+            if early:
+                found.append((r, list(early)))
+            if early and self.describe_offers:
                 result.offers.extend(describe_offer(store, self.cfg, r, n, True)
-                                     for n in found)
+                                     for n in early)
             result.opened.append(r)
         elif isinstance(action, FinishRun):
             self.guard()

@@ -41,6 +41,7 @@ from pipelines.store_merge import (
     merge_from_store,
     record_unmergeable,
 )
+from pipelines.syncer_trace import SyncerTrace
 from resources.compile_cache import enable_compilation_cache
 from resources.faults import MergeFaults, SyncerFaults, load_tape
 from resources.metrics_sink import open_sink
@@ -62,8 +63,10 @@ class SyncerService:
         enable_compilation_cache(self.cfg.orchestration.compilation_cache_dir)
         self.lease = SyncerLease(store, self.attempt)
         self.name = f"syncer-a{self.attempt}"    # in the records it writes
-        self.controller = RoundController(store, self.cfg, decided_by=self.name,
-                                          guard=self.lease.check, describe_offers=False)
+        self.controller = RoundController(
+            store, self.cfg, decided_by=self.name, guard=self.lease.check,
+            describe_offers=False,
+            trace=SyncerTrace.from_env(f"{store.experiment}-{self.name}", store.get_config()))
         self.merge_plan = MergePlan.of(self.cfg)
         self.tape = load_tape(store)
         self.faults = None if self.tape is None else SyncerFaults(store, self.tape, log)

@@ -1,0 +1,98 @@
+"""A recorded trace of the syncer replays through its state machine to the same decisions.
+
+The harness's scripted learners drive the real syncer service (store, lease, merges) with
+`DILOCO_SYNCER_TRACE` set; a second syncer takes over from the first, as after a kill. The
+committed trace of a real orchestrated run (`tests/fixtures/`) replays the same way.
+"""
+
+import copy
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from orchestration_harness import Harness
+
+from diloco_core.syncer_replay import replay
+from pipelines.syncer_service import SyncerService
+from pipelines.syncer_trace import TRACE_ENV, read_trace
+
+SERVICE = ["orchestration.syncer=service", "orchestration.syncer_timeout_seconds=4"]
+NAMES = ("learner-0", "learner-1", "learner-2")
+FIXTURES = Path(__file__).parent / "fixtures" / "syncer_trace"
+
+
+def _syncer(h: Harness, attempt: int) -> SyncerService:
+    service = SyncerService(h.store, attempt=attempt, log=lambda _: None)
+    service.lease.clock = lambda: h.now
+    service.lease.acquire(4)
+    return service
+
+
+def _round(h: Harness, service: SyncerService, r: int, offerers=NAMES[:2]) -> None:
+    for name in NAMES:
+        h.beat(name, 2)
+    h.now += 1
+    service.step(now=h.now)
+    assert service.state["round"] == r, service.state
+    for name in offerers:
+        h.offer(name, r)
+    h.now += 1
+    service.step(now=h.now)
+
+
+@pytest.fixture
+def recorded(tmp_path, monkeypatch):
+    """Traces of two syncers, the second taking over after the first stopped."""
+    monkeypatch.setenv(TRACE_ENV, str(tmp_path / "trace"))
+    with dg.instance_for_test() as instance:
+        h = Harness(instance, str(tmp_path / "store"), overrides=SERVICE)
+        h.start()
+        first = _syncer(h, 0)
+        for name in NAMES:
+            h.beat(name, 0)
+        for r in range(3):
+            _round(h, first, r)
+        h.offer("learner-2", 2)              # late: round 2 is decided
+        h.now += 1
+        first.step(now=h.now)
+        h.now += 10                          # the first syncer is gone; its lease runs out
+        second = _syncer(h, 1)
+        for r in range(3, 5):
+            _round(h, second, r, offerers=NAMES)
+        decisions = [h.store.get_decision(r) for r in range(5)]
+    traces = sorted((tmp_path / "trace").glob("*.jsonl.gz"))
+    return [read_trace(p) for p in traces], decisions
+
+
+def test_the_syncers_recorded_ticks_replay_to_the_same_decisions(recorded):
+    traces, decisions = recorded
+    assert len(traces) == 2                                  # one file per syncer
+    replayed = [replay(t) for t in traces]
+    assert [r.mismatches for r in replayed] == [[], []]
+    assert [r.sessions for r in replayed] == [1, 1] and all(r.ticks >= 4 for r in replayed)
+    got = [a["decide"] for r in replayed for a in r.actions if "decide" in a]
+    assert got == decisions                                  # every decision the store holds
+
+
+def test_a_trace_that_differs_from_what_was_decided_is_caught(recorded):
+    traces, _ = recorded
+    trace = copy.deepcopy(traces[0])
+    # Drop one offer from the tick that first saw it: the round is decided otherwise.
+    tick = next(r for r in trace if r["kind"] == "tick" and any(
+        o[0] == 1 for o in r["observed"]["offers"]))
+    tick["observed"]["offers"] = [o for o in tick["observed"]["offers"] if o[0] != 1][:1] + [
+        o for o in tick["observed"]["offers"] if o[0] == 1][1:]
+    assert replay(trace).mismatches
+
+
+@pytest.mark.skipif(not FIXTURES.exists(), reason="no recorded trace of a real run committed")
+def test_the_recorded_real_run_replays_to_the_same_decisions():
+    """A real `diloco demo --chaos` run (a learner and the syncer killed), recorded with
+    DILOCO_SYNCER_TRACE: every syncer process's ticks replay to its decisions."""
+    traces = [read_trace(p) for p in sorted(FIXTURES.glob("*.jsonl.gz"))]
+    assert len(traces) >= 2, "the syncer was killed: a second syncer's trace"
+    replayed = [replay(t) for t in traces]
+    assert [r.mismatches[:3] for r in replayed] == [[]] * len(traces)
+    decided = [a["decide"] for r in replayed for a in r.actions if "decide" in a]
+    assert any(d["final"] for d in decided)
+    assert any(d["missing"] or set(d["live"]) != set(d["arrivals"]) for d in decided)
