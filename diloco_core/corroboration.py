@@ -23,12 +23,20 @@ the syncer can corroborate:
   compare with: a learner claiming 2^62 tokens ends the run no sooner than one more honest
   learner would, and opens rounds no faster than `max_speed_ratio` times the fastest honest
   one. With fewer live learners there is nobody to compare against, and claims count as made.
+- **The syncer's own account** (`credited`, kept in the syncer's state): a heartbeat's total
+  counts at most `max_speed_ratio` times what the learner's offers carried on one fragment, or
+  what it was credited when the open round opened, plus one sync period. It needs no peers:
+  with M = 2 a claim of 2^62 tokens is held to what the learner offered for.
 """
 
 import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+
+from diloco_core.config import ExperimentConfig
+from diloco_core.round_protocol import tokens_needed
+from diloco_core.round_records import Heartbeat
 
 
 def offer_step_bound(sync_period: int, staleness: int, max_speed_ratio: float) -> int:
@@ -117,3 +125,41 @@ def credited_totals(claimed: Mapping[str, int], live: Sequence[str], ratio: floa
             clipped[name] = (f"claims {tokens} tokens, credited {bound}: {ratio:g}x the "
                              f"largest of the other live learners ({largest}) plus {slack}")
     return credited, clipped
+
+
+def account_bound(account: Mapping[int, int], floor: int, ratio: float, slack: int
+                  ) -> int | None:
+    """The most total tokens the syncer credits a learner on its own account: `ratio` times
+    the largest sum of credited tokens it offered on any one fragment, or `floor` (what it
+    was credited when the open round opened) if larger, plus `slack` (one sync period: its
+    progress since). Each fragment's offers together carry about all of a learner's tokens
+    (each offer, its progress since it last received the fragment), less what a receive rule
+    discarded between offer and receipt; `ratio` covers that loss, and the floor keeps what
+    was credited before (a restarted syncer's account starts from the last round's record).
+    None: unbounded (`max_speed_ratio = inf`)."""
+    if math.isinf(ratio):
+        return None
+    return max(int(ratio * max(account.values(), default=0)), floor) + slack
+
+
+def credited(accounts: Mapping[str, Mapping[int, int]], floors: Mapping[str, int],
+             beats: Mapping[str, Heartbeat | None], live: Sequence[str], cfg: ExperimentConfig
+             ) -> tuple[dict[str, int], dict[str, int], dict[str, str]]:
+    """(totals for the budget, totals for opening rounds, why claims were clipped): each
+    heartbeat's total as far as the other live learners (`credited_totals`) and the syncer's
+    own account of the learner corroborate it."""
+    claimed = {n: b.tokens_total for n, b in beats.items() if b}
+    slack = max(tokens_needed(cfg).values()) * cfg.sync.num_fragments
+    ratio = cfg.sync.max_speed_ratio
+    budget_tokens, clipped = credited_totals(claimed, live, 1.0, slack)
+    opening, _ = credited_totals(claimed, live, ratio, slack)
+    for name in claimed:
+        bound = account_bound(accounts.get(name, {}), floors.get(name, 0), ratio, slack)
+        if bound is None or claimed[name] <= bound:
+            continue
+        budget_tokens[name] = min(budget_tokens[name], bound)
+        opening[name] = min(opening[name], bound)
+        clipped[name] = (f"claims {claimed[name]} tokens, credited {bound}: at most {ratio:g}x "
+                         f"what its offers carried on one fragment, or its total when round "
+                         f"opened, plus {slack}")
+    return budget_tokens, opening, clipped

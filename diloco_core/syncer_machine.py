@@ -21,13 +21,12 @@ on and how one tick's observations become decisions:
   learner is there to compare with (M = 2).
 """
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from diloco_core.config import ExperimentConfig
-from diloco_core.corroboration import credit_offer, credited_totals, offer_step_bound
+from diloco_core.corroboration import credit_offer, credited, offer_step_bound
 from diloco_core.liveness import live_learners, observe
 from diloco_core.quorum import Estimates
 from diloco_core.round_protocol import (
@@ -38,6 +37,16 @@ from diloco_core.round_protocol import (
     tokens_needed,
 )
 from diloco_core.round_records import MAX_TEXT, Heartbeat, RoundDecision, RoundOpen
+from diloco_core.syncer_events import (
+    Action,
+    Decide,
+    FinishRun,
+    Observed,
+    OfferDigest,
+    OfferSeen,
+    OpenRound,
+    StopRun,
+)
 
 LATE_WINDOW = 2          # decided rounds still watched for late offers
 # A payload offered again within this many versions of every fragment (P rounds each) is a
@@ -46,105 +55,6 @@ LATE_WINDOW = 2          # decided rounds still watched for late offers
 # the check changes one byte instead, which makes it a fresh offer under every other rule).
 REPLAY_WINDOW_VERSIONS = 16
 PAYLOAD_KEY_CHARS = 16
-
-
-# ---- what a tick observes ---------------------------------------------------------------------
-@dataclass(frozen=True)
-class OfferDigest:
-    """What the store vouches for of one committed offer: the SHA-256 of its manifest (what a
-    decision commits to), of its payload (tells replays and copies), its base version, and the
-    counters it claims (the account credits them as far as the pace allows)."""
-
-    manifest: str
-    payload: str
-    base: int
-    tokens: int
-    steps: int
-
-
-@dataclass(frozen=True)
-class OfferSeen:
-    """An offer a tick listed for the first time. `digest` is read for offers to the open
-    round only (None: not read, or the store refused the manifest: `rejected` says why);
-    `created`: when the store created its payload, read only when two offers of this tick
-    carry the same payload (the later is the copy)."""
-
-    round: int
-    learner: str
-    digest: OfferDigest | None = None
-    rejected: str | None = None
-    created: float | None = None
-
-
-@dataclass(frozen=True)
-class VersionSeen:
-    """A fragment's current version as its metadata says: the round that merged it and the
-    members it took."""
-
-    round: int
-    members: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class StopRequest:
-    requested_by: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class Observed:
-    """One tick's reading of the store. `beats`: each configured learner's validated heartbeat
-    (None: none, or refused: `refused_beats` says why); `absent`: learners the capacity record
-    marks absent; `budget`: the token budget in force; `stop_request`: an operator's, if read
-    this tick; `versions`: current versions of fragments with merges pending; `offers`: offers
-    listed for the first time, in listing order; `current_versions`: of the fragments new
-    offers are for (an offer's staleness bounds its credit)."""
-
-    now: float
-    beats: Mapping[str, Heartbeat | None] = field(default_factory=dict)
-    refused_beats: Mapping[str, str] = field(default_factory=dict)
-    absent: frozenset[str] = frozenset()
-    budget: int = 0
-    stop_request: StopRequest | None = None
-    versions: Mapping[int, VersionSeen] = field(default_factory=dict)
-    offers: tuple[OfferSeen, ...] = ()
-    current_versions: Mapping[int, int] = field(default_factory=dict)
-
-
-# ---- what it decides --------------------------------------------------------------------------
-@dataclass(frozen=True)
-class StopRun:
-    reason: str
-    at: float
-    tokens: int
-    final_left: int
-
-    def record(self) -> dict:
-        return {"reason": self.reason, "at": self.at, "tokens": self.tokens,
-                "final_left": self.final_left}
-
-
-@dataclass(frozen=True)
-class Decide:
-    decision: RoundDecision
-
-
-@dataclass(frozen=True)
-class OpenRound:
-    """Open round `record.round`. The driver lists the offers already there *before* it writes
-    the record (they were planted: nobody honest could know the round) and hands them to
-    `planted`."""
-
-    record: RoundOpen
-
-
-@dataclass(frozen=True)
-class FinishRun:
-    at: float
-    last_round: int
-
-
-Action = StopRun | Decide | OpenRound | FinishRun
 
 
 # ---- the state --------------------------------------------------------------------------------
@@ -192,45 +102,6 @@ class Stepped:
     actions: tuple[Action, ...]
     reason: str
     clipped: Mapping[str, str] = field(default_factory=dict)
-
-
-# ---- the account ------------------------------------------------------------------------------
-def account_bound(account: Mapping[int, int], floor: int, ratio: float, slack: int
-                  ) -> int | None:
-    """The most total tokens the syncer credits a learner on its own account: `ratio` times
-    the largest sum of credited tokens it offered on any one fragment, or `floor` (what it
-    was credited when the open round opened) if larger, plus `slack` (one sync period: its
-    progress since). Each fragment's offers together carry about all of a learner's tokens
-    (each offer, its progress since it last received the fragment), less what a receive rule
-    discarded between offer and receipt; `ratio` covers that loss, and the floor keeps what
-    was credited before (a restarted syncer's account starts from the last round's record).
-    None: unbounded (`max_speed_ratio = inf`)."""
-    if math.isinf(ratio):
-        return None
-    return max(int(ratio * max(account.values(), default=0)), floor) + slack
-
-
-def credited(accounts: Mapping[str, Mapping[int, int]], floors: Mapping[str, int],
-             beats: Mapping[str, Heartbeat | None], live: Sequence[str], cfg: ExperimentConfig
-             ) -> tuple[dict[str, int], dict[str, int], dict[str, str]]:
-    """(totals for the budget, totals for opening rounds, why claims were clipped): each
-    heartbeat's total as far as the other live learners (`credited_totals`) and the syncer's
-    own account of the learner corroborate it."""
-    claimed = {n: b.tokens_total for n, b in beats.items() if b}
-    slack = max(tokens_needed(cfg).values()) * cfg.sync.num_fragments
-    ratio = cfg.sync.max_speed_ratio
-    budget_tokens, clipped = credited_totals(claimed, live, 1.0, slack)
-    opening, _ = credited_totals(claimed, live, ratio, slack)
-    for name in claimed:
-        bound = account_bound(accounts.get(name, {}), floors.get(name, 0), ratio, slack)
-        if bound is None or claimed[name] <= bound:
-            continue
-        budget_tokens[name] = min(budget_tokens[name], bound)
-        opening[name] = min(opening[name], bound)
-        clipped[name] = (f"claims {claimed[name]} tokens, credited {bound}: at most {ratio:g}x "
-                         f"what its offers carried on one fragment, or its total when round "
-                         f"opened, plus {slack}")
-    return budget_tokens, opening, clipped
 
 
 # ---- one tick ---------------------------------------------------------------------------------

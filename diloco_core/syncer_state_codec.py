@@ -15,7 +15,7 @@ from typing import Any
 
 from diloco_core.quorum import Estimates
 from diloco_core.round_records import Heartbeat
-from diloco_core.syncer_machine import (
+from diloco_core.syncer_events import (
     Action,
     Decide,
     FinishRun,
@@ -23,12 +23,11 @@ from diloco_core.syncer_machine import (
     OfferDigest,
     OfferSeen,
     OpenRound,
-    Pending,
     StopRequest,
     StopRun,
-    SyncerState,
     VersionSeen,
 )
+from diloco_core.syncer_machine import Pending, SyncerState
 
 
 def state_to_json(s: SyncerState) -> dict:

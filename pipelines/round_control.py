@@ -22,19 +22,21 @@ from dataclasses import dataclass, field
 
 from diloco_core.config import ExperimentConfig
 from diloco_core.config_loading import config_from_mapping
-from diloco_core.syncer_machine import (
-    PAYLOAD_KEY_CHARS,
+from diloco_core.syncer_events import (
     Decide,
     FinishRun,
     Observed,
     OfferSeen,
     OpenRound,
-    Pending,
-    Stepped,
     StopRequest,
     StopRun,
-    SyncerState,
     VersionSeen,
+)
+from diloco_core.syncer_machine import (
+    PAYLOAD_KEY_CHARS,
+    Pending,
+    Stepped,
+    SyncerState,
     planted,
     step,
 )

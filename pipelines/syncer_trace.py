@@ -13,7 +13,8 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from diloco_core.syncer_machine import Action, Observed, SyncerState
+from diloco_core.syncer_events import Action, Observed
+from diloco_core.syncer_machine import SyncerState
 from diloco_core.syncer_replay import state_digest
 from diloco_core.syncer_state_codec import action_to_json, observed_to_json, state_to_json
 

@@ -7,19 +7,17 @@ import copy
 import pytest
 
 from diloco_core.config_loading import config_from_mapping, overrides_to_mapping
+from diloco_core.corroboration import account_bound
 from diloco_core.round_records import Heartbeat
-from diloco_core.syncer_machine import (
+from diloco_core.syncer_events import (
     Decide,
     Observed,
     OfferDigest,
     OfferSeen,
     OpenRound,
     StopRun,
-    SyncerState,
-    account_bound,
-    planted,
-    step,
 )
+from diloco_core.syncer_machine import SyncerState, planted, step
 from diloco_core.syncer_state_codec import state_from_json, state_to_json
 
 NAMES = ["learner-0", "learner-1"]

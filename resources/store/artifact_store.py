@@ -29,7 +29,7 @@ from diloco_core.capacity import Capacity
 from diloco_core.config import ENCODINGS, MAX_LEARNERS, LearnersConfig
 from diloco_core.contribution import Contribution
 from diloco_core.round_records import MAX_INT, Heartbeat, RecordError, RoundDecision, RoundOpen
-from diloco_core.syncer_machine import OfferDigest
+from diloco_core.syncer_events import OfferDigest
 from resources.store import layout
 from resources.store.array_bundle import BadBundle, decode_bundle, encode_bundle, sha256
 from resources.store.blobs import BlobNotFound, BlobStore, ListingTooLong, PreconditionFailed
