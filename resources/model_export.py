@@ -119,6 +119,14 @@ class ExportedModel:
         """Byte-level continuation of `prompt` (greedy unless a temperature is given)."""
         return generate(self.model_def, self.params, prompt, max_new_tokens, **kwargs)
 
+    def to_nnx(self):
+        """A plain Flax `nnx` module holding these parameters (the decoder: int32 tokens
+        [B, L] -> (logits [B, L, vocab], the MoE auxiliary loss)), for code that wants the module
+        rather than this flat dict."""
+        from flax import nnx
+
+        return nnx.merge(self.model_def.graphdef, self.model_def.to_state(self.params))
+
 
 def load_exported(path: str | os.PathLike, fmt: str = "safetensors") -> ExportedModel:
     """Load an export written by `export_global` (or `diloco export`), verified."""

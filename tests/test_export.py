@@ -73,6 +73,21 @@ def test_the_cli_exports_the_active_experiment_and_never_overwrites(store, tmp_p
     assert "formats" in capsys.readouterr().err
 
 
+def test_an_export_becomes_a_plain_nnx_module_in_three_lines(store, tmp_path):
+    from flax import nnx
+
+    from diloco_core.model import apply_model
+
+    export_global(store.active(), tmp_path / "e", ("safetensors",))
+    exported = load_exported(tmp_path / "e")
+    model = exported.to_nnx()                       # the README's third line
+    tokens = jax.numpy.arange(16, dtype=jax.numpy.int32).reshape(2, 8)
+    logits, _ = model(tokens)
+    assert isinstance(model, nnx.Module)
+    np.testing.assert_array_equal(logits, apply_model(exported.model_def, exported.params,
+                                                      tokens))
+
+
 def test_every_exported_file_has_the_same_mode(store, tmp_path):
     """safetensors writes through a private temporary file: its model was left 0600 while the
     config beside it was 0644 (whoever could read one could not read the other)."""
