@@ -122,6 +122,7 @@ def _exp1_row(tokens: int, label: str, seed_role: str, members: list[Arm], dp: d
     val, test = (across_seeds(list(records.values()), name) for name in ("validation", "test"))
     ratios = paired_ratios(records, dp, "test")
     ratio, ratio_se = mean_and_standard_error(ratios) if ratios else (None, None)
+    reference = label == "data-parallel"  # its ratio to itself is 1 with no error
     first = [r["summary"]["final_heldout_loss"] for r in records.values()]
     first_ratios = [records[s]["summary"]["final_heldout_loss"]
                     / dp[s]["summary"]["final_heldout_loss"] for s in records if s in dp]
@@ -134,8 +135,9 @@ def _exp1_row(tokens: int, label: str, seed_role: str, members: list[Arm], dp: d
             "test_se_batches": _round(test and test["se_batches"], 4),
             "test_se_seeds": _round(test and test["se_seeds"], 4),
             "test_vs_data_parallel": _round(ratio, 4),
-            "test_ratio_se_seeds": _round(ratio_se, 4),
-            "test_ratio_se_batches": _round(ratio_se_over_batches(records, dp, "test"), 4),
+            "test_ratio_se_seeds": None if reference else _round(ratio_se, 4),
+            "test_ratio_se_batches": None if reference else
+            _round(ratio_se_over_batches(records, dp, "test"), 4),
             "first_8kb_loss": round(statistics.fmean(first), 4),
             "first_8kb_vs_data_parallel": _round(statistics.fmean(first_ratios), 4)
             if first_ratios else None,
