@@ -65,11 +65,13 @@ def run(numbers: list[int], args) -> None:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from benchmarks.quality.code_identity import code_hash
     from benchmarks.quality.report import write_experiment
     from benchmarks.quality.runner import arm_key, is_usable, load_arm, run_arm
 
     console = Console(stderr=True)
     sizes = _sizes(args)
+    code_hash()  # the code this process runs, hashed now (see run_parallel)
     for number in numbers:
         exp = EXPERIMENTS[number]
         arms = _arms(exp, args)
@@ -115,6 +117,7 @@ def run_parallel(numbers: list[int], args) -> None:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
+    from benchmarks.quality.code_identity import code_hash
     from benchmarks.quality.report import write_experiment
     from benchmarks.quality.runner import arm_key, is_usable, load_arm, run_arm
 
@@ -129,7 +132,9 @@ def run_parallel(numbers: list[int], args) -> None:
     ordered = sorted(todo.values(), key=lambda a: -a.tokens)
     print(f"{len(ordered)} arms to run in {args.workers} processes", flush=True)
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(args.workers, mp_context=context) as pool:
+    # Each worker takes the code hash as it starts, before it imports and runs the code: taken
+    # at its first result instead, a commit landing mid-run would label that run.
+    with ProcessPoolExecutor(args.workers, mp_context=context, initializer=code_hash) as pool:
         futures = {pool.submit(run_arm, arm, sizes=sizes): arm for arm in ordered}
         for future in as_completed(futures):
             arm = futures[future]
