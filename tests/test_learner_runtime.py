@@ -99,7 +99,7 @@ def test_a_learner_offers_receives_checkpoints_stops_and_resumes(harness):
     again = LearnerRuntime(h.store, "learner-0", 1, log=lambda m: None)
     source = again._start_state()
     assert source.startswith("own")
-    assert int(again.train.step) == 8 and again.last_offered == 1
+    assert int(again.train.step) == 8 and again.book.answered == 1
     assert [f.version for f in again.sync.fragments] == [0, 1]
     assert again.tokens_total == 8 * h.cfg.tokens_per_learner_step   # counted across attempts
 

@@ -42,9 +42,9 @@ from diloco_core.config_loading import config_from_mapping
 from diloco_core.fragments import plan_fragments, split_params
 from diloco_core.inner_step import InnerStep
 from diloco_core.learner import FragmentSync, LearnerSync
+from diloco_core.learner_protocol import OfferBook
 from diloco_core.ledger import AttemptLedger
 from diloco_core.model import init_model
-from diloco_core.round_protocol import held_by_pacing, offer_choice
 from diloco_core.simulator import learner_data
 from diloco_core.spmd import host_value, learner_mesh, place_state, shard_batch, state_shardings
 from resources.compile_cache import enable_compilation_cache
@@ -119,27 +119,12 @@ class LearnerRuntime:
         self.loop_started: float | None = None
         self.training_seconds: float | None = None   # set when training stops
         self.last_loss: float | None = None
-        self.offers = 0
-        self.received = 0
-        # Final rounds this learner answered with nothing to offer: named in its heartbeat so
-        # that the syncer stops waiting for it (it would, up to round_timeout_seconds).
-        self.declined: list[int] = []
-        # Leaving (capacity reclaimed): the step of this process's latest offer of each
-        # fragment, to tell when every fragment's news has been offered.
-        self.leaving = False
-        self.offered_at_step: dict[int, int] = {}
+        # What it offered, declined and received (the learner's side of the round protocol):
+        # declined rounds are named in its heartbeat so that the syncer stops waiting for it.
+        self.book = OfferBook()
+        self.leaving = False     # capacity reclaimed: it offers what it has, then exits
         self.checkpoint_step: int | None = None
         self.ledger = AttemptLedger.start(self.cfg.sync.num_fragments)
-        # block_on_overlap: offers whose merged fragment has not come back, round -> (fragment,
-        # version held at the offer, step of the offer, when); the newest round seen and the
-        # step it was first seen at.
-        self.awaiting: dict[int, tuple[int, int, int, float]] = {}
-        # Offers whose merged fragment has not come back: fragment -> (round offered, version
-        # held at the offer, when); and per fragment the newest round whose merge it received.
-        self.in_flight: dict[int, tuple[int, int, float]] = {}
-        self.received_round: dict[int, int] = {}
-        # The newest round seen open and this process's tokens when it saw it (None: not yet).
-        self.round_seen: tuple[int, int] | None = None
 
     # ---- start or rejoin ----------------------------------------------------------------------
     def _start_state(self) -> str:
@@ -161,7 +146,7 @@ class LearnerRuntime:
         plan = plan_restore(self.store, self.name, peers, self._template, versions,
                             cfg.orchestration.rejoin_max_versions_behind, self.use_ocdbt,
                             inner_opt=cfg.inner, **restore_args)
-        self.last_offered = -1
+        answered = -1       # the newest round it offered or declined
         if plan.source == "own":
             meta = plan.meta
             self.train = plan.state["train"]
@@ -170,7 +155,7 @@ class LearnerRuntime:
                     plan.state["anchors"], meta["versions"], meta["fragment_steps"],
                     meta["fragment_tokens"], strict=True)))
             self.data.restore(meta["data"])
-            self.last_offered = meta["last_offered"]
+            answered = meta["last_offered"]
         else:
             self.train = self.inner.init(params)
             if plan.source == "peer":
@@ -189,13 +174,13 @@ class LearnerRuntime:
             latest = self.store.latest_open_round()
             if latest is not None and self.store.contribution_manifest(latest["round"],
                                                                        self.name) is not None:
-                self.last_offered = max(self.last_offered, latest["round"])
+                answered = max(answered, latest["round"])
             previous = self.store.get_heartbeat(self.name) or {}
             self.tokens_total = int(previous.get("tokens_total", 0))
         else:
             self.tokens_total = 0
-        self.last_offered, self.tokens_total = self.lockstep.ints([self.last_offered,
-                                                                   self.tokens_total])
+        answered, self.tokens_total = self.lockstep.ints([answered, self.tokens_total])
+        self.book = OfferBook(answered=answered)
         self._place_state()
         return f"{plan.source}: {plan.reason}"
 
@@ -393,16 +378,11 @@ class LearnerRuntime:
             self._place_state()
             if fate == "not_merged" and before.offered_round is not None:
                 self.ledger = self.ledger.returned_claim(p, before.offered_round)
-            if fate == "pending" and p in self.in_flight:
-                # An earlier round's merge does not answer the offer: it stays in flight (a
-                # second offer now would carry its progress, and its tokens, twice).
-                offered_round, _, since = self.in_flight[p]
-                self.in_flight[p] = (offered_round, self.sync.fragments[p].version, since)
+            # An earlier round's merge ("pending") does not answer the offer: it stays in
+            # flight (a second offer now would carry its progress, and its tokens, twice).
+            self.book = self.book.received_merge(p, self.sync.fragments[p].version,
+                                                  arrival.merged_round, fate)
             self.ledger = self.ledger.received(p, keeps_local=s.receive_rule == "rebase")
-            if arrival.merged_round is not None:
-                self.received_round[p] = max(self.received_round.get(p, -1),
-                                             arrival.merged_round)
-            self.received += 1
 
     def _maybe_offer(self) -> dict | None:
         rnd = self.link.open_round
@@ -411,18 +391,15 @@ class LearnerRuntime:
         p = rnd["fragment"]
         # The protocol's offer rule: counters run from the last receipt of the fragment, so
         # while an offer of it awaits its merge a second offer would count its tokens twice.
-        choice = offer_choice(rnd["round"], bool(rnd.get("final")), self.last_offered,
-                              self.sync.fragments[p].steps,
-                              in_flight=self._offer_in_flight(p),
-                              stopped=self.link.stop is not None)
+        self._settle()
+        choice = self.book.choice(rnd["round"], p, bool(rnd.get("final")),
+                                  self.sync.fragments[p].steps, stopped=self.link.stop is not None)
         if choice in ("answered", "wait"):
             return None
         if choice == "decline":
-            self.last_offered = rnd["round"]
-            self.declined = [*self.declined[-7:], rnd["round"]]
+            self.book = self.book.declined_round(rnd["round"])
             self._beat()
             return rnd
-        self.last_offered = rnd["round"]
         s = self.cfg.sync
         contribution = None
         if not self.lockstep.multi:
@@ -445,9 +422,8 @@ class LearnerRuntime:
         if s.receive_rule == "rebase":
             self.sync = self.sync.after_offer(self.train.params, self.plan, p, rnd["round"])
         self.ledger, claim = self.ledger.offered(p, rnd["round"])
-        self.in_flight[p] = (rnd["round"], self.sync.fragments[p].version, self._now())
-        self.awaiting[rnd["round"]] = (p, self.sync.fragments[p].version, int(self.train.step),
-                                       self._now())
+        self.book = self.book.offered(rnd["round"], p, self.sync.fragments[p].version,
+                                      int(self.train.step), self._now())
         extra = {"train_loss": self.last_loss, "attempt": self.attempt, "claim": claim}
         after_put = None
         bad = None if self.faults is None else self.faults.bad_contribution(rnd["round"])
@@ -459,52 +435,26 @@ class LearnerRuntime:
         if bad is not None:
             extra["fault"] = bad
         self.link.offer(contribution, extra, after_put, record=self.attempt_record())
-        self.offers += 1
-        self.offered_at_step[p] = int(self.train.step)
         return rnd
 
     def _nothing_left_to_offer(self, fragment: int) -> bool:
-        """A leaving learner's news on `fragment` is all offered: none since it last received
-        the fragment, or its latest offer was made after its last step."""
-        return (self.sync.fragments[fragment].steps < 1
-                or self.offered_at_step.get(fragment) == int(self.train.step))
+        return self.book.nothing_left_to_offer(fragment, self.sync.fragments[fragment].steps,
+                                               int(self.train.step))
 
-    def _offer_in_flight(self, fragment: int) -> bool:
-        """Whether an offer of `fragment` awaits its merge: answered when a newer version of
-        the fragment arrives, or when the version it holds already merged the offered round
-        or a later one (an offer that reached its round after the decision: that merge came
-        first and will not come again), given up after `round_timeout_seconds` (a round that
-        merged nothing moves no version)."""
-        held = self.in_flight.get(fragment)
-        if held is None:
-            return False
-        offered_round, version, since = held
-        patience = self.cfg.orchestration.round_timeout_seconds
-        if (self.sync.fragments[fragment].version > version
-                or self.received_round.get(fragment, -1) >= offered_round
-                or self._now() - since > patience):
-            del self.in_flight[fragment]
-            return False
-        return True
+    def _settle(self) -> None:
+        """Drop the offers whose merge has come back (or that waited out the round timeout)."""
+        self.book = self.book.settle([f.version for f in self.sync.fragments], self._now(),
+                                     self.cfg.orchestration.round_timeout_seconds)
 
     def _must_wait(self) -> bool:
         """Pacing (`sync.block_on_overlap`): the protocol's rule, as in the simulator."""
         if not self.cfg.sync.block_on_overlap:
             return False
-        step = int(self.train.step)
         rnd = self.link.open_round
-        newest = -1 if rnd is None else rnd["round"]
-        if self.round_seen is None or newest > self.round_seen[0]:
-            self.round_seen = (newest, self.tokens_total)
-        patience = self.cfg.orchestration.round_timeout_seconds
-        for r, (p, version, _, since) in list(self.awaiting.items()):
-            # Answered when a newer version of the fragment arrived; given up after the round
-            # timeout (e.g. a round whose merge committed nothing).
-            if self.sync.fragments[p].version > version or self._now() - since > patience:
-                del self.awaiting[r]
-        return held_by_pacing(step, [at for _, _, at, _ in self.awaiting.values()],
-                              self.tokens_total - self.round_seen[1],
-                              self.cfg.learner_step_tokens[self.index], self.cfg)
+        self.book = self.book.saw_round(-1 if rnd is None else rnd["round"], self.tokens_total)
+        self._settle()
+        return self.book.must_wait(int(self.train.step), self.tokens_total,
+                                   self.cfg.learner_step_tokens[self.index], self.cfg)
 
     def _checkpoint(self) -> None:
         if self.link.fenced():
@@ -516,7 +466,7 @@ class LearnerRuntime:
                 "data": self.data.state(), "versions": [f.version for f in self.sync.fragments],
                 "fragment_steps": [f.steps for f in self.sync.fragments],
                 "fragment_tokens": [f.tokens for f in self.sync.fragments],
-                "last_offered": self.last_offered}
+                "last_offered": self.book.answered}
         state = {"train": self.train, "anchors": [f.anchor for f in self.sync.fragments]}
         # A save blocks the loop until it is durable (minutes for a large model on GCS): keep
         # heartbeats going meanwhile, or the supervisor would end the learner as hung. Bounded
@@ -564,8 +514,8 @@ class LearnerRuntime:
                 "checkpoint_step": self.checkpoint_step,
                 "compute_seconds": self.compute_seconds, "wall_seconds": wall,
                 "training_seconds": training,
-                "offers": self.offers, "received": self.received,
-                "declined_rounds": list(self.declined),
+                "offers": self.book.offers, "received": self.book.received,
+                "declined_rounds": list(self.book.declined),
                 "rejoined_from": self.rejoined_from,
                 "bytes_up": self.link.bytes_up, "bytes_down": self.link.bytes_down}
 
@@ -575,7 +525,7 @@ class LearnerRuntime:
         loss = "-" if self.last_loss is None else f"{self.last_loss:.4f}"
         self.log(f"{self.name}: step {beat['step']}, train loss {loss}, "
                  f"{rate:,.0f} tokens/s, fragment versions {beat['versions']}, "
-                 f"{self.offers} offers, {self.received} merged fragments received, "
+                 f"{self.book.offers} offers, {self.book.received} merged fragments received, "
                  f"compute {beat['compute_seconds'] / max(beat['training_seconds'], 1e-9):.1%} "
                  "of the loop")
 
