@@ -85,14 +85,19 @@ def test_a_trace_that_differs_from_what_was_decided_is_caught(recorded):
     assert replay(trace).mismatches
 
 
-@pytest.mark.skipif(not FIXTURES.exists(), reason="no recorded trace of a real run committed")
 def test_the_recorded_real_run_replays_to_the_same_decisions():
     """A real `diloco demo --chaos` run (a learner and the syncer killed), recorded with
-    DILOCO_SYNCER_TRACE: every syncer process's ticks replay to its decisions."""
+    DILOCO_SYNCER_TRACE (tests/fixtures/syncer_trace/README.md): every tick of both syncers
+    replays to the same actions and the same state."""
     traces = [read_trace(p) for p in sorted(FIXTURES.glob("*.jsonl.gz"))]
-    assert len(traces) >= 2, "the syncer was killed: a second syncer's trace"
+    assert len(traces) == 2, "the syncer was killed: the trace of its successor too"
     replayed = [replay(t) for t in traces]
-    assert [r.mismatches[:3] for r in replayed] == [[]] * len(traces)
-    decided = [a["decide"] for r in replayed for a in r.actions if "decide" in a]
-    assert any(d["final"] for d in decided)
-    assert any(d["missing"] or set(d["live"]) != set(d["arrivals"]) for d in decided)
+    assert [r.mismatches[:3] for r in replayed] == [[], []]
+    actions = [a for r in replayed for a in r.actions]
+    decided = [a["decide"] for a in actions if "decide" in a]
+    rounds = [d["round"] for d in decided]
+    assert rounds == list(range(len(rounds))) and len(rounds) > 50     # none lost, none twice
+    assert replayed[1].sessions == 1 and traces[1][1]["state"]["round"] > 0   # taken over
+    assert any(d["missing"] for d in decided)                  # the killed learner's rounds
+    assert sum(d["final"] for d in decided) == 4               # P final rounds after STOP
+    assert [k for a in actions for k in a if k in ("stop", "finish")] == ["stop", "finish"]
