@@ -11,7 +11,7 @@ answered "has the offer come back?" by different rules.
 An offer is *pending* from the moment it is made until it is answered:
 - a newer version of its fragment arrived whose merge took it or superseded it (the version
   held moved past the one held at the offer; a merge of an earlier round that did not take it
-  moves the held version forward with it, see `received`),
+  moves the held version forward with it, see `received_merge`),
 - or a merge of its round or a later one reached the learner (an offer that came after its
   round was decided: that merge came first and will not come again),
 - or `patience` seconds passed (a round that merged nothing moves no version).
@@ -30,7 +30,7 @@ DECLINED_KEPT = 8      # declined rounds named in the heartbeat (the syncer read
 
 
 @dataclass(frozen=True)
-class Pending:
+class PendingOffer:
     """One offer awaiting its merge: its round and fragment, the fragment's version the learner
     held when it offered, its step counter then, and when (the learner's clock)."""
 
@@ -45,7 +45,7 @@ class Pending:
 class OfferBook:
     answered: int = -1                                   # newest round offered or declined
     declined: tuple[int, ...] = ()                       # the newest rounds it declined
-    pending: Mapping[int, Pending] = field(default_factory=dict)       # round -> offer
+    pending: Mapping[int, PendingOffer] = field(default_factory=dict)       # round -> offer
     received_round: Mapping[int, int] = field(default_factory=dict)    # fragment -> round
     offered_at_step: Mapping[int, int] = field(default_factory=dict)   # fragment -> step
     round_seen: tuple[int, int] | None = None            # newest round seen open, tokens then
@@ -75,7 +75,8 @@ class OfferBook:
                 ) -> "OfferBook":
         return replace(self, answered=max(self.answered, round_index),
                        pending={**self.pending,
-                                round_index: Pending(round_index, fragment, version, step, now)},
+                                round_index: PendingOffer(round_index, fragment, version,
+                                                          step, now)},
                        offered_at_step={**self.offered_at_step, fragment: step},
                        offers=self.offers + 1)
 

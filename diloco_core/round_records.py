@@ -168,7 +168,8 @@ class RoundDecision(_Record):
         "reason": _str(MAX_TEXT), "grace_seconds": _optional(_num(0.0)),
         "deadline": _optional(_TIME), "opened_at": _TIME, "quorum_at": _TIME,
         "decided_at": _TIME, "arrivals": _map(_TIME), "live": _NAMES, "declined": _NAMES,
-        "digests": _map(_str(64)), "payloads": _map(_str(64)), "refused": _map(_str(MAX_TEXT))}
+        "digests": _map(_str(64)), "payloads": _map(_str(64)), "refused": _map(_str(MAX_TEXT)),
+        "bases": _map(_int())}
 
     round: int
     fragment: int
@@ -192,6 +193,9 @@ class RoundDecision(_Record):
     digests: Mapping[str, str] = field(default_factory=dict)
     payloads: Mapping[str, str] = field(default_factory=dict)
     refused: Mapping[str, str] = field(default_factory=dict)   # offers refused on arrival
+    # Each member's base version: once its merge is published, an offer of the fragment on a
+    # base no newer is a replay (a syncer that restarts reads them back from here).
+    bases: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

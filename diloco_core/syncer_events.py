@@ -24,8 +24,9 @@ class OfferDigest:
 
 @dataclass(frozen=True)
 class OfferSeen:
-    """An offer a tick listed for the first time. `digest` is read for offers to the open
-    round only (None: not read, or the store refused the manifest: `rejected` says why);
+    """An offer a tick listed for the first time. `digest`: what the store vouches for, read
+    for every offer of a configured learner (None: a stray writer's, or the store refused the
+    manifest: `rejected` says why);
     `created`: when the store created its payload, read only when two offers of this tick
     carry the same payload (the later is the copy)."""
 
@@ -64,7 +65,7 @@ class Observed:
     beats: Mapping[str, Heartbeat | None] = field(default_factory=dict)
     refused_beats: Mapping[str, str] = field(default_factory=dict)
     absent: frozenset[str] = frozenset()
-    budget: int = 0
+    budget: int | None = None          # None: not known, so never reached
     stop_request: StopRequest | None = None
     versions: Mapping[int, VersionSeen] = field(default_factory=dict)
     offers: tuple[OfferSeen, ...] = ()

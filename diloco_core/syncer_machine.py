@@ -15,10 +15,10 @@ on and how one tick's observations become decisions:
   their round opened are planted and refused; a payload offered before is a replay or a copy.
 - **The syncer's own account of each learner** (`accounts`): the tokens of the offers it saw
   from that learner, per fragment, each credited only as far as the protocol's pace allows
-  (`corroboration.credit_offer`). A heartbeat's total counts toward the budget and the opening
-  of rounds only up to `max_speed_ratio` times that account plus one sync period: a learner
-  that claims 2^62 tokens has to offer for them, one round at a time, even where no other live
-  learner is there to compare with (M = 2).
+  (`corroboration.credit_offer`). Where fewer than two other learners are live to compare a
+  heartbeat with (M = 2), its total counts toward the budget and the opening of rounds only
+  as far as that account allows (`corroboration.credited`): a learner that claims 2^62 tokens
+  counts as one learner at the pace of the rounds unless it offers for more.
 """
 
 from collections.abc import Mapping, Sequence
@@ -72,7 +72,7 @@ class Pending:
 @dataclass(frozen=True)
 class SyncerState:
     """Everything the syncer remembers between ticks; the sensor keeps it as its cursor
-    (`to_json`), and a lost one is rebuilt from the store's records."""
+    (`syncer_state_codec.state_to_json`), and a lost one is rebuilt from the store's records."""
 
     experiment: str
     round: int = -1
@@ -93,7 +93,11 @@ class SyncerState:
     refused: Mapping[str, str] = field(default_factory=dict)           # open round
     bases: Mapping[str, Mapping[int, tuple[int, int]]] = field(default_factory=dict)
     seen: Mapping[str, list] = field(default_factory=dict)             # liveness markers
+    # The syncer's account of each learner: the credited tokens of the offers it saw since
+    # the account began, per fragment, and each learner's credited total when it began (0 at
+    # the start of the run; the last round's record when the state was rebuilt from the store).
     accounts: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
+    account_base: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -156,8 +160,8 @@ def step(state: SyncerState, obs: Observed, cfg: ExperimentConfig, decided_by: s
     estimates = _estimates(t, obs.beats)
     _watch_published(t, now)
     _collect_offers(t, now)
-    budget_tokens, tokens, clipped = credited(t.accounts, t.get("tokens_at_open"), obs.beats,
-                                              live, cfg)
+    budget_tokens, tokens, clipped = credited(t.accounts, state.account_base,
+                                              t.get("tokens_at_open"), obs.beats, live, cfg)
     _maybe_stop(t, budget_tokens, now)
     if not t.get("decided"):
         _decide(t, live, estimates, now)
@@ -336,7 +340,7 @@ def _maybe_stop(t: _Tick, tokens: Mapping[str, int], now: float) -> None:
         return
     total, P = sum(tokens.values()), final_rounds(t.cfg.sync.num_fragments)
     request = t.obs.stop_request
-    if budget_reached(tokens, t.obs.budget):
+    if t.obs.budget is not None and budget_reached(tokens, t.obs.budget):
         reason = f"token budget reached ({total} >= {t.obs.budget})"
     elif request is not None:
         # An operator's request ends the run the same way the budget does, so the final
@@ -375,7 +379,8 @@ def _decide(t: _Tick, live: list[str], estimates: Estimates, now: float) -> None
         declined=tuple(sorted(set(declined) - set(arrivals))),
         digests={m: d.manifest for m, d in admitted.items()},
         payloads={m: d.payload for m, d in admitted.items()},
-        refused={n: why[:MAX_TEXT] for n, why in t.refused.items()})
+        refused={n: why[:MAX_TEXT] for n, why in t.refused.items()},
+        bases={m: d.base for m, d in admitted.items()})
     t.actions.append(Decide(record))
     if not final:
         _observe(t, quorum=quorum_at - t.get("opened_at"))

@@ -50,6 +50,7 @@ def state_to_json(s: SyncerState) -> dict:
         "bases": {n: {str(f): list(v) for f, v in b.items()} for n, b in s.bases.items()},
         "seen": {n: list(v) for n, v in s.seen.items()},
         "accounts": {n: {str(f): t for f, t in a.items()} for n, a in s.accounts.items()},
+        "account_base": dict(s.account_base),
     }
 
 
@@ -97,7 +98,9 @@ def state_from_json(raw: Any) -> SyncerState:
                for n, b in _map(raw.get("bases"), "bases").items()},
         seen={str(n): [v[0], float(v[1])] for n, v in _map(raw.get("seen"), "seen").items()},
         accounts={str(n): {int(f): int(t) for f, t in _map(a, "accounts").items()}
-                  for n, a in _map(raw.get("accounts"), "accounts").items()})
+                  for n, a in _map(raw.get("accounts"), "accounts").items()},
+        account_base={str(n): int(t)
+                      for n, t in _map(raw.get("account_base"), "account_base").items()})
 
 
 def _digest_to_json(d: OfferDigest | None) -> list | None:

@@ -80,17 +80,23 @@ class RoundController:
         self._absent: frozenset[str] = frozenset(self.cfg.learners.standby_names)
         self._budget = self.cfg.token_budget     # raised on resume (`BUDGET` in the store)
         self._control_read_at = -math.inf        # when CAPACITY and BUDGET were last read
+        # Offers a recovery found in the store (reported before): not described again, also
+        # when the recovery happened at the end of the last tick (a Conflict).
+        self._reported: set[tuple[int, str]] = set()
 
     def tick(self, state: dict | None, now: float | None = None) -> TickResult:
-        now = time.time() if now is None else now
+        # A float: the state's times are, and a replayed trace must read back what was decided.
+        now = float(time.time() if now is None else now)
         typed = self._load(state)
         remerge: list[dict] = []
-        reported: set[tuple[int, str]] = set()
+        reported, self._reported = self._reported, set()
         if typed is None:
-            typed, remerge, reported = self._recover(SyncerState(self.store.experiment), now)
+            typed, remerge, found = self._recover(SyncerState(self.store.experiment), now)
+            reported |= found
         elif self._behind(typed):
-            typed, remerge, reported = self._recover(
+            typed, remerge, found = self._recover(
                 SyncerState(self.store.experiment, estimates=typed.estimates), now)
+            reported |= found
         result = TickResult(state_to_json(typed), merges=list(remerge))
         if typed.finished:
             result.reason = "the run is finished"
@@ -104,25 +110,25 @@ class RoundController:
             for action in stepped.actions:
                 typed = self._write(action, typed, result, found)
         except Conflict as err:
-            self._record(before, observed, stepped, found)
+            self._record(before, observed, stepped, found, typed)
             # Another decider (the syncer and the sensor fallback during a hand-over) wrote
             # this record first: its record stands; take the state from the store.
             carried = SyncerState(self.store.experiment, estimates=typed.estimates,
                                   seen=typed.seen)
-            typed, remerge, _ = self._recover(carried, now)
+            typed, remerge, self._reported = self._recover(carried, now)
             return TickResult(state_to_json(typed), merges=remerge, offers=result.offers,
                               reason=f"another decider wrote first ({err}); state rebuilt "
                                      "from the store")
-        self._record(before, observed, stepped, found)
+        self._record(before, observed, stepped, found, typed)
         result.state = state_to_json(typed)
         result.reason = stepped.reason
         return result
 
     def _record(self, before: SyncerState, observed: Observed, stepped: Stepped,
-                found: list[tuple[int, list[str]]]) -> None:
+                found: list[tuple[int, list[str]]], carried: SyncerState) -> None:
         if self.trace is not None:
             self.trace.tick(before, self.decided_by, observed, stepped.actions, stepped.state,
-                            found)
+                            found, carried)
 
     # ---- reading --------------------------------------------------------------------------
     def _load(self, state: dict | None) -> SyncerState | None:
@@ -209,8 +215,11 @@ class RoundController:
 
     def _versions(self, pending: tuple[Pending, ...]) -> dict[int, VersionSeen]:
         """Current versions of the fragments with merges pending (their publication)."""
+        return self._versions_of(sorted({p.fragment for p in pending}))
+
+    def _versions_of(self, fragments) -> dict[int, VersionSeen]:
         out = {}
-        for fragment in sorted({p.fragment for p in pending}):
+        for fragment in fragments:
             meta = self.store.version_meta(fragment) or {}
             merged = meta.get("round")
             if isinstance(merged, int) and not isinstance(merged, bool):
@@ -297,15 +306,26 @@ class RoundController:
         offered = store.list_contributions(r)
         remerge, pending = [], []
         payloads: dict[str, tuple[str, int]] = {}
+        current = {f: self._current_meta(f) for f in range(P)}
+        bases: dict[str, dict[int, tuple[int, int]]] = {}
         for k in range(max(0, r - 2 * P), r + 1):
             decision = store.decision_record(k)
             if decision is None:
                 continue
             for learner, payload in decision.payloads.items():
                 payloads[payload[:PAYLOAD_KEY_CHARS]] = (learner, k)
-            if decision.members and not self._published(decision.fragment, k):
+            published = current[decision.fragment]
+            if decision.members and published.round < k:
                 remerge.append(decision.to_json())
-                pending.append(Pending(k, decision.fragment, now))
+                pending.append(Pending(k, decision.fragment, now, dict(decision.bases)))
+            elif published.round == k:
+                # The merge a fragment's current version holds: its members' bases, as the
+                # state noted them when it saw the merge published (a replay of one is refused
+                # across a restart too).
+                for member in published.members:
+                    if member in decision.bases:
+                        bases.setdefault(member, {})[decision.fragment] = (
+                            decision.bases[member], k)
         final_left = None
         stop = store.stop_requested()
         if stop is not None:
@@ -323,14 +343,16 @@ class RoundController:
             experiment=state.experiment, estimates=state.estimates, seen=state.seen,
             round=r, fragment=latest.fragment, decided=decided, final=latest.final,
             opened_at=latest.opened_at, tokens_at_open=dict(latest.learner_tokens),
+            # The account of each learner starts again from what the record credited it.
+            account_base=dict(latest.learner_tokens),
             # An undecided round's offers are listed again by this tick: they arrive now.
             watch={r: tuple(offered)} if decided else {}, pending=tuple(pending),
-            payloads=payloads, stop=stop is not None, final_left=final_left,
+            payloads=payloads, bases=bases, stop=stop is not None, final_left=final_left,
             finished=store.finished() is not None)
         return state, remerge, {(r, n) for n in offered}
 
-    def _published(self, fragment: int, round_index: int) -> bool:
-        """Whether the merge of `round_index` is published (or superseded): merges of a
-        fragment commit in round order, so the current version's round tells."""
-        committed = (self.store.version_meta(fragment) or {}).get("round")
-        return isinstance(committed, int) and committed >= round_index
+    def _current_meta(self, fragment: int) -> VersionSeen:
+        """The fragment's current version: the round that merged it (-1: none, the initial
+        version) and its members. Merges of a fragment commit in round order, so a round at
+        or before it is published (or superseded)."""
+        return self._versions_of([fragment]).get(fragment, VersionSeen(-1))

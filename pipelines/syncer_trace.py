@@ -1,10 +1,11 @@
 """Record what the syncer's driver observed and decided, tick by tick, for replay.
 
-Set `DILOCO_SYNCER_TRACE` to a directory and every syncer process (and the sensor's fallback)
-appends its trace there, one gzip'd JSON-lines file per process: the config, each session's
-starting state, then each tick (`diloco_core.syncer_replay` reads it back). It costs a JSON
-encoding per tick, so it is off unless asked for; a committed trace of a real run is the
-fixture of `tests/test_syncer_trace.py`.
+Set `DILOCO_SYNCER_TRACE` to a directory and every syncer service process appends its trace
+there, one gzip'd JSON-lines file per process: the config, each session's starting state, then
+each tick (`diloco_core.syncer_replay` reads it back). The quorum sensor's fallback is not
+traced (it decides only while no syncer is live). It costs a JSON encoding per tick, so it is
+off unless asked for; a committed trace of a real run is the fixture of
+`tests/test_syncer_trace.py` (`tests/fixtures/syncer_trace/`).
 """
 
 import gzip
@@ -42,16 +43,18 @@ class SyncerTrace:
 
     def tick(self, before: SyncerState, decided_by: str, observed: Observed,
              actions: Sequence[Action], after: SyncerState,
-             planted: Sequence[tuple[int, list[str]]]) -> None:
-        """One tick; a session record first when the state is not the one the last tick
-        left (the first tick, or a state rebuilt from the store)."""
+             planted: Sequence[tuple[int, list[str]]], carried: SyncerState) -> None:
+        """One tick: `after`, the state `step` returned; `carried`, the one the driver goes
+        on with (`after` with the planted offers noted). A session record comes first when the
+        state is not the one the last tick left (the first tick, or a state rebuilt from the
+        store)."""
         if before != self._last:
             self._write({"kind": "session", "decided_by": decided_by,
                          "state": state_to_json(before)})
         self._write({"kind": "tick", "observed": observed_to_json(observed),
                      "actions": [action_to_json(a) for a in actions],
                      "state": state_digest(after), "planted": [list(p) for p in planted]})
-        self._last = after
+        self._last = carried
 
 
 def read_trace(path: str | Path) -> list[dict]:

@@ -213,6 +213,29 @@ def test_a_cursor_behind_the_store_recovers_and_requests_the_missing_merge(harne
     assert h.state()["decided"] and not h.tick().run_requests
 
 
+def test_an_offer_is_described_once_even_when_another_decider_wrote_first(jumping):
+    """A tick that loses a write to another decider (the syncer and the fallback during a
+    hand-over) rebuilds its state from the store; the offers it had already described to
+    Dagster are not described again on the next tick."""
+    from pipelines.round_control import RoundController
+
+    h = jumping
+    controller = RoundController(h.store)
+    _progress(h, ["learner-0", "learner-1"])
+    state = controller.tick(None, now=h.now + 1).state          # opens round 0
+    h.offer("learner-0", 0)
+    first = controller.tick(state, now=h.now + 2)
+    assert [(o["round"], o["learner"]) for o in first.offers] == [(0, "learner-0")]
+    h.beat("learner-0", 400)                                     # past the budget ...
+    h.beat("learner-1", 400)
+    h.store.request_stop({"reason": "the other decider", "at": h.now, "tokens": 0,
+                          "final_left": 2})                      # ... but STOP is written
+    lost = controller.tick(first.state, now=h.now + 3)
+    assert "another decider wrote first" in lost.reason, lost.reason
+    again = controller.tick(lost.state, now=h.now + 4)
+    assert [o["learner"] for o in again.offers] == [], again.offers
+
+
 def test_a_round_opened_by_a_tick_that_failed_still_gets_its_partition(harness):
     """A tick that wrote a round-open record and failed before returning added no partition:
     the next tick adds it, and the round's merge run finds its partition."""

@@ -86,7 +86,7 @@ def test_one_learner_claiming_2_pow_62_tokens_does_not_end_a_two_learner_run():
     assert not s.state.stop
     stepped = s.tick()
     assert "learner-1 (claims 4611686018427387904 tokens, credited" in stepped.reason
-    assert "what its offers carried on one fragment" in stepped.reason
+    assert "what its offers carried on one fragment since" in stepped.reason
     # The honest rounds went on: decided and merged, both learners members.
     decided = [a.decision for a in s.actions if isinstance(a, Decide)]
     assert len(decided) >= 5 and all(d.members for d in decided)
@@ -106,11 +106,40 @@ def test_honest_learners_whose_offers_carry_their_tokens_reach_the_budget():
     assert "not corroborated" not in s.tick().reason
 
 
-def test_the_account_bound_grows_with_the_offers_and_keeps_what_was_credited():
-    assert account_bound({}, 0, 4.0, 512) == 512
-    assert account_bound({0: 1000, 1: 3000}, 0, 4.0, 512) == 12512
-    assert account_bound({0: 10}, 20000, 4.0, 512) == 20512      # the floor: credited before
-    assert account_bound({0: 10}, 0, float("inf"), 512) is None
+def test_the_account_bound_grows_with_the_offers_and_lets_the_next_round_open():
+    assert account_bound({}, 0, 0, 256, 512) == 512
+    assert account_bound({0: 1000, 1: 3000}, 0, 0, 256, 512) == 6512      # 2 x 3000 + slack
+    assert account_bound({0: 10}, 20000, 0, 256, 512) == 20532            # from its base
+    # Never below one round's worth past its total at the open round: rounds always open.
+    assert account_bound({0: 10}, 0, 30000, 256, 512) == 30256
+
+
+@pytest.mark.parametrize("offers", [False, True])
+def test_a_liar_with_no_one_to_compare_to_ends_the_run_no_sooner_than_a_few_honest_learners(
+        offers):
+    """M = 2, K = 1: learner-1 claims 2^62 tokens from the start. Without offers it counts as
+    one learner at the pace of the rounds; offering every round at the credit cap, as about
+    2 x max_speed_ratio. Its own claim no longer means anything: how long the honest learner
+    trains before STOP does. (The account's first version let a liar that never offered gain
+    one sync period per round: STOP after about a third of the honest pair's rounds.)"""
+    cfg = _cfg("token_budget=4000000")          # about 490 rounds for the honest pair
+    honest = Script(cfg)
+    while not honest.state.stop:
+        honest.train_and_offer()
+    liar = Script(cfg, liar_claim=2 ** 62)
+    while not liar.state.stop:
+        for n in NAMES:
+            liar.tokens[n] += 2 * cfg.learner_step_tokens[0]
+        liar.tick()
+        r = liar.state.round
+        steps = 4 * cfg.sync.sync_period if offers else 2
+        liar.tick([_offer("learner-0", r, cfg)]
+                  + ([_offer("learner-1", r, cfg, steps=steps)] if offers else []))
+        assert liar.state.round < 1000, "the run never stopped"
+    trained, alone = liar.tokens["learner-0"], honest.tokens["learner-0"]
+    # Measured: 1,998,848 of 2,002,944 tokens without offers; 446,464 offering at the cap.
+    least = 0.9 * alone if not offers else alone / (2 * cfg.sync.max_speed_ratio + 1)
+    assert trained >= least, (trained, alone)
 
 
 def test_a_step_never_changes_the_state_it_was_given():

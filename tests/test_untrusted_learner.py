@@ -478,6 +478,29 @@ def test_an_offer_on_a_base_already_merged_from_it_is_a_replay(tmp_path):
         assert "base version 0" in decision["refused"][HOSTILE], decision
 
 
+def test_a_replayed_base_is_refused_across_a_syncer_restart(tmp_path):
+    """The bases of the merges a fragment's current version holds are in the decisions, so a
+    syncer that rebuilt its state from the store refuses the replay too (before, the first
+    offer after a restart could replay a base)."""
+    with dg.instance_for_test() as instance:
+        h, service = _started(instance, tmp_path)
+        _rounds(h, service, range(2))
+        assert HOSTILE in h.store.version_meta(0)["members"]
+        _open(h, service, 2)
+        h.now += 10                              # the syncer is gone; its lease runs out
+        successor = SyncerService(h.store, attempt=1, log=lambda _: None)
+        successor.lease.clock = lambda: h.now
+        successor.lease.acquire(4)
+        for name in HONEST:
+            h.offer(name, 2)
+        h.offer(HOSTILE, 2, base_version=0, seed=7)
+        _decide(h, successor)
+        decision = h.store.get_decision(2)
+        assert decision["decided_by"] == "syncer-a1", decision
+        assert sorted(decision["members"]) == sorted(HONEST), decision
+        assert "base version 0" in decision["refused"][HOSTILE], decision
+
+
 def test_offers_planted_before_their_round_opened_are_refused(tmp_path):
     with dg.instance_for_test() as instance:
         h, service = _started(instance, tmp_path)
