@@ -22,24 +22,14 @@ the syncer can corroborate:
   opening of rounds up to `max_speed_ratio` times that, once at least two others are live to
   compare with: a learner claiming 2^62 tokens ends the run no sooner than one more honest
   learner would, and opens rounds no faster than `max_speed_ratio` times the fastest honest
-  one. With fewer live learners there is nobody to compare against, and claims count as made.
-- **The syncer's own account** (`credited`, kept in the syncer's state), where fewer than two
-  other learners are live to compare with: a heartbeat's total counts at most what the
-  learner had when the account began plus twice what its offers carried on one fragment
-  since, plus one sync period, and never less than one round's worth past its total when the
-  open round opened (so rounds always open). With M = 2 a claim of 2^62 tokens counts as one
-  learner at the pace of the rounds, or, offering every round with claims at the credit cap,
-  as about 2 x `max_speed_ratio` honest learners.
+  one. With fewer live learners there is nobody to compare against, and claims count as made;
+  the syncer's own account of the learner (`syncer_account`) bounds them then.
 """
 
 import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-
-from diloco_core.config import ExperimentConfig
-from diloco_core.round_protocol import tokens_needed
-from diloco_core.round_records import Heartbeat
 
 
 def offer_step_bound(sync_period: int, staleness: int, max_speed_ratio: float) -> int:
@@ -128,55 +118,3 @@ def credited_totals(claimed: Mapping[str, int], live: Sequence[str], ratio: floa
             clipped[name] = (f"claims {tokens} tokens, credited {bound}: {ratio:g}x the "
                              f"largest of the other live learners ({largest}) plus {slack}")
     return credited, clipped
-
-
-# Each fragment's offers together carry about all of a learner's tokens (each offer, its
-# progress since it last received the fragment), less what a receive rule discarded between an
-# offer and its receipt: the account credits up to this many times what the offers carried.
-ACCOUNT_RATIO = 2.0
-
-
-def account_bound(account: Mapping[int, int], base: int, at_open: int, needed: int,
-                  slack: int) -> int:
-    """The most total tokens the syncer credits a learner on its own account: what it was
-    credited when this account began (`base`: 0 at the start of the run, or the last round's
-    record when a syncer rebuilt its state), plus ACCOUNT_RATIO times the largest sum of
-    credited tokens it has offered since on any one fragment, plus `slack` (one sync period:
-    its progress since its last offer). Never less than its total when the open round opened
-    plus the tokens one round needs (`at_open + needed`), so that the next round can always
-    open: a learner offers only to open rounds. Without offers a claim grows by one round's
-    worth per round opened, as an honest learner at the pace of the rounds would."""
-    by_offers = base + int(ACCOUNT_RATIO * max(account.values(), default=0)) + slack
-    return max(by_offers, at_open + needed)
-
-
-def credited(accounts: Mapping[str, Mapping[int, int]], bases: Mapping[str, int],
-             at_open: Mapping[str, int], beats: Mapping[str, Heartbeat | None],
-             live: Sequence[str], cfg: ExperimentConfig
-             ) -> tuple[dict[str, int], dict[str, int], dict[str, str]]:
-    """(totals for the budget, totals for opening rounds, why claims were clipped): each
-    heartbeat's total as far as the other live learners corroborate it (`credited_totals`),
-    and where fewer than two others are live to compare with (M = 2, or the others down), as
-    far as the syncer's own account of the learner does (`account_bound`)."""
-    claimed = {n: b.tokens_total for n, b in beats.items() if b}
-    needed = tokens_needed(cfg)
-    slack = max(needed.values()) * cfg.sync.num_fragments
-    ratio = cfg.sync.max_speed_ratio
-    budget_tokens, clipped = credited_totals(claimed, live, 1.0, slack)
-    opening, _ = credited_totals(claimed, live, ratio, slack)
-    if math.isinf(ratio):
-        return budget_tokens, opening, clipped
-    live_set = set(live)
-    for name in claimed:
-        if len(live_set - {name}) >= 2:
-            continue        # the peers corroborate it (credited_totals)
-        bound = account_bound(accounts.get(name, {}), bases.get(name, 0),
-                              at_open.get(name, 0), needed.get(name, 0), slack)
-        if claimed[name] <= bound:
-            continue
-        budget_tokens[name] = min(budget_tokens[name], bound)
-        opening[name] = min(opening[name], bound)
-        clipped[name] = (f"claims {claimed[name]} tokens, credited {bound}: what it had when "
-                         f"the syncer's account of it began, {ACCOUNT_RATIO:g}x what its offers "
-                         f"carried on one fragment since, plus {slack}")
-    return budget_tokens, opening, clipped

@@ -17,7 +17,7 @@ on and how one tick's observations become decisions:
   from that learner, per fragment, each credited only as far as the protocol's pace allows
   (`corroboration.credit_offer`). Where fewer than two other learners are live to compare a
   heartbeat with (M = 2), its total counts toward the budget and the opening of rounds only
-  as far as that account allows (`corroboration.credited`): a learner that claims 2^62 tokens
+  as far as that account allows (`syncer_account.credited`): a learner that claims 2^62 tokens
   counts as one learner at the pace of the rounds unless it offers for more.
 """
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from diloco_core.config import ExperimentConfig
-from diloco_core.corroboration import credit_offer, credited, offer_step_bound
+from diloco_core.corroboration import credit_offer, offer_step_bound
 from diloco_core.liveness import live_learners, observe
 from diloco_core.quorum import Estimates
 from diloco_core.round_protocol import (
@@ -37,6 +37,7 @@ from diloco_core.round_protocol import (
     tokens_needed,
 )
 from diloco_core.round_records import MAX_TEXT, Heartbeat, RoundDecision, RoundOpen
+from diloco_core.syncer_account import credited
 from diloco_core.syncer_events import (
     Action,
     Decide,

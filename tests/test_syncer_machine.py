@@ -7,8 +7,8 @@ import copy
 import pytest
 
 from diloco_core.config_loading import config_from_mapping, overrides_to_mapping
-from diloco_core.corroboration import account_bound
 from diloco_core.round_records import Heartbeat
+from diloco_core.syncer_account import account_bound
 from diloco_core.syncer_events import (
     Decide,
     Observed,
