@@ -71,6 +71,17 @@ class Pending:
 
 
 @dataclass(frozen=True)
+class Accounts:
+    """The syncer's account of each learner: the credited tokens of the offers it saw since
+    the account began, per fragment (`offered`), and each learner's credited total when it
+    began (`base`: 0 at the start of the run; the last round's record when the state was
+    rebuilt from the store)."""
+
+    offered: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
+    base: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class SyncerState:
     """Everything the syncer remembers between ticks; the sensor keeps it as its cursor
     (`syncer_state_codec.state_to_json`), and a lost one is rebuilt from the store's records."""
@@ -94,11 +105,7 @@ class SyncerState:
     refused: Mapping[str, str] = field(default_factory=dict)           # open round
     bases: Mapping[str, Mapping[int, tuple[int, int]]] = field(default_factory=dict)
     seen: Mapping[str, list] = field(default_factory=dict)             # liveness markers
-    # The syncer's account of each learner: the credited tokens of the offers it saw since
-    # the account began, per fragment, and each learner's credited total when it began (0 at
-    # the start of the run; the last round's record when the state was rebuilt from the store).
-    accounts: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
-    account_base: Mapping[str, int] = field(default_factory=dict)
+    accounts: Accounts = field(default_factory=Accounts)
 
 
 @dataclass(frozen=True)
@@ -124,7 +131,7 @@ class _Tick:
         self.payloads = dict(state.payloads)
         self.refused = dict(state.refused)
         self.bases = dict(state.bases)
-        self.accounts = dict(state.accounts)
+        self.accounts = dict(state.accounts.offered)
         self.estimates = state.estimates
         self.decided_by = "sensor"
         self.actions: list[Action] = []
@@ -137,7 +144,8 @@ class _Tick:
                        watch={k: tuple(sorted(self.watch[k])) for k in keep},
                        pending=tuple(self.pending[-4 * self.cfg.sync.num_fragments:]),
                        digests=self.digests, payloads=self.payloads, refused=self.refused,
-                       bases=self.bases, accounts=self.accounts, estimates=self.estimates,
+                       bases=self.bases, accounts=replace(self.s.accounts, offered=self.accounts),
+                       estimates=self.estimates,
                        **self.fields)
 
     def get(self, name: str):
@@ -161,7 +169,7 @@ def step(state: SyncerState, obs: Observed, cfg: ExperimentConfig, decided_by: s
     estimates = _estimates(t, obs.beats)
     _watch_published(t, now)
     _collect_offers(t, now)
-    budget_tokens, tokens, clipped = credited(t.accounts, state.account_base,
+    budget_tokens, tokens, clipped = credited(t.accounts, state.accounts.base,
                                               t.get("tokens_at_open"), obs.beats, live, cfg)
     _maybe_stop(t, budget_tokens, now)
     if not t.get("decided"):

@@ -27,7 +27,7 @@ from diloco_core.syncer_events import (
     StopRun,
     VersionSeen,
 )
-from diloco_core.syncer_machine import Pending, SyncerState
+from diloco_core.syncer_machine import Accounts, Pending, SyncerState
 
 
 def state_to_json(s: SyncerState) -> dict:
@@ -49,8 +49,9 @@ def state_to_json(s: SyncerState) -> dict:
         "refused": dict(s.refused),
         "bases": {n: {str(f): list(v) for f, v in b.items()} for n, b in s.bases.items()},
         "seen": {n: list(v) for n, v in s.seen.items()},
-        "accounts": {n: {str(f): t for f, t in a.items()} for n, a in s.accounts.items()},
-        "account_base": dict(s.account_base),
+        "accounts": {n: {str(f): t for f, t in a.items()}
+                     for n, a in s.accounts.offered.items()},
+        "account_base": dict(s.accounts.base),
     }
 
 
@@ -97,10 +98,11 @@ def state_from_json(raw: Any) -> SyncerState:
         bases={str(n): {int(f): (int(v[0]), int(v[1])) for f, v in _map(b, "bases").items()}
                for n, b in _map(raw.get("bases"), "bases").items()},
         seen={str(n): [v[0], float(v[1])] for n, v in _map(raw.get("seen"), "seen").items()},
-        accounts={str(n): {int(f): int(t) for f, t in _map(a, "accounts").items()}
-                  for n, a in _map(raw.get("accounts"), "accounts").items()},
-        account_base={str(n): int(t)
-                      for n, t in _map(raw.get("account_base"), "account_base").items()})
+        accounts=Accounts(
+            offered={str(n): {int(f): int(t) for f, t in _map(a, "accounts").items()}
+                     for n, a in _map(raw.get("accounts"), "accounts").items()},
+            base={str(n): int(t)
+                  for n, t in _map(raw.get("account_base"), "account_base").items()}))
 
 
 def _digest_to_json(d: OfferDigest | None) -> list | None:

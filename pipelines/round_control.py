@@ -34,6 +34,7 @@ from diloco_core.syncer_events import (
 )
 from diloco_core.syncer_machine import (
     PAYLOAD_KEY_CHARS,
+    Accounts,
     Pending,
     Stepped,
     SyncerState,
@@ -344,7 +345,7 @@ class RoundController:
             round=r, fragment=latest.fragment, decided=decided, final=latest.final,
             opened_at=latest.opened_at, tokens_at_open=dict(latest.learner_tokens),
             # The account of each learner starts again from what the record credited it.
-            account_base=dict(latest.learner_tokens),
+            accounts=Accounts(base=dict(latest.learner_tokens)),
             # An undecided round's offers are listed again by this tick: they arrive now.
             watch={r: tuple(offered)} if decided else {}, pending=tuple(pending),
             payloads=payloads, bases=bases, stop=stop is not None, final_left=final_left,

@@ -161,13 +161,13 @@ def test_the_state_reads_back_from_its_json_and_an_old_cursor_still_reads():
     for _ in range(3):
         s.train_and_offer()
     s.tick([_offer("learner-0", s.state.round + 1, cfg)])   # an early offer is watched
-    assert s.state.accounts and s.state.payloads
+    assert s.state.accounts.offered and s.state.payloads
     assert state_from_json(state_to_json(s.state)) == s.state
     old = state_to_json(s.state)
     old["digests"] = {"learner-0": ["m", "p", 3]}            # before digests held counters
     del old["accounts"]
     restored = state_from_json(old)
-    assert restored.digests["learner-0"].base == 3 and restored.accounts == {}
+    assert restored.digests["learner-0"].base == 3 and restored.accounts.offered == {}
 
 
 @pytest.mark.parametrize("raw", [None, [], {"round": 1}, {"experiment": "e", "round": "x"},
