@@ -260,6 +260,11 @@ def _collect_offers(t: _Tick, now: float) -> None:
                 admitted.append(offer)
         elif offer.learner in names and offer.digest is not None:
             _credit(t, offer)       # late: not merged, but the learner did the work
+            # Its payload is remembered as an admitted one's is: an honest learner's next offer
+            # carries new bytes, so the same bytes again are a replay (or a copy). The hostile
+            # soak replayed an offer that had come late, and it merged.
+            t.payloads.setdefault(offer.digest.payload[:PAYLOAD_KEY_CHARS],
+                                  (offer.learner, offer.round))
     # Admitted offers count once this tick's copies are told apart (a copy first admitted
     # may be refused by a later listing of its original).
     for offer in admitted:

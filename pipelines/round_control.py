@@ -34,6 +34,7 @@ from diloco_core.syncer_events import (
 )
 from diloco_core.syncer_machine import (
     PAYLOAD_KEY_CHARS,
+    REPLAY_WINDOW_VERSIONS,
     Accounts,
     Pending,
     Stepped,
@@ -309,12 +310,16 @@ class RoundController:
         payloads: dict[str, tuple[str, int]] = {}
         current = {f: self._current_meta(f) for f in range(P)}
         bases: dict[str, dict[int, tuple[int, int]]] = {}
-        for k in range(max(0, r - 2 * P), r + 1):
+        # Payloads over the whole replay window (a replay from further back than 2P rounds
+        # passed after a rebuild); merges to request again and bases from the last 2P.
+        for k in range(max(0, r - REPLAY_WINDOW_VERSIONS * P), r + 1):
             decision = store.decision_record(k)
             if decision is None:
                 continue
             for learner, payload in decision.payloads.items():
                 payloads[payload[:PAYLOAD_KEY_CHARS]] = (learner, k)
+            if k < r - 2 * P:
+                continue
             published = current[decision.fragment]
             if decision.members and published.round < k:
                 remerge.append(decision.to_json())

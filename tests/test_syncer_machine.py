@@ -142,6 +142,29 @@ def test_a_liar_with_no_one_to_compare_to_ends_the_run_no_sooner_than_a_few_hone
     assert trained >= least, (trained, alone)
 
 
+def test_a_late_offers_payload_offered_again_is_a_replay():
+    """The hostile soak's one merged plant: its own offer, which had come after its round was
+    decided, offered again to a later round. A late payload is remembered too."""
+    cfg = _cfg()
+    s = Script(cfg)
+    s.train_and_offer()                                    # round 0: both offer, decided
+    late = _offer("learner-1", 1, cfg, payload="p-late")
+    for n in NAMES:
+        s.tokens[n] += 2 * cfg.learner_step_tokens[0]
+    s.tick()                                               # round 1 opens
+    s.tick([_offer("learner-0", 1, cfg)])                  # K = 1: decided without learner-1
+    s.tick([late])                                         # learner-1's offer comes late
+    for n in NAMES:
+        s.tokens[n] += 2 * cfg.learner_step_tokens[0]
+    s.tick()                                               # round 2 opens
+    r = s.state.round
+    replay = _offer("learner-1", r, cfg, base=1, payload="p-late")
+    stepped = s.tick([_offer("learner-0", r, cfg), replay])
+    decision = next(a.decision for a in stepped.actions if isinstance(a, Decide))
+    assert decision.members == ("learner-0",), decision
+    assert decision.refused["learner-1"] == "its payload is learner-1's offer to round 1: a replay"
+
+
 def test_a_step_never_changes_the_state_it_was_given():
     cfg = _cfg()
     s = Script(cfg)
