@@ -161,10 +161,10 @@ def step(state: SyncerState, obs: Observed, cfg: ExperimentConfig, decided_by: s
     t = _Tick(state, obs, cfg)
     t.decided_by = decided_by
     now = obs.now
-    t.fields["seen"] = seen = observe(state.seen, {n: _marker_view(b)
-                                                  for n, b in obs.beats.items()}, now)
-    live = [n for n in live_learners({n: _marker_view(b) for n, b in obs.beats.items()}, seen,
-                                     now, cfg.orchestration.learner_timeout_seconds)
+    views = {n: _marker_view(b) for n, b in obs.beats.items()}    # once per tick
+    t.fields["seen"] = seen = observe(state.seen, views, now)
+    live = [n for n in live_learners(views, seen, now,
+                                     cfg.orchestration.learner_timeout_seconds)
             if n not in obs.absent]
     estimates = _estimates(t, obs.beats)
     _watch_published(t, now)
