@@ -38,19 +38,41 @@ def account_bound(account: Mapping[int, int], base: int, at_open: int, needed: i
     return max(by_offers, at_open + needed)
 
 
+def offered_bound(account: Mapping[int, int], base: int, slack: int) -> int:
+    """What the learner's own offers corroborate of its total: its credited total when the
+    account began, plus the largest sum of credited tokens it offered on any one fragment
+    since (each fragment's offers carry about all of its progress), plus `slack` (its
+    progress since its last offer)."""
+    return base + max(account.values(), default=0) + slack
+
+
 def credited(accounts: Mapping[str, Mapping[int, int]], bases: Mapping[str, int],
              at_open: Mapping[str, int], beats: Mapping[str, Heartbeat | None],
              live: Sequence[str], cfg: ExperimentConfig
              ) -> tuple[dict[str, int], dict[str, int], dict[str, str]]:
-    """(totals for the budget, totals for opening rounds, why claims were clipped): each
-    heartbeat's total as far as the other live learners corroborate it (`credited_totals`),
-    and where fewer than two others are live to compare with (M = 2, or the others down), as
-    far as the syncer's own account of the learner does (`account_bound`)."""
+    """(totals for the budget, totals for opening rounds, why claims were clipped).
+
+    With at least two other live learners to compare with, a heartbeat's total counts toward
+    the budget as far as the others corroborate it (`credited_totals`: the largest other's
+    total plus one sync period) *or* its own offers do (`offered_bound`), whichever allows
+    more: a learner honestly faster than every peer is corroborated by what it offered, and
+    one that claims 2^62 without offering counts as one more honest learner. Toward opening
+    rounds, `max_speed_ratio` times the largest other. With fewer than two others live (M = 2,
+    or the others down) nobody can compare, and the syncer's own account bounds it
+    (`account_bound`)."""
     claimed = {n: b.tokens_total for n, b in beats.items() if b}
     needed = tokens_needed(cfg)
     slack = max(needed.values()) * cfg.sync.num_fragments
     ratio = cfg.sync.max_speed_ratio
     budget_tokens, clipped = credited_totals(claimed, live, 1.0, slack)
+    for name in list(clipped):
+        own = offered_bound(accounts.get(name, {}), bases.get(name, 0), slack)
+        if claimed[name] <= own:
+            budget_tokens[name] = claimed[name]
+            del clipped[name]
+        elif own > budget_tokens[name]:
+            budget_tokens[name] = own
+            clipped[name] += f"; its offers corroborate {own}"
     opening, _ = credited_totals(claimed, live, ratio, slack)
     if math.isinf(ratio):
         return budget_tokens, opening, clipped

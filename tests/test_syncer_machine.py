@@ -198,3 +198,46 @@ def test_the_state_reads_back_from_its_json_and_an_old_cursor_still_reads():
 def test_a_cursor_that_is_no_state_is_refused(raw):
     with pytest.raises((ValueError, TypeError, KeyError)):
         state_from_json(raw)
+
+
+def test_an_honest_learner_faster_than_every_peer_counts_its_tokens_toward_the_budget():
+    """Four learners, one three times as fast, every offer carrying its progress since the
+    last: the budget counts the fast one's total as its offers corroborate it, so STOP comes
+    within one round of the budget. (Held to the largest other's total plus one sync period,
+    as before, the run trained about a third more than its budget.)"""
+    names = [f"learner-{i}" for i in range(4)]
+    cfg = config_from_mapping(overrides_to_mapping([
+        "learners.num_learners=4", "sync.min_quorum=2", "sync.num_fragments=2",
+        "sync.sync_period=4", "sync.grace_gamma=0", "token_budget=400000"]))
+    per_step = cfg.learner_step_tokens[0]
+    speeds = {"learner-0": 3, "learner-1": 1, "learner-2": 1, "learner-3": 1}
+    state, now = SyncerState("exp"), 1000.0
+    tokens = dict.fromkeys(names, 0)
+    since = {n: {0: 0, 1: 0} for n in names}     # steps since the last offer, per fragment
+
+    def tick(offers=()):
+        nonlocal state, now
+        now += 1.0
+        beats = {n: _beat(tokens[n], cfg, t=now) for n in names}
+        stepped = step(state, Observed(now, beats, budget=cfg.token_budget,
+                                       offers=tuple(offers)), cfg)
+        state = stepped.state
+        return stepped
+
+    while not state.stop:
+        for n in names:
+            for _ in range(speeds[n]):
+                tokens[n] += per_step
+                for p in since[n]:
+                    since[n][p] += 1
+        tick()
+        r = state.round
+        if r >= 0 and not state.decided:
+            p = r % 2
+            offers = [_offer(n, r, cfg, steps=since[n][p]) for n in names if since[n][p]]
+            for n in names:
+                since[n][p] = 0
+            tick(offers)
+        assert r < 1000, "the run never stopped"
+    total = sum(tokens.values())
+    assert total <= cfg.token_budget + 6 * per_step * 2, (total, cfg.token_budget)
