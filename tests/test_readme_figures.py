@@ -1,0 +1,83 @@
+"""Every figure the README's results table quotes equals its committed results file.
+
+The README is the entry point a new user reads first; its headline figures must not drift from
+the measurements they cite (`benchmarks/results/`). Each check formats the figure from the
+results file as the README writes it and looks for it in the README's results section.
+"""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
+
+
+def _results_section() -> str:
+    text = (REPO / "README.md").read_text()
+    start = text.index("\n## Results\n")
+    end = text.index("\n## ", start + 1)
+    return text[start:end]
+
+
+def _load(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+def _exp1_figures() -> list[str]:
+    exp1 = _load("quality/exp1_baselines.json")
+    row = next(r for r in exp1["rows"]
+               if r["tokens"] == 1_000_000 and r["method"] == "Decoupled DiLoCo")
+    ratio_4m = re.search(r"= (\d\.\d+) ± (\d\.\d+) \(s\.e\. over seeds\) at 4,000,000",
+                         exp1["verdict"]["measured"])
+    assert ratio_4m, "experiment 1's verdict no longer names the 4M-token ratio"
+    return [f"**{row['test_vs_data_parallel']:.4f}×**", f"± {row['test_ratio_se_seeds']:.4f} s.e.",
+            f"**{ratio_4m[1]}×**", f"± {ratio_4m[2]} s.e."]
+
+
+def _goodput_figures() -> list[str]:
+    cell = _load("goodput_calibration.json")["cells"]["1200128"]
+    dec, dp = cell["decoupled"], cell["data_parallel"]
+    return [f"**{dec['simulated']:.1f}%**", f"**{dp['simulated']:.1f}%**",
+            f"± {dec['ci95']:.1f} / ± {dp['ci95']:.1f} points",
+            f"paper: {dec['published']}% vs {dp['published']}%"]
+
+
+def _demo_figures() -> list[str]:
+    result = _load("orchestration_demo.json")
+    demo = result["demo"]
+    return [f"at {result['commit'][:7]}", f"{demo['rounds_merged']} rounds",
+            f"{demo['wall_seconds']:.0f} s",
+            f"**{demo['initial_eval_loss']:.3f} → {demo['final_eval_loss']:.3f}**",
+            f"{result['reference_simulator_calibrated']['final_heldout_loss']:.3f}",
+            f"**{demo['decision_to_publish_median_seconds']:.2f} s**",
+            f"published {demo['merge_latency_median_seconds']:.2f} s",
+            f"p90 {demo['decision_to_publish_p90_seconds']:.2f} s "
+            f"({demo['merge_latency_p90_seconds']:.2f} s)"]
+
+
+def _chaos_figures() -> list[str]:
+    soak = _load("chaos_soak_rebase.json")
+    per_tape, mean = soak["comparison"]["per_tape"], soak["comparison"]["mean"]
+    dec = " / ".join(f"{t['loss_decoupled']:.3f}" for t in per_tape.values())
+    sync = " / ".join(f"{t['loss_synchronous']:.3f}" for t in per_tape.values())
+    lower = (1 - mean["loss_ratio"]) * 100
+    return [f"at {soak['commit']['commit'][:7]}", f"**{lower:.1f}% lower**", f"{dec} vs {sync}"]
+
+
+@pytest.mark.parametrize("figures", [_exp1_figures, _goodput_figures, _demo_figures,
+                                     _chaos_figures], ids=lambda f: f.__name__.strip("_"))
+def test_the_readme_quotes_its_results_files(figures):
+    section = _results_section()
+    missing = [figure for figure in figures() if figure not in section]
+    assert not missing, f"the README's results table does not say {missing}"
+
+
+def test_the_readme_test_command_is_the_one_ci_runs():
+    ci = (REPO / ".ci" / "run").read_text()
+    readme = (REPO / "README.md").read_text()
+    command = "pip install -c requirements/ci.lock -e '.[dev]' && python -m pytest"
+    assert f"\n{command}\n" in ci
+    assert f"\n{command}\n" in readme
