@@ -14,6 +14,10 @@ generation (the blob store's write precondition), so two writers never both move
   refused (a duplicate launch never runs); if the holder stopped renewing for `stale_after`
   seconds (watched on the newcomer's own clock), the newcomer takes over. A newer attempt's
   lease is never taken by an older one.
+- A same-attempt holder *known to be dead* is taken over at once: the syncer's warm standby
+  (`pipelines/syncer_entry.py`) is its child and sees it end (its pipe from the holder
+  closes), so it names the holder's pid on this host as `dead_pid` instead of waiting for the
+  lease to go stale. Only that pid on this host counts; anything else waits as above.
 - The holder renews it every second (a store write per second at most: GCS allows about one
   mutation per second per object). A renewal that loses the CAS means someone took over: the
   holder is fenced and must stop.
@@ -101,10 +105,13 @@ class SyncerLease:
         raise LeaseRefused("the lease record keeps changing; cannot read it consistently")
 
     # ---- taking, keeping and giving it back ---------------------------------------------------
-    def acquire(self, stale_after: float, log: Callable[[str], None] = print) -> LeaseState:
+    def acquire(self, stale_after: float, log: Callable[[str], None] = print,
+                dead_pid: int | None = None) -> LeaseState:
         """Take the lease (see the module docstring), waiting at most `stale_after` seconds
-        for a same-attempt holder to go quiet; `LeaseRefused` otherwise."""
+        for a same-attempt holder to go quiet; `LeaseRefused` otherwise. A holder that is
+        process `dead_pid` of this host, known to have ended, is taken over at once."""
         started, watched = self.clock(), None
+        dead = None if dead_pid is None else f"{socket.gethostname()}:{int(dead_pid)}:"
         while True:
             current = self.read()
             if current is None:
@@ -116,7 +123,9 @@ class SyncerLease:
             if theirs > self.attempt:
                 raise LeaseRefused(f"attempt {theirs} of the syncer holds the lease (this is "
                                    f"attempt {self.attempt})")
-            if record.get("status") != "released" and theirs == self.attempt:
+            if dead is not None and str(record.get("holder", "")).startswith(dead):
+                pass     # the holder's process ended: nothing to wait for
+            elif record.get("status") != "released" and theirs == self.attempt:
                 marker, now = lease_marker(record), self.clock()
                 if watched is None or watched[0] != marker:
                     watched = (marker, now)
