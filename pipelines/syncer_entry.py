@@ -4,10 +4,21 @@
 
 Under Pipes the same values come as extras, log lines stream into the Dagster run, and the
 final record comes back as a custom message.
+
+Once its merge and eval programs are compiled, the syncer starts its **warm standby**: the same
+module with `--standby-for <its pid>`, a child process that compiles the same programs (from
+the persistent compilation cache), then blocks reading a pipe from the syncer. The pipe
+closes only when the syncer's process has ended; if it ended holding the lease (SIGKILL, a
+crash, the OOM killer) the standby takes the lease over at once and carries on. On a clean
+exit, or a termination, the syncer ends its standby first. `DILOCO_SYNCER_STANDBY=0` starts
+none (the quorum sensor's fallback and the supervisor's relaunch bridge the gap instead).
 """
 
 import argparse
+import contextlib
+import os
 import signal
+import subprocess
 import sys
 
 from dagster_pipes import PipesEnvVarParamsLoader, open_dagster_pipes
@@ -16,6 +27,46 @@ from pipelines.learner_entry import honour_termination, pipes_channel
 from pipelines.syncer_service import SyncerService
 from resources.store.artifact_store import ArtifactStore
 from resources.store.backends import open_blob_store
+
+
+class Standby:
+    """The syncer's warm standby process (see the module docstring)."""
+
+    def __init__(self, store: str, experiment: str, attempt: int, log):
+        self.argv = [sys.executable, "-m", "pipelines.syncer_entry", "--store", store,
+                     "--experiment", experiment, "--attempt", str(attempt),
+                     "--standby-for", str(os.getpid())]
+        self.log, self.process = log, None
+
+    @staticmethod
+    def wanted() -> bool:
+        return os.environ.get("DILOCO_SYNCER_STANDBY", "1") != "0"
+
+    def start(self) -> None:
+        # Not a Pipes process: the run's Pipes session belongs to this one.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")}
+        self.process = subprocess.Popen(self.argv, stdin=subprocess.PIPE, env=env)
+        self.log(f"syncer: warm standby started (pid {self.process.pid})")
+
+    def stop(self) -> None:
+        """End the standby (before this syncer gives its lease back: a standby must never
+        take over from a syncer that ended cleanly)."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()        # SIGTERM: KeyboardInterrupt in the standby
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def _wait_for_parent() -> None:
+    """Block until the syncer that started this standby has ended: the pipe it holds open as
+    this process's stdin reads EOF only once its process is gone."""
+    with contextlib.suppress(OSError):
+        while sys.stdin.buffer.read(65536):
+            pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,12 +84,28 @@ def main(argv: list[str] | None = None) -> int:
             parser.add_argument("--store", required=True)
             parser.add_argument("--experiment", required=True)
             parser.add_argument("--attempt", type=int, default=0)
+            parser.add_argument("--standby-for", type=int, default=None,
+                                help="stand by for the syncer process with this pid")
             params = vars(parser.parse_args(argv))
 
             def log(message: str) -> None:
                 print(message, flush=True)
         store = ArtifactStore(open_blob_store(params["store"]), params["experiment"])
-        record = SyncerService(store, int(params["attempt"]), log=log).run()
+        parent = params.get("standby_for")
+        if parent is not None:
+            with contextlib.suppress(KeyboardInterrupt):    # ended by its syncer: not needed
+                SyncerService(store, int(params["attempt"]), log=log, standby=True
+                              ).stand_by(parent, _wait_for_parent)
+            return 0
+        standby = (Standby(params["store"], params["experiment"], int(params["attempt"]), log)
+                   if Standby.wanted() else None)
+        service = SyncerService(store, int(params["attempt"]), log=log,
+                                on_warm=None if standby is None else standby.start)
+        try:
+            record = service.run()
+        finally:
+            if standby is not None:
+                standby.stop()
         pipes.report_custom_message(record)
     # A refused or fenced syncer ends cleanly: another one holds the lease.
     return 0

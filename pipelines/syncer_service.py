@@ -11,6 +11,12 @@ programs kept warm: decision to published is the merge itself, not a run launch.
 - At most one syncer commits: it holds the experiment's lease (`resources.store.lease`),
   renews it every second, and checks it before every commit-point write. A syncer that loses
   it (a newer attempt took over) stops at once without writing.
+- A warm standby (`stand_by`, started by the entry point once the syncer's programs are
+  compiled) waits beside it, imported and compiled, for its process to end: if it ends
+  without giving the lease back (killed, crashed), the standby takes the lease over at once
+  and carries on in its place (records say `syncer-a<n>-standby`) until the supervisor's
+  relaunch, a newer attempt, takes it from the standby in turn. A hung syncer is not its
+  business: the quorum sensor and the supervisor deal with a lease that stopped moving.
 - Everything it decides is written to the store first (round records, decisions, versions),
   so a relaunched syncer, or the quorum sensor while no syncer is live, carries on from the
   store; a round is never decided or merged twice (write-once records, idempotent merges).
@@ -53,7 +59,8 @@ PROGRESS_SECONDS = 30.0     # how often a progress line goes to the log (Dagster
 
 
 class SyncerService:
-    def __init__(self, store: ArtifactStore, attempt: int = 0, log: Log = print):
+    def __init__(self, store: ArtifactStore, attempt: int = 0, log: Log = print,
+                 standby: bool = False, on_warm: Callable[[], None] | None = None):
         config = store.get_config()
         if config is None:
             raise RuntimeError(f"experiment {store.experiment!r} has no config in the store")
@@ -62,7 +69,8 @@ class SyncerService:
         # Before anything compiles: JAX opens its persistent cache at the first compilation.
         enable_compilation_cache(self.cfg.orchestration.compilation_cache_dir)
         self.lease = SyncerLease(store, self.attempt)
-        self.name = f"syncer-a{self.attempt}"    # in the records it writes
+        self.name = f"syncer-a{self.attempt}" + ("-standby" if standby else "")  # in records
+        self.on_warm = on_warm     # called once the programs are compiled (starts a standby)
         self.controller = RoundController(
             store, self.cfg, decided_by=self.name, guard=self.lease.check,
             describe_offers=False,
@@ -99,19 +107,45 @@ class SyncerService:
             if self.metrics is not None:
                 self.metrics.close()
 
-    def _run(self, max_seconds: float | None) -> dict:
+    def stand_by(self, parent_pid: int, wait_for_parent: Callable[[], None]) -> dict:
+        """The warm standby of the syncer process `parent_pid`: compile, wait (blocking in
+        `wait_for_parent`, no polling) until that process has ended, then take its lease over
+        at once if it still holds it, and run the rounds; returns the final record (status
+        "not needed" when the syncer gave its lease back or another one holds it)."""
+        self.status = "standby"
+        self.warm_up()
+        self.log(f"{self.name}: standing by for the syncer (pid {parent_pid})")
+        wait_for_parent()
+        lease = self.lease.read()
+        record = lease.record if lease is not None else {}
+        if (self.store.finished() is not None or record.get("pid") != parent_pid
+                or record.get("status") != "syncing"):
+            self.status = "not needed"
+            self.log(f"{self.name}: the syncer (pid {parent_pid}) ended; the lease is "
+                     f"{record.get('status')} by pid {record.get('pid')}: not taking it")
+            return self.record()
+        self.log(f"{self.name}: the syncer (pid {parent_pid}) died holding the lease: "
+                 "taking it over")
+        try:
+            return self._run(None, dead_pid=parent_pid)
+        finally:
+            if self.metrics is not None:
+                self.metrics.close()
+
+    def _run(self, max_seconds: float | None, dead_pid: int | None = None) -> dict:
         orch = self.cfg.orchestration
         started = time.monotonic()
         try:
-            self.lease.acquire(orch.syncer_timeout_seconds, self.log)
+            self.lease.acquire(orch.syncer_timeout_seconds, self.log, dead_pid=dead_pid)
         except LeaseRefused as err:
             self.status = "refused"
             self.log(f"syncer attempt {self.attempt}: refused: {err}")
             return self.record()
         self.log(f"syncer attempt {self.attempt} holds the lease (epoch "
                  f"{self.lease.held.record['epoch']}); polling every "
-                 f"{orch.syncer_poll_seconds}s, compiling the merge and eval programs "
-                 "meanwhile")
+                 f"{orch.syncer_poll_seconds}s"
+                 + (", compiling the merge and eval programs meanwhile"
+                    if self.initial_eval is None else ""))
         self.status = "syncing"
         next_report = time.monotonic() + PROGRESS_SECONDS
         # Rounds open and are decided from the first poll: the programs compile on a thread
@@ -119,9 +153,10 @@ class SyncerService:
         # held every round back: 44 s of the 2-core demo with four learners compiling and
         # training beside it (9 s on an idle machine), during which the learners' first 40
         # steps went into round 0.
-        self._warm = threading.Thread(target=self._warm_up_beside_the_loop,
-                                      name="syncer-warm-up", daemon=True)
-        self._warm.start()
+        if self.initial_eval is None:      # a standby compiled before it took over
+            self._warm = threading.Thread(target=self._warm_up_beside_the_loop,
+                                          name="syncer-warm-up", daemon=True)
+            self._warm.start()
         try:
             while True:
                 reason = self.step()
@@ -159,6 +194,11 @@ class SyncerService:
             self.warm_up()
         except Exception as err:  # noqa: BLE001 - the loop compiles on demand instead
             self.log(f"syncer: warm-up failed ({err!r}); merges compile on demand")
+        if self.on_warm is not None:
+            try:
+                self.on_warm()
+            except Exception as err:  # noqa: BLE001 - the syncer runs on without a standby
+                self.log(f"syncer: could not start its standby ({err!r})")
 
     def step(self, now: float | None = None) -> str:
         """One poll: renew the lease, tick the round controller, merge what it decided,
