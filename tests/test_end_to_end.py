@@ -41,6 +41,10 @@ E2E = ["name=e2e", "model.preset=tiny", "data.seq_len=32", "data.batch_size=4",
 
 def _run(tmp_path, monkeypatch, overrides=(), store_uri=None, postgres_url=None):
     monkeypatch.setenv("DILOCO_TICK_SECONDS", "2")
+    # These runs exercise the paths that bridge a syncer with no standby (the sensor's
+    # fallback, the supervisor's relaunch); the standby's takeover is
+    # tests/test_syncer_failover.py (real processes) and benchmarks/syncer_failover.py.
+    monkeypatch.setenv("DILOCO_SYNCER_STANDBY", "0")
     cfg = load_config(None, E2E + list(overrides))
     out = tmp_path / "summary.json"
     code = run_demo(cfg, chaos=True, json_path=str(out), workdir=str(tmp_path / "demo"),
