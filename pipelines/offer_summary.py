@@ -24,6 +24,8 @@ def describe_offer(store: ArtifactStore, cfg: ExperimentConfig, round_index: int
         manifest = store.contribution_manifest(round_index, learner) or {}
     except RejectedArtifact as err:
         manifest = {"rejected": err.reason}
+    except (OSError, ValueError) as err:    # made unreadable by its learner, or a link out
+        manifest = {"rejected": f"unreadable: {type(err).__name__}: {str(err)[:200]}"}
     offer = _offer_summary(manifest)
     fragment = offer["fragment"]
     if fragment is not None and not fragment < cfg.sync.num_fragments:

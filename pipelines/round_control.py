@@ -156,8 +156,11 @@ class RoundController:
                  reported: set[tuple[int, str]]) -> Observed:
         store, cfg = self.store, self.cfg
         beats, refused = {}, {}
-        for name in cfg.learners.learner_names:
-            beats[name], why = store.heartbeat_record(name)
+        names = cfg.learners.learner_names
+        # Read concurrently, kept in the config's order (the machine sees the same `Observed`
+        # whatever order the reads end in).
+        for name, (beat, why) in zip(names, store.heartbeat_records(names), strict=True):
+            beats[name] = beat
             if why is not None:
                 refused[name] = why     # reads as no heartbeat: the learner is not live
         self._read_control_records(now)
@@ -179,18 +182,21 @@ class RoundController:
         if r < 0:
             return []
         names = set(self.cfg.learners.learner_names)
-        offers: list[OfferSeen] = []
+        new: list[tuple[int, str]] = []          # (round, learner), in listing order
         for index in [r] + [w for w in state.watch if w != r]:
             seen = set(state.watch.get(index, ()))
             for learner in self.store.list_contributions(index):
-                if learner in seen:
-                    continue
-                seen.add(learner)
-                offers.append(self._offer(index, learner, names))
-                if self.describe_offers and (index, learner) not in reported:
-                    late = index != r or state.decided
-                    result.offers.append(describe_offer(self.store, self.cfg, index, learner,
-                                                        late))
+                if learner not in seen:
+                    seen.add(learner)
+                    new.append((index, learner))
+        # One manifest read per new offer (two more each to describe it): concurrently, the
+        # results in listing order.
+        offers = self.store.each(lambda o: self._offer(o[0], o[1], names), new)
+        if self.describe_offers:
+            described = [o for o in new if o not in reported]
+            result.offers.extend(self.store.each(
+                lambda o: describe_offer(self.store, self.cfg, o[0], o[1],
+                                         o[0] != r or state.decided), described))
         by_payload: dict[str, list[int]] = {}
         for i, offer in enumerate(offers):
             if offer.round == r and offer.digest is not None:
@@ -208,6 +214,11 @@ class RoundController:
             return OfferSeen(index, learner, self.store.contribution_digest(index, learner))
         except RejectedArtifact as err:
             return OfferSeen(index, learner, rejected=err.reason)
+        except (OSError, ValueError) as err:
+            # A manifest its learner made unreadable (or a link out of the store's root): its
+            # own offer refused, never the tick failed.
+            return OfferSeen(index, learner,
+                             rejected=f"unreadable: {type(err).__name__}: {str(err)[:200]}")
 
     def _created(self, r: int, learner: str) -> float | None:
         try:

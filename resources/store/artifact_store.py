@@ -19,9 +19,9 @@ import json
 import logging
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -34,6 +34,7 @@ from resources.store import layout
 from resources.store.array_bundle import BadBundle, decode_bundle, encode_bundle, sha256
 from resources.store.blobs import BlobNotFound, BlobStore, ListingTooLong, PreconditionFailed
 from resources.store.contention import retries
+from resources.store.fan_out import fan_out
 from resources.store.names import check_name
 
 FORMAT = 1
@@ -60,6 +61,8 @@ MAX_ATTEMPTS_LISTED = 2048       # objects under a learner's attempts/ (processe
 MAX_FIRED_LISTED = 10_000        # objects under faults/fired/
 
 _log = logging.getLogger(__name__)
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class Conflict(RuntimeError):
@@ -587,6 +590,20 @@ class ArtifactStore:
             return self._read_typed(layout.heartbeat(self.experiment, learner), Heartbeat), None
         except RejectedArtifact as err:
             return None, err.reason
+        except (OSError, ValueError) as err:
+            # A file the learner made unreadable, or a link out of the store's root: its
+            # own record, so its own refusal, never the reader's failure.
+            return None, f"unreadable: {type(err).__name__}: {str(err)[:200]}"
+
+    def heartbeat_records(self, learners: Sequence[str]
+                          ) -> list[tuple[Heartbeat | None, str | None]]:
+        """`heartbeat_record` of each learner, in the order given, read concurrently."""
+        return self.each(self.heartbeat_record, learners)
+
+    def each(self, read: Callable[[T], R], items: Iterable[T]) -> list[R]:
+        """`[read(item) for item in items]` with as many reads in flight as the backend serves
+        (`fan_out`): the control plane's per-learner reads, not one round trip after another."""
+        return fan_out(read, items, self.blobs.read_concurrency)
 
     def get_heartbeat(self, learner: str) -> dict | None:
         return self.read_heartbeat(learner)[0]

@@ -14,6 +14,7 @@ import abc
 import contextlib
 import fcntl
 import os
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,10 @@ class BlobInfo:
 
 class BlobStore(abc.ABC):
     """Keys are '/'-separated paths relative to the store's root."""
+
+    # How many independent small reads a caller may have in flight at once (`fan_out`): as
+    # many as the backend serves in parallel without queueing them behind each other.
+    read_concurrency: int = 1
 
     @abc.abstractmethod
     def write(self, key: str, data: bytes, *, if_generation: int | None = None) -> BlobInfo:
@@ -86,6 +91,10 @@ class LocalBlobStore(BlobStore):
     `info` reads the counter and stats the object under the shared lock. An object's generation
     is its counter + 1, so no two states of a key share one. Lock files are never deleted: the
     counter outlives the object, and a key deleted and created again gets a fresh generation."""
+
+    # A local read is a few system calls and parsing happens under the interpreter lock: a
+    # few threads overlap the calls (and a network filesystem's round trips), more only queue.
+    read_concurrency = 4
 
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root).resolve()
@@ -178,9 +187,16 @@ class LocalBlobStore(BlobStore):
 
     def read(self, key: str) -> bytes:
         try:
-            return self._path(key).read_bytes()
-        except (FileNotFoundError, IsADirectoryError):
+            # Non-blocking: a FIFO a learner put where its record goes would block a plain
+            # open until someone writes to it (the reader's whole tick with it).
+            fd = os.open(self._path(key), os.O_RDONLY | os.O_NONBLOCK)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise BlobNotFound(key) from None
+        with os.fdopen(fd, "rb") as file:
+            # Only regular files are objects of this store (it writes nothing else).
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise BlobNotFound(key)
+            return file.read()
 
     def info(self, key: str) -> BlobInfo | None:
         path = self._path(key)

@@ -82,12 +82,24 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
+# Requests in flight at once from one store (`GCSBlobStore.read_concurrency`), and the HTTP
+# connections kept for them: requests keeps 10 per host by default and closes any beyond that
+# after each request, so every tick's extra reads would open new connections.
+READ_CONCURRENCY = 16
+HTTP_POOL_CONNECTIONS = 2 * READ_CONCURRENCY
+
+
 def default_client() -> storage.Client:
     """ADC; anonymous credentials against an emulator (`STORAGE_EMULATOR_HOST`)."""
     if os.environ.get("STORAGE_EMULATOR_HOST"):
-        return storage.Client(project=os.environ.get("GOOGLE_CLOUD_PROJECT", "test"),
-                              credentials=AnonymousCredentials())
-    return storage.Client()
+        client = storage.Client(project=os.environ.get("GOOGLE_CLOUD_PROJECT", "test"),
+                                credentials=AnonymousCredentials())
+    else:
+        client = storage.Client()
+    adapter = requests.adapters.HTTPAdapter(pool_maxsize=HTTP_POOL_CONNECTIONS)
+    for scheme in ("https://", "http://"):
+        client._http.mount(scheme, adapter)     # the client's own session (created here)
+    return client
 
 
 def _check_key(key: str, *, allow_trailing_slash: bool = False) -> str:
@@ -109,6 +121,7 @@ def _crc32c_b64(data: bytes) -> str:
 class GCSBlobStore(BlobStore):
     """Objects under `gs://bucket/prefix`; keys are joined under the prefix with one '/'."""
 
+    read_concurrency = READ_CONCURRENCY
     # Backoff of the retry policy (seconds); instances may lower them (tests do).
     initial_backoff = 0.5
     max_backoff = 16.0
