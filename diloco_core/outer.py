@@ -13,7 +13,7 @@ With `lr_schedule = "inner"` the learning rate is a cosine of the same step coun
 outer steps a fragment takes in the run (`outer_optimizer_for` reads them from the config).
 """
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import jax
 import optax
@@ -50,3 +50,43 @@ def outer_step(tx: optax.GradientTransformation, global_fragment: Mapping[str, j
     params = dict(global_fragment)
     updates, new_state = tx.update(dict(outer_grad), opt_state, params)
     return optax.apply_updates(params, updates), new_state
+
+
+# ---- one tensor at a time ----------------------------------------------------------------------
+# The streaming merge (diloco_core/merge_stream.py) steps a fragment tensor by tensor so that it
+# never holds a whole merged outer gradient, its update and the new momentum at once. That is
+# exact for the optimizers built here: SGD, momentum, Nesterov, their schedules and
+# inject_hyperparams are all elementwise per leaf, so a leaf's new value depends only on that
+# leaf, its own slice of the state and the state's shared scalars (step counts, injected
+# hyperparameters), which every tensor's step computes alike. The state's per-tensor parts are
+# the dicts keyed by exactly the fragment's tensor names (what `tx.init(fragment)` builds).
+
+
+def _per_tensor(names: frozenset[str]) -> Callable[[object], bool]:
+    return lambda x: isinstance(x, dict) and x.keys() == names
+
+
+def slice_outer_state(opt_state: optax.OptState, names: frozenset[str],
+                      name: str) -> optax.OptState:
+    """`opt_state` as the state of the one-tensor fragment {name}: every dict of the fragment's
+    tensors cut down to `name`, the shared leaves (counts, hyperparameters) as they are."""
+    return jax.tree.map(lambda x: {name: x[name]} if _per_tensor(names)(x) else x, opt_state,
+                        is_leaf=_per_tensor(names))
+
+
+def join_outer_states(opt_state: optax.OptState, names: frozenset[str],
+                      slices: Mapping[str, optax.OptState]) -> optax.OptState:
+    """The fragment's state from its tensors' stepped slices (`slices[name]` from stepping
+    `slice_outer_state(opt_state, names, name)`), in `opt_state`'s structure and key order;
+    shared leaves from the first slice (every slice stepped them alike)."""
+    leaves, treedef = jax.tree.flatten(opt_state, is_leaf=_per_tensor(names))
+    sliced = {}
+    for name, state in slices.items():
+        parts, tdef = jax.tree.flatten(state, is_leaf=_per_tensor(frozenset((name,))))
+        if tdef != treedef:
+            raise ValueError(f"the outer state of tensor {name} changed structure: {tdef}")
+        sliced[name] = parts
+    first = sliced[next(iter(slices))]
+    joined = [{k: sliced[k][i][k] for k in leaf} if _per_tensor(names)(leaf) else first[i]
+              for i, leaf in enumerate(leaves)]
+    return jax.tree.unflatten(treedef, joined)

@@ -18,13 +18,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from diloco_core.compression import decode, encoded_problem
+from diloco_core.compression import encoded_problem
 from diloco_core.config import SyncConfig
 from diloco_core.contribution import Contribution
 from diloco_core.corroboration import cap_shares, credit_offer, offer_step_bound, share_caps
 from diloco_core.fragments import FragmentPlan
-from diloco_core.merge import mean_pairwise_cosine, merge_outer_grads, tree_norm
-from diloco_core.outer import outer_step
+from diloco_core.merge_stream import GradSource, gradient_stats, merge_streamed
 from diloco_core.screening import screen_norms
 from diloco_core.weights import normalized_weights
 
@@ -36,7 +35,9 @@ class SyncerState:
     fragments: tuple[FlatParams, ...]                 # current Theta_p
     versions: tuple[int, ...]
     outer_states: tuple[optax.OptState, ...]
-    history: tuple[dict[int, FlatParams], ...]        # recent versions of each fragment
+    # Recent versions of each fragment, for learners anchored at an older one ("global"
+    # anchor only; see `_kept_history`). The newest shares its arrays with `fragments`.
+    history: tuple[dict[int, FlatParams], ...]
     history_size: int = 32
 
     @classmethod
@@ -132,16 +133,32 @@ def all_finite(tree: FlatParams) -> bool:
     return bool(_all_finite_device(tree))
 
 
-def _outer_grad(current: FragmentState, c: Contribution, anchor: str) -> FlatParams | str:
-    delta = {name: decode(enc) for name, enc in c.delta.items()}
-    if not all_finite(delta):
-        return "outer gradient contains NaN or Inf"
+def _grad_source(current: FragmentState, c: Contribution, anchor: str,
+                 bases: dict[int, FlatParams | None]) -> tuple[GradSource, str | None]:
+    """How to rebuild c's outer gradient, and why it cannot be (None if it can): its delta, and
+    with the "global" anchor and an older base the version it is anchored at, looked up once per
+    version and merge (`bases`)."""
     if anchor == "base" or c.base_version == current.version:
-        return delta
-    base = current.base_of(c.base_version)
+        return GradSource(c.delta), None
+    if c.base_version not in bases:
+        bases[c.base_version] = current.base_of(c.base_version)
+    base = bases[c.base_version]
     if base is None:
-        return f"base version {c.base_version} is no longer kept by the syncer"
-    return {name: (current.params[name] - base[name]) + delta[name] for name in delta}
+        return GradSource(c.delta), f"base version {c.base_version} is no longer kept by the syncer"
+    return GradSource(c.delta, base), None
+
+
+def _outer_grad_norm(current: FragmentState, names: Sequence[str], c: Contribution, anchor: str,
+                     bases: dict[int, FlatParams | None]) -> tuple[GradSource, float] | str:
+    """Pass 1 of the streaming merge for one contribution: its outer gradient's source and
+    whole-fragment norm, or why it is refused (non-finite first, as the reasons always read)."""
+    source, why = _grad_source(current, c, anchor, bases)
+    finite, norm = gradient_stats(current.params, source, names)
+    if not finite:
+        return "outer gradient contains NaN or Inf"
+    if why is not None:
+        return why
+    return source, norm
 
 
 def merge_fragment(current: FragmentState, names: Sequence[str], num_fragments: int,
@@ -164,11 +181,15 @@ def merge_fragment(current: FragmentState, names: Sequence[str], num_fragments: 
     per-step norm, when there are fewer than three); the rest are weighted, combined, applied.
     """
     rejected: dict[str, str] = {}
-    accepted: list[tuple[Contribution, FlatParams]] = []
+    # Pass 1 (diloco_core/merge_stream.py): each contribution checked and reduced to its norm
+    # one tensor at a time; nothing decoded is kept.
+    accepted: list[tuple[Contribution, GradSource, float]] = []
+    bases: dict[int, FlatParams | None] = {}
     for c in contributions:
         try:
             why = _validate(current, names, fragment, num_fragments, c, cfg, step_tokens)
-            grad = why if why is not None else _outer_grad(current, c, cfg.anchor)
+            grad = why if why is not None else _outer_grad_norm(current, names, c, cfg.anchor,
+                                                                bases)
         except Exception as err:  # noqa: BLE001 - one learner's bytes never sink the round
             # The checks above are meant to leave nothing to fail here; whatever still does is
             # that contribution's problem, refused with the error, and the round goes on.
@@ -176,12 +197,12 @@ def merge_fragment(current: FragmentState, names: Sequence[str], num_fragments: 
         if isinstance(grad, str):
             rejected[c.learner] = grad
         else:
-            accepted.append((c, grad))
+            accepted.append((c, *grad))
     # Counters as far as the syncer can bound them (steps by the protocol's pace and the
     # offer's staleness, tokens by its steps): the screen and the weights see only these.
     clipped: dict[str, str] = {}
     credited = []
-    for c, _ in accepted:
+    for c, _, _ in accepted:
         bound = offer_step_bound(cfg.sync_period, current.version - c.base_version,
                                  cfg.max_speed_ratio)
         tokens, steps, why = credit_offer(
@@ -190,14 +211,13 @@ def merge_fragment(current: FragmentState, names: Sequence[str], num_fragments: 
         credited.append(replace(c, tokens=tokens, steps=steps))
         if why is not None:
             clipped[c.learner] = why
-    accepted = [(c, g) for c, (_, g) in zip(credited, accepted, strict=True)]
-    norms = [tree_norm(g) for _, g in accepted]
-    outliers = screen_norms([c.learner for c, _ in accepted], norms,
-                            [c.steps for c, _ in accepted], cfg.max_norm_ratio,
+    accepted = [(c, g, n) for c, (_, g, n) in zip(credited, accepted, strict=True)]
+    norms = [n for _, _, n in accepted]
+    outliers = screen_norms([c.learner for c, _, _ in accepted], norms,
+                            [c.steps for c, _, _ in accepted], cfg.max_norm_ratio,
                             reference_norm)
     rejected.update(outliers)
-    kept = [(c, g, n) for (c, g), n in zip(accepted, norms, strict=True)
-            if c.learner not in outliers]
+    kept = [(c, g, n) for c, g, n in accepted if c.learner not in outliers]
     bytes_in = sum(c.nbytes for c in contributions)
     if not kept:
         return None, None, MergeRecord(
@@ -206,18 +226,13 @@ def merge_fragment(current: FragmentState, names: Sequence[str], num_fragments: 
             rejected=rejected, late=tuple(late), bytes_in=bytes_in, clipped=clipped)
 
     members = [c for c, _, _ in kept]
-    grads = [g for _, g, _ in kept]
     weights = cap_shares(normalized_weights([c.tokens for c in members],
                                             [c.steps for c in members], cfg.weighting),
                          share_caps([c.learner for c in members], step_tokens,
                                     cfg.max_weight_share))
-    merged = merge_outer_grads(grads, weights, cfg.merge_rule, is_embedding)
-    if average:
-        new_params = {k: current.params[k] - merged[k] for k in current.params}
-        new_opt = current.outer_state
-    else:
-        new_params, new_opt = outer_step(tx, current.params, current.outer_state, merged)
-    update = {k: new_params[k] - current.params[k] for k in new_params}
+    # Pass 2: tensor by tensor, merged across the kept members and stepped.
+    merged = merge_streamed(current.params, current.outer_state, [g for _, g, _ in kept],
+                            weights, cfg.merge_rule, is_embedding, tx, average=average)
     record = MergeRecord(
         round_index, fragment, True, current.version + 1, reason,
         members=tuple(c.learner for c in members),
@@ -225,9 +240,31 @@ def merge_fragment(current: FragmentState, names: Sequence[str], num_fragments: 
         tokens=tuple(c.tokens for c in members), steps=tuple(c.steps for c in members),
         rejected=rejected, late=tuple(late),
         outer_grad_norms=tuple(n for _, _, n in kept),
-        merged_norm=tree_norm(merged), update_norm=tree_norm(update), bytes_in=bytes_in,
-        mean_cosine=mean_pairwise_cosine(grads), clipped=clipped)
-    return new_params, new_opt, record
+        merged_norm=merged.merged_norm, update_norm=merged.update_norm, bytes_in=bytes_in,
+        mean_cosine=merged.mean_cosine, clipped=clipped)
+    return merged.params, merged.outer_state, record
+
+
+def _kept_history(history: dict[int, FlatParams], version: int, fragment: FlatParams,
+                  anchor: str, size: int) -> dict[int, FlatParams]:
+    """The versions of a fragment a later merge may still need as a learner's base.
+
+    Only the "global" anchor reads an older version (g = (Theta - Theta_base) + delta); under
+    "base" none is kept. Under "global" the newest `size` are: an offer older than that is
+    refused, so `size` is the staleness this syncer accepts, and the memory it costs is `size`
+    fragments at most, whatever the length of the run. Whole versions, not deltas between them:
+    Theta - Theta_base must be the same float32 subtraction at every staleness (a sum of
+    per-round deltas rounds differently), and a version costs what a delta costs. This history
+    is the in-process syncer's (the simulator's); the syncer service reads a base from the
+    store, one version at a time (pipelines/store_merge.py), within the store's retention.
+    """
+    if anchor != "global":
+        return {}
+    kept = dict(history)
+    kept[version] = fragment
+    for old in sorted(kept)[:-size]:
+        del kept[old]
+    return kept
 
 
 def merge_round(state: SyncerState, plan: FragmentPlan, round_index: int, fragment: int,
@@ -247,10 +284,8 @@ def merge_round(state: SyncerState, plan: FragmentPlan, round_index: int, fragme
     if new_fragment is None:
         return state, record
     version = record.version
-    history = dict(state.history[fragment])
-    history[version] = new_fragment
-    for old in sorted(history)[:-state.history_size]:
-        del history[old]
+    history = _kept_history(state.history[fragment], version, new_fragment, cfg.anchor,
+                            state.history_size)
 
     def put(seq, value):
         items = list(seq)
