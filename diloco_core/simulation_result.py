@@ -18,6 +18,7 @@ class LearnerStats:
     down_seconds: float = 0.0      # failed, not yet rejoined
     lost_seconds: float = 0.0      # partial steps cut off by a failure or by the end of the run
     absent_seconds: float = 0.0    # not part of the run (scavenged capacity not there yet or gone)
+    closing_seconds: float = 0.0   # after STOP: up, answering the final rounds until the end
     train_loss: list[float] = field(default_factory=list)
 
 

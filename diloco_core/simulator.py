@@ -1,31 +1,33 @@
 """The in-process reference simulator: M learners and the syncer on one fake clock.
 
-It runs the real model, inner step, contributions, quorum policy and merge on CPU; only time is
-simulated. Each learner steps at its own speed (with optional jitter) and can be down for stretches
-of the failure schedule. Events are processed in (time, sequence) order, so the same config and
-seed give bitwise-identical results.
+It runs the real model, inner step, contributions, merge and the syncer's own state machine
+(`syncer_machine`, the one the syncer service runs) on CPU; only time is simulated. Each
+learner steps at its own speed (with optional jitter) and can be down for stretches of the
+failure schedule. Events are processed in (time, sequence) order, so the same config and seed
+give bitwise-identical results.
 
-How rounds flow (the model this simulator commits to):
-- Rounds open, are offered to and are decided by the round protocol (`round_protocol`, the
-  rules the syncer service, the quorum sensor and the learner runtime run too): round r syncs
-  fragment r mod P; it opens once round r-1 is decided and K live learners have each processed
-  H/P steps' worth of tokens since round r-1 opened, so rounds come one every H/P steps of the
-  K-th fastest learner, and each fragment once every H such steps.
+How rounds flow:
+- The syncer's side is the machine, ticked after every event (`simulated_syncer`: the
+  simulated world as the syncer would read it from the store). It opens round r (fragment
+  r mod P) once round r-1 is decided and K live learners' heartbeats have moved H/P steps'
+  worth of tokens past their totals when round r-1 opened; it decides a round under the
+  quorum/grace policy; at the token budget it writes STOP, waits for every live learner on the
+  open round, then holds P final rounds, and finishes once their merges are published.
 - A learner offers the open round its current fragment (delta against its anchor, counters since
   it last received that fragment) at its first step boundary after the round opens, unless an
-  offer of that fragment is still in flight or it has nothing new.
-- The round merges under the quorum/grace policy (`quorum.decide`); the merged fragment reaches
-  every live learner `sync_seconds` later and is applied at its next step boundary.
-- A learner never waits unless it would run more than tau steps past an obligation: more than
-  H/P + tau steps since the last round opened (no quorum: the run cannot advance), or more than
-  tau steps past an offer whose round has not come back. With K < M and the grace window bounded
-  by the slack, neither happens in steady state; with K = M, P = 1, tau = 0 this is synchronous
-  DiLoCo, where every learner waits at every sync.
+  offer of that fragment is still in flight or it has nothing new (`round_protocol.offer_choice`).
+  The merged fragment reaches every live learner `sync_seconds` after the decision and is
+  applied at its next step boundary.
+- A learner never waits unless pacing holds it (`sync.block_on_overlap`, as on the real path):
+  more than H/P + tau steps' tokens past the newest round it saw open, or tau steps past an
+  offer whose round has not come back. With K = M, P = 1, tau = 0 and pacing on this is
+  synchronous DiLoCo, where every learner waits at every sync.
 - A learner that fails loses the step in progress; contributions it already offered stay valid.
   When it comes back it rejoins from the current global parameters and a healthy peer's AdamW
   state, and continues its own data shard.
-- When the token budget is reached, open rounds are decided, then every fragment gets a final
-  round with every live learner, so the final global parameters include all of their progress.
+- At STOP the learners stop training (a step in progress is not useful work) and answer the
+  open round and the final rounds at once: each offers what no offer covers yet, declines, or
+  waits for its offer in flight to come back and then offers.
 """
 
 import heapq
@@ -38,10 +40,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from diloco_core.config import ExperimentConfig
-from diloco_core.contribution import Contribution
 from diloco_core.data import BatchIterator, heldout_batches
 from diloco_core.evaluation import evaluate
-from diloco_core.fragments import fragment_of_round, join_fragments, plan_fragments, split_params
+from diloco_core.fragments import join_fragments, plan_fragments, split_params
 from diloco_core.image_data import ExampleIterator, Examples
 from diloco_core.inner_step import InnerStep, TrainState
 from diloco_core.learner import LearnerSync
@@ -49,18 +50,24 @@ from diloco_core.model import init_model, is_embedding
 from diloco_core.objectives import batch_tokens, concat_batches
 from diloco_core.outer import outer_optimizer_for
 from diloco_core.quorum import Estimates
-from diloco_core.round_protocol import (
-    decide_round,
-    final_rounds,
-    held_by_pacing,
-    offer_choice,
-    ready_to_open,
-    tokens_needed,
+from diloco_core.round_protocol import held_by_pacing, offer_choice
+from diloco_core.simulated_syncer import (
+    DECIDED_BY,
+    LearnerView,
+    SimulatedRound,
+    observe,
+    offer_seen,
+    start_state,
 )
 from diloco_core.simulation_result import LearnerStats, Rejoin, SimulationResult
 from diloco_core.syncer import SyncerState, merge_round
+from diloco_core.syncer_events import Decide, FinishRun, OfferSeen, OpenRound, StopRun, VersionSeen
+from diloco_core.syncer_machine import step as machine_step
 
 Progress = Callable[[int, int], None]
+# Ticks of the machine at one instant before the simulator gives up (each opens or decides at
+# most one round, and every learner answers a round at once: a handful suffices).
+MAX_TICKS_PER_INSTANT = 64
 
 
 @dataclass
@@ -75,28 +82,32 @@ class _Learner:
     stats: LearnerStats
     up: bool = True
     generation: int = 0                      # bumps on failure: stale step events are ignored
-    steps_since_open: int = 0
-    tokens_since_open: int = 0
+    tokens_at_round_seen: int = 0            # its tokens when it saw the newest round open
     blocked_since: float | None = None
     down_since: float | None = None
     offered: dict[int, int] = field(default_factory=dict)   # round -> learner step of the offer
+    declined: list[int] = field(default_factory=list)       # rounds it declined (heartbeat)
     inbox: list[tuple[int, int, dict]] = field(default_factory=list)  # (round, version, values)
     losses: list = field(default_factory=list)
     rejoined_at: float | None = None
     down_at: float | None = None
     step_started_at: float | None = None     # a step is in progress (at most one per learner)
     absent_since: float | None = None        # scavenged capacity: not part of the run now
+    left: bool = False                       # its capacity was reclaimed for good
+    joined: bool = True                      # scavenged capacity: here yet
+    closing_since: float | None = None       # up after STOP, answering the final rounds
 
-
-@dataclass
-class _Round:
-    index: int
-    fragment: int
-    opened_at: float
-    arrivals: dict[str, float] = field(default_factory=dict)
-    contributions: dict[str, Contribution] = field(default_factory=dict)
-    decided: bool = False
-    deadline_event: float | None = None
+    def view(self, stopping: bool) -> LearnerView:
+        if not self.joined:
+            status = "absent"
+        elif self.left:
+            status = "left"
+        elif not self.up:
+            status = "failed"
+        else:
+            status = "stopping" if stopping else "training"
+        return LearnerView(self.name, status, self.generation, self.stats.steps,
+                           self.stats.tokens, self.stats.busy_seconds, tuple(self.declined))
 
 
 def learner_data(cfg: ExperimentConfig, index: int, stream: np.ndarray | Examples
@@ -141,8 +152,6 @@ class Simulation:
         self.tx = outer_optimizer_for(cfg)
         self.syncer = SyncerState.start(split_params(params, self.plan), self.tx)
         self.heldout = heldout_data(cfg, heldout_stream)
-        self.estimates = Estimates(step_seconds=cfg.simulation.step_seconds,
-                                   sync_seconds=cfg.simulation.sync_seconds)
         self.learners = [
             _Learner(i, name, speed, np.random.default_rng([cfg.seed, i]),
                      self.inner.init(_copy(params)),
@@ -152,9 +161,16 @@ class Simulation:
                      LearnerStats(name))
             for i, (name, speed) in enumerate(zip(cfg.learners.learner_names,
                                                   cfg.learners.learner_speeds, strict=True))]
-        self.rounds: dict[int, _Round] = {}
-        self.next_round = 0
-        self.last_open_at = -math.inf
+        # The syncer: its state machine, the rounds it opened, what it has not yet seen.
+        self.machine = start_state(cfg.name, Estimates(step_seconds=cfg.simulation.step_seconds,
+                                                       sync_seconds=cfg.simulation.sync_seconds))
+        self.rounds: dict[int, SimulatedRound] = {}
+        self.unseen_offers: list[OfferSeen] = []
+        self.published: dict[int, VersionSeen] = {}     # fragment -> its latest merge's round
+        self.published_versions = {p: 0 for p in range(cfg.sync.num_fragments)}
+        self.ticks: set[float] = set()                  # instants a tick is queued for
+        self.stopping = False
+        self.reasons: list[str] = []                    # why the run stopped
         self.merges = []
         self.merge_times: dict[int, float] = {}
         # Round -> the learners whose offers its merge took (empty if it merged nothing).
@@ -172,7 +188,6 @@ class Simulation:
         # Evaluate after the first merge past every budget / eval_points tokens, and at the end.
         self.eval_interval_tokens = cfg.token_budget // cfg.simulation.eval_points
         self.next_eval_tokens = self.eval_interval_tokens
-        self.tokens_needed = tokens_needed(cfg)
         self.step_tokens = dict(zip(cfg.learners.learner_names, cfg.learner_step_tokens,
                                     strict=True))
         self.finished = False
@@ -183,8 +198,9 @@ class Simulation:
         heapq.heappush(self.events, (time, self.seq, kind, payload))
 
     def _advance_clock(self, t: float) -> None:
+        # After STOP nobody trains, and the final rounds are the run's closing, not an outage.
         progressing = sum(1 for lr in self.learners if lr.up and lr.blocked_since is None)
-        if progressing >= self.sync_cfg.min_quorum:
+        if self.stopping or progressing >= self.sync_cfg.min_quorum:
             self.up_time += t - self.now
         self.now = t
 
@@ -194,8 +210,8 @@ class Simulation:
         return sim.step_seconds / learner.speed * max(jitter, 0.1)
 
     def _schedule_step(self, learner: _Learner, t: float) -> None:
-        if learner.step_started_at is not None:
-            return  # already stepping: one step chain per learner
+        if learner.step_started_at is not None or self.stopping:
+            return  # already stepping (one step chain per learner), or the run is stopping
         learner.step_started_at = t
         duration = self._step_seconds(learner)
         self._push(t + duration, "step", learner.index, learner.generation, duration)
@@ -210,7 +226,7 @@ class Simulation:
         for index, (joins, leaves) in self.cfg.capacity_windows().items():
             if joins > 0:   # not here yet: no step, no offer, not live for quorums
                 learner = self.learners[index]
-                learner.up, learner.absent_since = False, 0.0
+                learner.up, learner.joined, learner.absent_since = False, False, 0.0
                 if joins < math.inf:   # a standby learner without a window never joins
                     self._push(joins, "join", index)
             if leaves < math.inf:
@@ -223,9 +239,10 @@ class Simulation:
             self._advance_clock(t)
             getattr(self, f"_on_{kind}")(t, *payload)
         if not self.finished:
-            raise RuntimeError("simulation ran out of events before the token budget was reached "
+            raise RuntimeError("simulation ran out of events before the run finished "
                                "(a learner is down forever and the quorum cannot be met)")
-        self._finish()
+        self.events.clear()
+        self._eval(self.now, max(self.rounds, default=-1))
         return self._result()
 
     def _warm_start(self) -> None:
@@ -260,14 +277,18 @@ class Simulation:
                                        tokens=jnp.asarray(learner.stats.tokens, jnp.int32))
             learner.sync = LearnerSync.start(learner.name, list(self.syncer.fragments),
                                              list(self.syncer.versions))
+            learner.tokens_at_round_seen = learner.stats.tokens
+        # Round 0 waits for H/P steps of progress past the fork, as every later round does.
+        self.machine = start_state(self.cfg.name, self.machine.estimates,
+                                   {lr.name: lr.stats.tokens for lr in self.learners})
         while self.next_eval_tokens <= self.tokens:
             self.next_eval_tokens += self.eval_interval_tokens
 
     def _on_step(self, t: float, index: int, generation: int, duration: float) -> None:
         learner = self.learners[index]
         if generation != learner.generation or not learner.up:
-            return  # the learner failed during this step: the step is lost
-        started, learner.step_started_at = learner.step_started_at, None
+            return  # the learner failed during this step (or the run stopped): it is lost
+        learner.step_started_at = None
         batch = learner.data.next()
         learner.train, metrics = self.inner.step(learner.train, batch)
         tokens = batch_tokens(batch)
@@ -276,23 +297,10 @@ class Simulation:
         learner.stats.steps += 1
         learner.stats.tokens += tokens
         learner.stats.busy_seconds += duration
-        # Count only steps begun after the last round opened: a step that was already running
-        # when it opened (even one ending at the same instant as the step that opened it)
-        # belongs to the previous interval. Otherwise, with equal step times, the learners
-        # whose step events are processed after the opener's run one step ahead of it, open
-        # the next round a step early, and the opener misses it every time.
-        if started >= self.last_open_at:
-            learner.steps_since_open += 1
-            learner.tokens_since_open += tokens
         self.tokens += tokens
-        self.estimates = self.estimates.observe(self.sync_cfg.ema_decay,
-                                                step=duration)
         if self.progress:
             self.progress(self.tokens, self.cfg.token_budget)
         self._apply_inbox(learner)
-        if self.tokens >= self.cfg.token_budget:
-            self.finished = True
-            return
         self._boundary(learner, t)
 
     def _on_down(self, t: float, index: int) -> None:
@@ -300,6 +308,9 @@ class Simulation:
         if not learner.up:
             return
         self._unblock(learner, t)
+        if learner.closing_since is not None:
+            learner.stats.closing_seconds += t - learner.closing_since
+            learner.closing_since = None
         if learner.step_started_at is not None:
             learner.stats.lost_seconds += t - learner.step_started_at
             learner.step_started_at = None
@@ -311,13 +322,11 @@ class Simulation:
         learner.down_since = learner.down_at = t
         learner.offered.clear()
         learner.inbox.clear()
-        for rnd in self._open_rounds():
-            self._evaluate(rnd, t)   # the live set shrank: a round may now be complete
-        self._maybe_open_round(t)
+        self._tick_at(t)      # the live set shrank: a round may now be complete
 
     def _on_up(self, t: float, index: int) -> None:
         learner = self.learners[index]
-        if learner.up:
+        if learner.up or learner.left:
             return
         learner.stats.down_seconds += t - learner.down_since
         peers = [p for p in self.learners if p.up]
@@ -330,7 +339,9 @@ class Simulation:
         learner.sync = LearnerSync.start(learner.name, list(self.syncer.fragments),
                                          list(self.syncer.versions))
         learner.up, learner.down_since, learner.rejoined_at = True, None, t
-        learner.steps_since_open = learner.tokens_since_open = 0
+        learner.tokens_at_round_seen = learner.stats.tokens
+        if self.stopping:
+            learner.closing_since = t
         self._boundary(learner, t)
 
     def _on_join(self, t: float, index: int) -> None:
@@ -340,6 +351,7 @@ class Simulation:
         learner = self.learners[index]
         learner.stats.absent_seconds += t - learner.absent_since
         learner.absent_since, learner.down_since = None, t   # absent, not down: no downtime
+        learner.joined = True
         self._on_up(t, index)
         learner.rejoined_at = None    # a join, not the return of a failed learner
 
@@ -349,30 +361,35 @@ class Simulation:
         learner = self.learners[index]
         if not learner.up:
             return
+        learner.left = True
         self._on_down(t, index)
         learner.down_since, learner.absent_since = None, t
 
-    def _on_deliver(self, t: float, round_index: int, version: int, values: dict | None) -> None:
+    def _on_deliver(self, t: float, round_index: int, version: int, values: dict | None,
+                    members: tuple[str, ...]) -> None:
+        fragment = self.rounds[round_index].fragment
+        # Published: the machine sees the round its merge holds (one that merged nothing is
+        # done with all the same: its decision was the syncer's last word on it).
+        self.published[fragment] = VersionSeen(round_index, members)
+        self.published_versions[fragment] = version
         for learner in self.learners:
             if not learner.up:
                 continue
             learner.inbox.append((round_index, version, values))
             if values is not None:
                 self.bytes_down += sum(int(v.size) * 4 for v in values.values())
-            if learner.blocked_since is not None:
+            if learner.blocked_since is not None or self.stopping:
                 self._apply_inbox(learner)
                 self._boundary(learner, t)
+        self._tick_at(t)
 
-    def _on_deadline(self, t: float, round_index: int) -> None:
-        rnd = self.rounds[round_index]
-        rnd.deadline_event = None
-        if not rnd.decided:
-            self._evaluate(rnd, t)
-            self._maybe_open_round(t)
+    def _on_tick(self, t: float) -> None:
+        self.ticks.discard(t)
+        self._settle(t)
 
     # ---- learners at step boundaries --------------------------------------------------------
-    def _open_rounds(self) -> list[_Round]:
-        return [r for r in self.rounds.values() if not r.decided]
+    def _open_round(self) -> SimulatedRound | None:
+        return next((r for r in self.rounds.values() if not r.decided), None)
 
     def _apply_inbox(self, learner: _Learner) -> None:
         for round_index, version, values in sorted(learner.inbox, key=lambda d: d[1]):
@@ -392,8 +409,8 @@ class Simulation:
 
     def _may_proceed(self, learner: _Learner) -> bool:
         return not held_by_pacing(learner.stats.steps, list(learner.offered.values()),
-                                  learner.tokens_since_open, self.step_tokens[learner.name],
-                                  self.cfg)
+                                  learner.stats.tokens - learner.tokens_at_round_seen,
+                                  self.step_tokens[learner.name], self.cfg)
 
     def _unblock(self, learner: _Learner, t: float) -> None:
         if learner.blocked_since is not None:
@@ -401,96 +418,132 @@ class Simulation:
             learner.blocked_since = None
 
     def _boundary(self, learner: _Learner, t: float) -> None:
-        """A learner between two steps: maybe open a round, offer, then step or wait."""
-        self._maybe_open_round(t)
-        for rnd in self._open_rounds():
-            self._offer(learner, rnd, t)
+        """A learner between two steps: it answers the open round if it can, then steps or
+        waits; the syncer sees what changed once every event of this instant is in."""
+        rnd = self._open_round()
+        if rnd is not None:
+            self._answer(learner, rnd, t)
+        self._proceed(learner, t)
+        self._tick_at(t)
+
+    def _proceed(self, learner: _Learner, t: float) -> None:
+        if not learner.up or self.stopping:
+            return
         if self._may_proceed(learner):
             self._unblock(learner, t)
             self._schedule_step(learner, t)
         elif learner.blocked_since is None:
             learner.blocked_since = t
 
-    def _offer(self, learner: _Learner, rnd: _Round, t: float) -> None:
-        if rnd.decided or learner.name in rnd.arrivals or not learner.up:
+    def _answer(self, learner: _Learner, rnd: SimulatedRound, t: float) -> None:
+        """The learner's side of the round protocol: offer the round, decline it, or wait (an
+        offer of the fragment is in flight, or nothing new yet)."""
+        if rnd.decided or learner.name in rnd.answered or not learner.up:
             return
-        if self._offer_choice(learner, rnd, final=False) != "offer":
+        # Counters run from the last *receipt*, so while an offer of this fragment is in
+        # flight (merged or not, not yet received) a second offer would count its steps twice.
+        in_flight = any(self.rounds[r].fragment == rnd.fragment for r in learner.offered)
+        choice = offer_choice(rnd.index, rnd.final, -1,
+                              learner.sync.fragments[rnd.fragment].steps, in_flight,
+                              stopped=self.stopping)
+        if choice == "decline":
+            rnd.answered.add(learner.name)
+            learner.declined.append(rnd.index)
+        if choice != "offer":
             return
         contribution = learner.sync.contribution(
             learner.train.params, self.plan, rnd.fragment, rnd.index, learner.stats.steps, t,
             self.sync_cfg.encoding, self.sync_cfg.encoding_block_size)
-        self._record_offer(learner, rnd, contribution, t)
-        self._evaluate(rnd, t)
-
-    def _record_offer(self, learner: _Learner, rnd: _Round, contribution: Contribution,
-                      t: float) -> None:
-        rnd.arrivals[learner.name] = t
+        rnd.answered.add(learner.name)
         rnd.contributions[learner.name] = contribution
+        self.unseen_offers.append(offer_seen(contribution))
         learner.offered[rnd.index] = learner.stats.steps
         self.bytes_up += contribution.nbytes
         if self.sync_cfg.receive_rule == "rebase":
             learner.sync = learner.sync.after_offer(learner.train.params, self.plan, rnd.fragment,
                                                     rnd.index)
 
-    def _offer_choice(self, learner: _Learner, rnd: _Round, final: bool,
-                      stopped: bool = False) -> str:
-        """The protocol's offer rule. Counters run from the last *receipt*, so while an offer of
-        this fragment is in flight (merged or not, not yet received) a second offer would count
-        its steps twice."""
-        in_flight = any(self.rounds[r].fragment == rnd.fragment for r in learner.offered)
-        return offer_choice(rnd.index, final, -1 if learner.name not in rnd.arrivals
-                            else rnd.index, learner.sync.fragments[rnd.fragment].steps,
-                            in_flight, stopped)
-
-    def _maybe_open_round(self, t: float) -> None:
-        if not ready_to_open({lr.name: lr.tokens_since_open for lr in self.learners},
-                             self.tokens_needed, self._live(), self.sync_cfg.min_quorum,
-                             previous_decided=not self._open_rounds()):
-            return
-        fragment = fragment_of_round(self.next_round, self.sync_cfg.num_fragments)
-        rnd = _Round(self.next_round, fragment, t)
-        self.rounds[rnd.index] = rnd
-        self.next_round += 1
-        self.last_open_at = t
-        for learner in self.learners:
-            learner.steps_since_open = learner.tokens_since_open = 0
-        # Learners waiting at a boundary offer right away; the others at their next boundary.
-        for learner in self.learners:
-            if learner.up and learner.blocked_since is not None:
-                self._offer(learner, rnd, t)
-                if self._may_proceed(learner):
-                    self._unblock(learner, t)
-                    self._schedule_step(learner, t)
-
     # ---- the syncer -------------------------------------------------------------------------
-    def _live(self) -> list[str]:
-        return [lr.name for lr in self.learners if lr.up]
+    def _tick_at(self, t: float) -> None:
+        """Queue a tick of the syncer at `t`, after every event already queued for `t`: the
+        syncer sees one instant's heartbeats and offers together, as a poll of the store would
+        (and no learner's step event, of several ending at one instant, goes first)."""
+        if t not in self.ticks:
+            self.ticks.add(t)
+            self._push(t, "tick")
 
-    def _evaluate(self, rnd: _Round, t: float) -> None:
-        if rnd.decided:
-            return
-        decision = decide_round(t, rnd.arrivals, self._live(), self.estimates, self.cfg,
-                                stopping=False, opened_at=rnd.opened_at)
-        if decision.merge:
-            quorum_at = sorted(rnd.arrivals.values())[self.sync_cfg.min_quorum - 1]
-            self.estimates = self.estimates.observe(self.sync_cfg.ema_decay,
-                                                    quorum=quorum_at - rnd.opened_at)
-            self._merge(rnd, t, decision.members, decision.late, decision.reason)
-            self._maybe_open_round(t)   # one round open at a time: the next may open now
-        elif decision.deadline is not None and rnd.deadline_event != decision.deadline:
-            rnd.deadline_event = decision.deadline
-            self._push(decision.deadline, "deadline", rnd.index)
+    def _settle(self, t: float) -> None:
+        """Tick the syncer's machine at `t` until it has nothing more to do at this instant:
+        each tick sees the learners' heartbeats and the offers made since the last, and its
+        actions (a round decided or opened, STOP, the end) may make learners answer at once."""
+        for _ in range(MAX_TICKS_PER_INSTANT):
+            obs = observe(t, (lr.view(self.stopping) for lr in self.learners),
+                          self.cfg.token_budget, self.unseen_offers, self.published,
+                          self.published_versions)
+            self.unseen_offers = []
+            stepped = machine_step(self.machine, obs, self.cfg, DECIDED_BY)
+            self.machine = stepped.state
+            for action in stepped.actions:
+                self._act(action, t)
+            if stepped.wake_at is not None:
+                self._tick_at(stepped.wake_at)
+            if not stepped.actions and not self.unseen_offers:
+                return
+            if self.finished:
+                return
+        raise RuntimeError(f"the syncer's machine did not settle at t={t}")
 
-    def _merge(self, rnd: _Round, t: float, members: Sequence[str], late: Sequence[str],
-               reason: str, final: bool = False) -> None:
+    def _act(self, action, t: float) -> None:
+        if isinstance(action, Decide):
+            self._merge(action.decision, t)
+        elif isinstance(action, OpenRound):
+            record = action.record
+            rnd = SimulatedRound(record.round, record.fragment, t, final=record.final)
+            self.rounds[rnd.index] = rnd
+            for learner in self.learners:
+                if not learner.up:
+                    continue
+                learner.tokens_at_round_seen = learner.stats.tokens
+                # Learners waiting at a boundary (or done training) answer right away; the
+                # others at their next boundary.
+                if self.stopping or learner.blocked_since is not None:
+                    self._answer(learner, rnd, t)
+                    self._proceed(learner, t)
+        elif isinstance(action, StopRun):
+            self._stop(action, t)
+        elif isinstance(action, FinishRun):
+            self.finished = True
+
+    def _stop(self, action: StopRun, t: float) -> None:
+        """STOP: the learners train no more (steps still running are not useful work) and
+        answer the open round at once, then the final rounds. (The closing is neither idle
+        time nor downtime: the wall time counts it.)"""
+        self.stopping = True
+        self.reasons.append(action.reason)
+        self.next_eval_tokens = math.inf  # one eval, after the final rounds
+        for learner in self.learners:
+            self._unblock(learner, t)
+            learner.closing_since = t if learner.up else None
+            if learner.up and learner.step_started_at is not None:
+                learner.stats.lost_seconds += t - learner.step_started_at
+                learner.step_started_at = None
+                learner.generation += 1
+        rnd = self._open_round()
+        if rnd is not None:
+            for learner in self.learners:
+                self._answer(learner, rnd, t)
+
+    def _merge(self, decision, t: float) -> None:
+        rnd = self.rounds[decision.round]
         rnd.decided = True
-        contributions = [rnd.contributions[name] for name in members]
+        if not decision.members:       # a final round every learner declined
+            return
+        contributions = [rnd.contributions[name] for name in decision.members]
         self.syncer, record = merge_round(
             self.syncer, self.plan, rnd.index, rnd.fragment, contributions, self.sync_cfg,
-            self.tx, is_embedding, reason, late,
-            average=final and self.cfg.outer.final_rounds == "average",
-            step_tokens=dict(zip(self.cfg.learners.learner_names, self.cfg.learner_step_tokens,
-                                 strict=True)))
+            self.tx, is_embedding, decision.reason, decision.late,
+            average=decision.final and self.cfg.outer.final_rounds == "average",
+            step_tokens=self.step_tokens)
         self.merges.append(record)
         self.merge_times[rnd.index] = t
         self.merged_members[rnd.index] = frozenset(record.members if record.merged else ())
@@ -504,7 +557,8 @@ class Simulation:
                     learner.rejoined_at = None
         values = self.syncer.fragments[rnd.fragment] if record.merged else None
         self._push(t + self.cfg.simulation.sync_seconds, "deliver", rnd.index,
-                   self.syncer.versions[rnd.fragment], values)
+                   self.syncer.versions[rnd.fragment], values,
+                   tuple(record.members) if record.merged else ())
         if record.merged and self.tokens >= self.next_eval_tokens:
             self._eval(t, rnd.index)
 
@@ -513,65 +567,14 @@ class Simulation:
         metrics = evaluate(self.model_def, join_fragments(self.syncer.fragments), self.heldout)
         self.evals.append({"time": t, "tokens": self.tokens, "round": round_index, **metrics})
 
-    def _finish(self) -> None:
-        """End of the budget: every live learner offers the open rounds, which merge; merges in
-        flight land; then one final round per fragment merges whatever progress no offer covers
-        yet. Only what overwrite discards anyway is left out (nothing under "rebase"): steps taken
-        on a fragment while an offer of it was in flight (at most tau per fragment)."""
-        t = self.now
-        self.next_eval_tokens = math.inf  # one eval, after the final rounds
-        for learner in self.learners:
-            if learner.step_started_at is not None:  # steps still running are not useful work
-                learner.stats.lost_seconds += t - learner.step_started_at
-                learner.step_started_at = None
-        for rnd in sorted(self._open_rounds(), key=lambda r: r.index):
-            self._final_round(rnd, t, "run finished: every live learner offers the open round")
-        for learner in self.learners:
-            if learner.up:
-                learner.inbox.extend(self._in_flight())
-                self._apply_inbox(learner)
-        for _ in range(final_rounds(self.sync_cfg.num_fragments)):
-            # Round r is fragment r mod P here too, as on the orchestrated path.
-            fragment = fragment_of_round(self.next_round, self.sync_cfg.num_fragments)
-            rnd = _Round(self.next_round, fragment, t)
-            self.rounds[rnd.index] = rnd
-            self.next_round += 1
-            self._final_round(rnd, t, "final round at the end of the token budget", final=True)
-        self.events.clear()
-        self._eval(t, self.next_round - 1)
-
-    def _in_flight(self) -> list[tuple[int, int, dict | None]]:
-        return [payload for (_, _, kind, payload) in self.events if kind == "deliver"]
-
-    def _final_round(self, rnd: _Round, t: float, reason: str, final: bool = False) -> None:
-        # After STOP a round waits for every live learner: each offers what no offer covers
-        # yet, or declines (the learners answer at once here, so nobody is waited for).
-        declined = []
-        for learner in self.learners:
-            if not learner.up:
-                continue
-            choice = self._offer_choice(learner, rnd, final=final, stopped=True)
-            if choice == "offer":
-                contribution = learner.sync.contribution(
-                    learner.train.params, self.plan, rnd.fragment, rnd.index,
-                    learner.stats.steps, t, self.sync_cfg.encoding,
-                    self.sync_cfg.encoding_block_size)
-                self._record_offer(learner, rnd, contribution, t)
-            elif choice in ("decline", "wait"):
-                declined.append(learner.name)   # "wait" only on an in-flight offer: no news
-        decision = decide_round(t, rnd.arrivals, self._live(), self.estimates, self.cfg,
-                                stopping=True, opened_at=rnd.opened_at, declined=declined)
-        if decision.members:
-            self._merge(rnd, t, decision.members, (), f"{reason}: {decision.reason}", final)
-        else:
-            rnd.decided = True
-
     def _result(self) -> SimulationResult:
         for learner in self.learners:
             if learner.losses:
                 learner.stats.train_loss = [float(x) for x in np.asarray(jnp.stack(learner.losses))]
             if learner.blocked_since is not None:
                 self._unblock(learner, self.now)
+            if learner.up and learner.closing_since is not None:
+                learner.stats.closing_seconds += self.now - learner.closing_since
             if not learner.up and learner.down_since is not None:
                 learner.stats.down_seconds += self.now - learner.down_since
             if learner.absent_since is not None:

@@ -114,6 +114,10 @@ class Stepped:
     actions: tuple[Action, ...]
     reason: str
     clipped: Mapping[str, str] = field(default_factory=dict)
+    # The next time this state decides something with no new observation (a grace window or
+    # a round's timeout ends, a final merge is given up on): an event-driven driver (the
+    # simulator) ticks then; drivers on a poll loop need not look. None: nothing pending.
+    wake_at: float | None = None
 
 
 # ---- one tick ---------------------------------------------------------------------------------
@@ -136,6 +140,7 @@ class _Tick:
         self.decided_by = "sensor"
         self.actions: list[Action] = []
         self.reason = ""
+        self.wake_at: float | None = None
         self.fields: dict[str, Any] = {}
 
     def freeze(self) -> SyncerState:
@@ -184,7 +189,7 @@ def step(state: SyncerState, obs: Observed, cfg: ExperimentConfig, decided_by: s
     if clipped:
         t.reason += "; claims not corroborated: " + "; ".join(
             f"{n} ({why})" for n, why in sorted(clipped.items()))
-    return Stepped(t.freeze(), tuple(t.actions), t.reason, clipped)
+    return Stepped(t.freeze(), tuple(t.actions), t.reason, clipped, t.wake_at)
 
 
 def planted(state: SyncerState, round_index: int, names: Sequence[str]) -> SyncerState:
@@ -379,6 +384,10 @@ def _decide(t: _Tick, live: list[str], estimates: Estimates, now: float) -> None
                             opened_at=t.get("opened_at"), declined=declined)
     if not decision.merge:
         t.reason = f"round {r}: {decision.reason}"
+        if decision.deadline is not None:
+            t.wake_at = decision.deadline               # the grace window closes
+        elif final or t.get("stop"):
+            t.wake_at = t.get("opened_at") + t.cfg.orchestration.round_timeout_seconds
         return
     k = t.cfg.sync.min_quorum
     order = sorted(arrivals.values())
@@ -415,6 +424,8 @@ def _maybe_open(t: _Tick, tokens: Mapping[str, int], live: list[str], now: float
             timeout = cfg.orchestration.round_timeout_seconds
             if any(now - p.decided_at < timeout for p in t.pending):
                 t.reason = "waiting for the final merges to be published"
+                t.wake_at = min(p.decided_at + timeout for p in t.pending
+                            if now - p.decided_at < timeout)
                 return
             t.actions.append(FinishRun(now, t.get("round")))
             t.fields["finished"] = True
