@@ -20,6 +20,7 @@ import optax
 
 from diloco_core.config import ExperimentConfig
 from diloco_core.config_loading import config_from_mapping
+from diloco_core.contribution import Contribution
 from diloco_core.fragments import FragmentPlan, plan_fragments
 from diloco_core.model import abstract_params, is_embedding
 from diloco_core.outer import outer_optimizer_for
@@ -144,18 +145,27 @@ def merge_from_store(store: ArtifactStore, round_index: int,
     # Offers refused when they arrived (replays, copies) keep their reasons in the record.
     contributions, refused = [], dict(decision.get("refused", {}))
     digests = decision.get("digests", {})
-    for learner in decision["members"]:
+
+    def load(learner: str) -> Contribution | str:
+        """The member's verified contribution, or why it is refused."""
         try:
-            contributions.append(store.load_contribution(round_index, learner,
-                                                         digest=digests.get(learner)))
+            return store.load_contribution(round_index, learner, digest=digests.get(learner))
         except RejectedArtifact as err:
-            refused[learner] = f"refused by the store: {err.reason}"
+            return f"refused by the store: {err.reason}"
         except KeyError:
-            refused[learner] = "admitted but no committed contribution was found"
+            return "admitted but no committed contribution was found"
         except Exception as err:  # noqa: BLE001 - a learner's bytes must not sink the round
             # Whatever a learner wrote is untrusted: anything unforeseen in reading it refuses
             # that contribution with the reason; the other members' round goes on.
-            refused[learner] = f"unreadable: {type(err).__name__}: {str(err)[:200]}"
+            return f"unreadable: {type(err).__name__}: {str(err)[:200]}"
+    # Read concurrently (M round trips at once, not one after another), merged in the
+    # decision's order of members.
+    members = decision["members"]
+    for learner, loaded in zip(members, store.each(load, members), strict=True):
+        if isinstance(loaded, str):
+            refused[learner] = loaded
+        else:
+            contributions.append(loaded)
 
     def base_of(version: int):
         try:
