@@ -444,3 +444,39 @@ def test_by_default_no_learner_waits_for_a_round_in_the_simulator_either(corpus)
                            corpus.learner_streams, corpus.heldout_stream)
     assert all(s.idle_seconds == 0 for s in free.learners)
     assert paced.learners[0].idle_seconds > 0
+
+
+def test_every_simulated_decision_is_the_syncer_machines(corpus, monkeypatch):
+    """The simulator decides nothing itself: its rounds open, merge, stop and finish exactly
+    as the syncer's state machine (the one the syncer service runs) says, and feeding the
+    machine the simulator's observations again reproduces every action, as the replay of a
+    real run's trace does (tests/test_syncer_trace.py). An outage and jitter, K = 2 < M."""
+    import diloco_core.simulator as simulator
+    from diloco_core.syncer_events import Decide, FinishRun, OpenRound, StopRun
+    from diloco_core.syncer_machine import step
+
+    ticks = []
+
+    def recording_step(state, observed, cfg, decided_by):
+        stepped = step(state, observed, cfg, decided_by)
+        ticks.append((state, observed, stepped))
+        return stepped
+
+    monkeypatch.setattr(simulator, "machine_step", recording_step)
+    cfg = tiny_cfg("sync.min_quorum=2", "simulation.step_jitter=0.2",
+                   "simulation.outages=[{learner: 2, start: 3.0, end: 9.0}]")
+    result = run_simulation(cfg, corpus.learner_streams, corpus.heldout_stream)
+    state = ticks[0][0]
+    for before, observed, stepped in ticks:
+        assert before == state                       # nothing but the machine changes it
+        again = step(state, observed, cfg, "simulator")
+        assert again.actions == stepped.actions
+        state = again.state
+    actions = [a for _, _, s in ticks for a in s.actions]
+    decided = [a.decision for a in actions if isinstance(a, Decide) and a.decision.members]
+    assert [(m.round, m.members) for m in result.merges] == [
+        (d.round, d.members) for d in decided]
+    assert sum(isinstance(a, StopRun) for a in actions) == 1
+    assert isinstance(actions[-1], FinishRun)
+    opened = [a.record.round for a in actions if isinstance(a, OpenRound)]
+    assert opened == list(range(len(opened)))
