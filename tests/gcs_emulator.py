@@ -109,6 +109,11 @@ def gcs_emulator() -> Iterator[str]:
 
     _send_generation_headers()
     _enforce_generation_preconditions()
+    # The server answers one connection at a time from a listen queue of 5 (socketserver's
+    # default); the store reads up to `read_concurrency` objects at once, and a connection
+    # beyond the queue waits a second for its SYN to be sent again. Real GCS queues nothing.
+    from http import server as http_server
+    http_server.HTTPServer.request_queue_size = 128
     port = _free_port()
     server = create_server("127.0.0.1", port, in_memory=True, default_bucket=BUCKET)
     server.start()
