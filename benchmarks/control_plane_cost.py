@@ -123,8 +123,9 @@ def _counting(inner, delay: float = 0.0):
 
 @contextlib.contextmanager
 def _emulator(wanted: bool, code: Path):
-    """A fresh loopback GCS server in its own process (its CPU time is not the syncer's; a
-    fresh one per run, since its listings slow down with everything it holds)."""
+    """A fresh loopback GCS server (this checkout's, for both variants) in its own process:
+    its CPU time is not the syncer's, and a fresh one per run since its listings slow down
+    with everything it holds."""
     if not wanted:
         yield
         return
@@ -162,7 +163,7 @@ def _child(args) -> dict:
                  f"sync.min_quorum={max(1, M // 2)}", "sync.max_speed_ratio=inf",
                  "token_budget=1000000000000", "orchestration.syncer=service",
                  "orchestration.eval_every_rounds=1000000"]
-    with tempfile.TemporaryDirectory() as tmp, _emulator(args.backend == "gcs", args.code):
+    with tempfile.TemporaryDirectory() as tmp, _emulator(args.backend == "gcs", ROOT):
         uri = (f"gs://diloco-test/cp-{uuid.uuid4().hex[:8]}" if args.backend == "gcs"
                else str(Path(tmp) / "store"))
         learners_store = committed_experiment(uri, "cp", overrides)
