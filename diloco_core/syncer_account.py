@@ -55,9 +55,11 @@ def credited(accounts: Mapping[str, Mapping[int, int]], bases: Mapping[str, int]
     With at least two other live learners to compare with, a heartbeat's total counts toward
     the budget as far as the others corroborate it (`credited_totals`: the largest other's
     total plus one sync period) *or* its own offers do (`offered_bound`), whichever allows
-    more: a learner honestly faster than every peer is corroborated by what it offered, and
-    one that claims 2^62 without offering counts as one more honest learner. Toward opening
-    rounds, `max_speed_ratio` times the largest other. With fewer than two others live (M = 2,
+    more, up to `max_speed_ratio` times the largest other: a learner honestly faster than
+    every peer is corroborated by what it offered; one that claims 2^62 without offering
+    counts as one more honest learner, and one that offers at the credit cap every round as
+    up to `max_speed_ratio` (the syncer cannot tell it from an honest learner that fast).
+    Toward opening rounds, `max_speed_ratio` times the largest other. With fewer than two others live (M = 2,
     or the others down) nobody can compare, and the syncer's own account bounds it
     (`account_bound`)."""
     claimed = {n: b.tokens_total for n, b in beats.items() if b}
@@ -65,15 +67,18 @@ def credited(accounts: Mapping[str, Mapping[int, int]], bases: Mapping[str, int]
     slack = max(needed.values()) * cfg.sync.num_fragments
     ratio = cfg.sync.max_speed_ratio
     budget_tokens, clipped = credited_totals(claimed, live, 1.0, slack)
+    opening, _ = credited_totals(claimed, live, ratio, slack)
     for name in list(clipped):
-        own = offered_bound(accounts.get(name, {}), bases.get(name, 0), slack)
+        # Beyond the largest other's total, as far as its own offers corroborate, and never
+        # past max_speed_ratio times it (what it counts for toward opening rounds).
+        own = min(offered_bound(accounts.get(name, {}), bases.get(name, 0), slack),
+                  opening[name])
         if claimed[name] <= own:
             budget_tokens[name] = claimed[name]
             del clipped[name]
         elif own > budget_tokens[name]:
             budget_tokens[name] = own
             clipped[name] += f"; its offers corroborate {own}"
-    opening, _ = credited_totals(claimed, live, ratio, slack)
     if math.isinf(ratio):
         return budget_tokens, opening, clipped
     live_set = set(live)

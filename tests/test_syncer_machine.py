@@ -241,3 +241,38 @@ def test_an_honest_learner_faster_than_every_peer_counts_its_tokens_toward_the_b
         assert r < 1000, "the run never stopped"
     total = sum(tokens.values())
     assert total <= cfg.token_budget + 6 * per_step * 2, (total, cfg.token_budget)
+
+
+@pytest.mark.parametrize("offers", [False, True])
+def test_with_peers_a_liar_counts_toward_the_budget_as_at_most_max_speed_ratio_learners(offers):
+    """Three honest learners and one claiming 2^62 tokens: without offers it counts as one
+    more honest learner toward STOP; offering at the credit cap every round, as at most
+    max_speed_ratio of them (its offers corroborate a learner that fast), never as 2^62."""
+    names = [f"learner-{i}" for i in range(4)]
+    cfg = config_from_mapping(overrides_to_mapping([
+        "learners.num_learners=4", "sync.min_quorum=2", "sync.num_fragments=2",
+        "sync.sync_period=4", "sync.grace_gamma=0", "token_budget=400000"]))
+    per_step, ratio = cfg.learner_step_tokens[0], cfg.sync.max_speed_ratio
+    state, now = SyncerState("exp"), 1000.0
+    tokens = dict.fromkeys(names, 0)
+    while not state.stop:
+        for n in names[:3]:
+            tokens[n] += 2 * per_step
+        now += 1.0
+        beats = {n: _beat(tokens[n], cfg, t=now) for n in names[:3]}
+        beats["learner-3"] = _beat(2 ** 62, cfg, t=now)
+        state = step(state, Observed(now, beats, budget=cfg.token_budget), cfg).state
+        r = state.round
+        if r >= 0 and not state.decided:
+            offered = [_offer(n, r, cfg, steps=4) for n in names[:3]]
+            if offers:
+                offered.append(_offer("learner-3", r, cfg, steps=int(ratio * 4 * 4)))
+            now += 1.0
+            state = step(state, Observed(now, beats, budget=cfg.token_budget,
+                                         offers=tuple(offered)), cfg).state
+        assert r < 1000, "the run never stopped"
+    honest = sum(tokens[n] for n in names[:3])
+    counted_as = 1 + (ratio if offers else 1)
+    slack = 4 * per_step * 2 * 4
+    # Measured: 294,912 of 400,000 without offers, 172,032 offering at the cap.
+    assert honest >= cfg.token_budget * 3 / (3 + counted_as) - slack, (honest, offers)
