@@ -108,3 +108,61 @@ def test_the_restart_budget_is_per_time_window(tmp_path):
         later = _tick(h, oldest + 601)                      # the oldest left the window
         (relaunch,) = [r for r in later.run_requests if r.tags["diloco/learner"] == "learner-0"]
         assert relaunch.run_config["ops"]["run_learner"]["config"]["attempt"] == 3
+
+
+def _ran_and_failed(h: Harness, job: str, run_config: dict, tags: dict, started: float,
+                    ended: float) -> None:
+    """A run of `job` that started at `started` and failed at `ended` (Dagster's own run
+    events, stamped with those times, as the run worker and the monitor write them)."""
+    from dagster._core.events import DagsterEvent, DagsterEventType
+
+    run = h.instance.create_run_for_job(job_def=h.defs.resolve_job_def(job),
+                                        run_config=run_config, tags=tags,
+                                        status=dg.DagsterRunStatus.NOT_STARTED)
+    for kind, at in ((DagsterEventType.PIPELINE_START, started),
+                     (DagsterEventType.PIPELINE_FAILURE, ended)):
+        h.instance.report_dagster_event(
+            DagsterEvent(event_type_value=kind.value, job_name=job), run_id=run.run_id,
+            timestamp=at)
+
+
+def _syncer_failed(h: Harness, started: float, ended: float) -> None:
+    _ran_and_failed(h, "syncer", {"ops": {"run_syncer": {"config": {"attempt": 0}}}},
+                    {"diloco/experiment": h.store.experiment, "diloco/syncer": "1"},
+                    started, ended)
+
+
+def _syncer_relaunched(h: Harness, now: float) -> bool:
+    return any(r.job_name == "syncer" for r in _tick(h, now).run_requests)
+
+
+def test_a_syncer_killed_after_a_healthy_spell_is_relaunched_after_the_first_backoff(tmp_path):
+    """The backoff doubles over a crash loop, not over a run's whole history: after two quick
+    failures (10 s, then 20 s of backoff), a syncer that then worked for ten minutes and was
+    killed is relaunched after the first step (10 s), not 40 s; a quick failure after that
+    doubles again."""
+    with dg.instance_for_test() as instance:
+        h = Harness(instance, str(tmp_path / "store"), [
+            "orchestration.syncer=service", "orchestration.restart_backoff_seconds=10",
+            "orchestration.restart_backoff_max_seconds=60"])
+        h.start()
+        t = h.now
+        _syncer_failed(h, t, t + 1)                        # crashed at start-up, twice
+        _syncer_failed(h, t + 15, t + 16)
+        _syncer_failed(h, t + 40, t + 640)                 # then up for ten minutes, killed
+        assert not _syncer_relaunched(h, t + 645)
+        assert _syncer_relaunched(h, t + 651)
+        _syncer_failed(h, t + 655, t + 656)                # a quick failure after it: doubles
+        assert not _syncer_relaunched(h, t + 670)
+        assert _syncer_relaunched(h, t + 677)
+
+
+def test_a_learner_killed_after_a_healthy_spell_is_relaunched_after_the_first_backoff(harness):
+    h = harness                                            # restart_backoff_seconds=10
+    t = h.now
+    tags = {"diloco/experiment": h.store.experiment, "diloco/learner": "learner-0"}
+    config = {"ops": {"run_learner": {"config": {"learner": "learner-0"}}}}
+    for started, ended in ((t, t + 1), (t + 15, t + 16), (t + 40, t + 640)):
+        _ran_and_failed(h, "learner", config, tags, started, ended)
+    relaunched = [r.tags["diloco/learner"] for r in _tick(h, t + 651).run_requests]
+    assert "learner-0" in relaunched

@@ -345,11 +345,30 @@ def _capacity(context: dg.SensorEvaluationContext, artifacts, cfg, notes: list[s
     return frozenset(record.absent), [learners.build_add_request(new)] if new else []
 
 
+def _failure_streak(records: list[dg.RunRecord], healthy_seconds: float) -> int:
+    """How many of the newest runs (newest first) failed in a row, counting back no further
+    than the newest failed run that had been up for `healthy_seconds`: that one ended a
+    healthy spell (a syncer or learner killed after minutes of work), not a crash loop, so
+    the backoff starts again from its first step instead of doubling on top of old failures."""
+    failures = 0
+    for rec in records:
+        if rec.dagster_run.status != dg.DagsterRunStatus.FAILURE:
+            break
+        failures += 1
+        # A run that never started (no start time) was not healthy at all.
+        if rec.start_time is not None and rec.end_time is not None \
+                and rec.end_time - rec.start_time >= healthy_seconds:
+            break
+    return failures
+
+
 def _relaunch_blocked(records: list[dg.RunRecord], orch, now: float) -> str | None:
     """Why a process whose runs are `records` (newest first, none in progress) is not to be
     launched again now: `max_restarts` launches within the last `restart_window_seconds`, or
     within the backoff of `restart_backoff_seconds x 2^(consecutive failures - 1)` (capped).
-    None: launch it."""
+    A failed run that had been up for `restart_backoff_max_seconds` (longer than any backoff)
+    ends the streak of consecutive failures; a slower crash loop is still held by
+    `max_restarts`. None: launch it."""
     window = orch.restart_window_seconds
     recent = sorted(r.create_timestamp.timestamp() for r in records
                     if r.create_timestamp.timestamp() > now - window)
@@ -357,11 +376,7 @@ def _relaunch_blocked(records: list[dg.RunRecord], orch, now: float) -> str | No
         wait = recent[len(recent) - orch.max_restarts - 1] + window - now
         return (f"{len(recent)} launches in the last {window:.0f}s (max_restarts "
                 f"{orch.max_restarts}); the next in {wait:.0f}s")
-    failures = 0
-    for rec in records:
-        if rec.dagster_run.status != dg.DagsterRunStatus.FAILURE:
-            break
-        failures += 1
+    failures = _failure_streak(records, orch.restart_backoff_max_seconds)
     if records:
         backoff = min(orch.restart_backoff_seconds * 2 ** max(failures - 1, 0),
                       orch.restart_backoff_max_seconds)
