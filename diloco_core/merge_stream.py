@@ -24,6 +24,10 @@ from per-tensor partial sums (float64 on the host) instead of one float32 progra
 differ from `merge.tree_norm` in the last bits; the mean pairwise cosine (a diagnostic) comes from
 a float32 Gram matrix per tensor summed in float64, not from float64 copies of every gradient.
 
+Where the time goes (benchmarks/merge_cost.py): not memory traffic but XLA's CPU code for the
+decode and for RDA's passes over the [M, N] stack of a tensor (norms, units, their weighted
+sum), tens of times slower per value than a copy.
+
 Programs are jitted per tensor and cached by shape (and by member count), so a fragment of many
 tensors of a few shapes compiles a few small programs, not one per tensor.
 """
@@ -48,7 +52,7 @@ FlatParams = dict[str, jax.Array]
 # JAX dispatches asynchronously: unchecked, the loop over tensors would queue every tensor's
 # program, each holding its inputs and outputs, and the peak would be the whole fragment's
 # again. The loop waits for the queued tensors once they could hold this much.
-_QUEUED_BYTES = 256 << 20
+_QUEUED_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -113,33 +117,25 @@ def gradient_stats(params: Mapping[str, jax.Array], source: GradSource,
     return finite, fragment_norm([(p, s) for _, p, s in results]) if finite else float("nan")
 
 
-def _combine(stack: jax.Array, weights: jax.Array, kind: str, gram: bool):
+@functools.partial(jax.jit, static_argnames=("encoding", "block_size", "shape"))
+def _decoded_stack(payloads, scales, encoding, block_size, shape):
+    """[M, *shape] float32: one tensor decoded from every member's wire form, written once.
+    (Decoding inside the combining program instead is slower: XLA re-decodes in each of its
+    passes over the members.)"""
+    return jnp.stack([_decode_traced(p, s, encoding, block_size, shape)
+                      for p, s in zip(payloads, scales, strict=True)])
+
+
+@functools.partial(jax.jit, static_argnames=("kind",))
+def _combine(stack: jax.Array, weights: jax.Array, kind: str):
+    """`merge.merge_outer_grads` for one tensor, and the merged tensor's share of its norm."""
     if kind == "mean":
         merged = weighted_mean(stack, weights)
     elif kind == "expert":   # [M, E, ...]: RDA over the learners, per expert
         merged = jax.vmap(radial_directional_average, in_axes=(1, None))(stack, weights)
     else:
         merged = radial_directional_average(stack, weights)
-    flat = stack.reshape(stack.shape[0], -1)
-    products = (jnp.dot(flat, flat.T, precision=jax.lax.Precision.HIGHEST) if gram
-                else jnp.zeros((0, 0), jnp.float32))
-    return (merged, products) + _peak_and_scaled_square_sum(merged)
-
-
-@functools.partial(jax.jit, static_argnames=("encoding", "block_size", "shape", "kind", "gram"))
-def _merge_encoded(payloads, scales, weights, encoding, block_size, shape, kind, gram):
-    """One tensor from every member's wire form: decoded inside the program, so XLA may fuse the
-    decode into its consumers instead of writing M float32 copies out first."""
-    stack = jnp.stack([_decode_traced(p, s, encoding, block_size, shape)
-                       for p, s in zip(payloads, scales, strict=True)])
-    return _combine(stack, weights, kind, gram)
-
-
-@functools.partial(jax.jit, static_argnames=("kind", "gram"))
-def _merge_decoded(grads, weights, kind, gram):
-    """One tensor from members' decoded outer gradients (a round with a stale base: the
-    anchor's correction is made op by op beforehand, exactly as the fragment-wide merge did)."""
-    return _combine(jnp.stack([g.astype(jnp.float32) for g in grads]), weights, kind, gram)
+    return (merged,) + _peak_and_scaled_square_sum(merged)
 
 
 def _tensor_grad(params: Mapping[str, jax.Array], source: GradSource, name: str) -> jax.Array:
@@ -191,22 +187,26 @@ def merge_streamed(params: Mapping[str, jax.Array], outer_state: optax.OptState,
     w = jnp.asarray(weights, jnp.float32)
     stale = any(s.base is not None for s in sources)
     gram_wanted = len(sources) > 1
-    new_params, new_slices, merged_parts, update_parts, grams = {}, {}, [], [], []
+    new_params, new_slices, merged_parts, update_parts = {}, {}, [], []
+    gram = np.zeros((len(sources), len(sources)))
     queued, queued_bytes = [], 0
     for name in names:
         kind = ("mean" if rule == "mean" or is_embedding(name)
                 else "expert" if is_expert_stack(name) else "rda")
-        if stale:
-            merged, products, peak, square_sum = _merge_decoded(
-                tuple(_tensor_grad(params, s, name) for s in sources), w, kind, gram_wanted)
+        if stale:   # the anchor's correction op by op, as the fragment-wide merge made it
+            stack = jnp.stack([_tensor_grad(params, s, name).astype(jnp.float32)
+                               for s in sources])
         else:
             first = sources[0].delta[name]
-            merged, products, peak, square_sum = _merge_encoded(
-                tuple(s.delta[name].payload for s in sources),
-                tuple(s.delta[name].scales for s in sources), w, first.encoding,
-                first.block_size, tuple(first.shape), kind, gram_wanted)
+            stack = _decoded_stack(tuple(s.delta[name].payload for s in sources),
+                                   tuple(s.delta[name].scales for s in sources),
+                                   first.encoding, first.block_size, tuple(first.shape))
+        merged, peak, square_sum = _combine(stack, w, kind)
         merged_parts.append((peak, square_sum))
-        grams.append(products)
+        if gram_wanted:   # float32 BLAS on the host: XLA's [M, N] x [N, M] is slower here
+            flat = np.asarray(stack).reshape(len(sources), -1)
+            gram += (flat @ flat.T).astype(np.float64)
+        del stack
         if average:
             new_params[name] = params[name] - merged
         else:
@@ -225,8 +225,7 @@ def merge_streamed(params: Mapping[str, jax.Array], outer_state: optax.OptState,
     new_state = (outer_state if average
                  else join_outer_states(outer_state, name_set, new_slices))
     # One wait at the end: the tensors' programs are dispatched without waiting on the host.
-    merged_parts, update_parts, grams = jax.device_get((merged_parts, update_parts, grams))
-    gram = sum((np.asarray(g, np.float64) for g in grams), np.zeros((len(w), len(w))))
+    merged_parts, update_parts = jax.device_get((merged_parts, update_parts))
     # The fragment-wide step returned its tensors in sorted order (a pytree map); keep that.
     order = names if average else sorted(names)
     return StreamedMerge({k: new_params[k] for k in order}, new_state,
