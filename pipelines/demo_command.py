@@ -326,6 +326,11 @@ def _print_summary(s: dict) -> None:
     if dec.get("median") is not None:
         p90 = f"{dec['p90']:.3f}" if dec.get("p90") is not None else "-"
         print(f"decision->published  median {dec['median']:.3f}s, p90 {p90}s")
+    # Who decided and merged: the syncer's attempts, its warm standby (syncer-a<n>-standby)
+    # after a kill, the sensor's fallback ("sensor") and its merge runs ("run").
+    if s.get("decided_by"):
+        print(f"decided by           "
+              f"{', '.join(f'{k} {v}' for k, v in s['decided_by'].items())}")
     if s.get("merged_by"):
         print(f"merged by            {', '.join(f'{k} {v}' for k, v in s['merged_by'].items())}")
     print(f"failures injected    {s['failures_injected']}; rejoined: "

@@ -1,7 +1,8 @@
 """`diloco status`: where a training run stands, read from the store alone.
 
 It needs no Dagster instance, only the store (a directory or `gs://…`), so it works from any
-machine that can read the bucket: the rounds, every learner's state, and the last merge
+machine that can read the bucket: the rounds, the syncer (who holds its lease, since when,
+last renewal; `pipelines/syncer_status.py`), every learner's state, and the last merge
 decisions with their reasons.
 
 A learner is
@@ -25,6 +26,7 @@ from diloco_core.config import ExperimentConfig
 from diloco_core.config_loading import config_from_mapping
 from diloco_core.liveness import LIVE_STATUSES
 from pipelines.experiment_state import experiment_state
+from pipelines.syncer_status import syncer_line, syncer_status
 from resources.store.artifact_store import ArtifactStore, active_experiment
 
 
@@ -86,6 +88,7 @@ def run_status(store: ArtifactStore, now: float | None = None, last_rounds: int 
         "rounds_merged": len(merged),
         "global_versions": [store.current_version(p) for p in range(cfg.sync.num_fragments)],
         "stop_requested": store.stop_requested() is not None,
+        "syncer": syncer_status(store, cfg, decisions, now),
         "learners": learners,
         "decisions": [{k: d.get(k) for k in ("round", "fragment", "members", "late",
                                               "missing", "grace_seconds", "reason")}
@@ -106,6 +109,8 @@ def print_status(status: dict, console: Console | None = None) -> None:
     }[status.get("state", "active")]
     console.print(f"[bold]{status['experiment']}[/]: {status['rounds_merged']} rounds merged, "
                   f"{where}, global fragment versions {status['global_versions']}")
+    if status.get("syncer") is not None:
+        console.print(syncer_line(status["syncer"]))
     learners = Table(title="learners")
     for column in ("learner", "region", "state", "attempt", "step", "tokens", "loss",
                    "heartbeat"):

@@ -68,8 +68,8 @@ class SyncerService:
         self.cfg = config_from_mapping(config)
         # Before anything compiles: JAX opens its persistent cache at the first compilation.
         enable_compilation_cache(self.cfg.orchestration.compilation_cache_dir)
-        self.lease = SyncerLease(store, self.attempt)
         self.name = f"syncer-a{self.attempt}" + ("-standby" if standby else "")  # in records
+        self.lease = SyncerLease(store, self.attempt, name=self.name)
         self.on_warm = on_warm     # called once the programs are compiled (starts a standby)
         self.controller = RoundController(
             store, self.cfg, decided_by=self.name, guard=self.lease.check,

@@ -242,6 +242,19 @@ def test_the_summary_says_when_and_why_a_run_was_stopped_early(capsys):
             "reclaimed") in capsys.readouterr().out
 
 
+def test_the_summary_says_who_decided_and_merged_the_rounds(capsys):
+    summary = {"rounds_merged": 3, "rounds_opened": 3, "initial_eval_loss": 5.5,
+               "final_eval_loss": 4.0, "final_bits_per_byte": 5.0, "tokens": 10,
+               "token_budget": 100, "uptime": 1.0, "learner_idle_fraction": 0.0,
+               "merge_latency_seconds": {"median": None}, "failures_injected": 0,
+               "learners_rejoined": [], "wall_seconds": 9.0, "final_sample": "x",
+               "decided_by": {"syncer-a0": 1, "syncer-a0-standby": 1, "syncer-a1": 1},
+               "merged_by": {"syncer-a0": 1, "syncer-a0-standby": 1, "syncer-a1": 1}}
+    demo_command._print_summary(summary)
+    out = capsys.readouterr().out
+    assert "decided by           syncer-a0 1, syncer-a0-standby 1, syncer-a1 1" in out
+
+
 def test_the_ctrl_c_line_is_set_up_only_from_the_main_thread():
     import threading
 

@@ -59,6 +59,12 @@ def test_status_shows_rounds_learner_states_and_decisions(harness):
     table = io.StringIO()
     print_status(run_status(h.store, now=h.now), Console(file=table, width=200))
     assert "exp-test: 2 rounds merged" in table.getvalue() and "rejoining" not in table.getvalue()
+    # No syncer service here (orchestration.syncer=sensor): the sensor decided the last round.
+    syncer = run_status(h.store, now=h.now)["syncer"]
+    assert syncer["state"] == "sensor"
+    assert syncer["last_decision"]["round"] == 1
+    assert syncer["last_decision"]["decided_by"] == "sensor"
+    assert "the quorum sensor decides" in table.getvalue()
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert main(["status", "--store", h.resource.base_uri, "--json", "--rounds", "1"]) == 0
@@ -90,3 +96,50 @@ def test_capacity_shows_in_a_learners_state():
     assert learner_state(beat, [], "a", 15.0, 100.0, absent=True) == "leaving"
     assert learner_state({**beat, "status": "left"}, [], "a", 15.0, 1e9, absent=True) == "left"
     assert learner_state({**beat, "status": "left"}, [], "a", 15.0, 1e9) == "joining"
+
+
+def test_status_shows_who_holds_the_syncers_lease_since_when_and_its_renewal(tmp_path):
+    """The syncer's line: none yet, the syncer (attempt 0), its warm standby after the syncer
+    died holding the lease, silent once the lease has not moved for the syncer timeout,
+    released on a clean exit; read from the lease record a real `SyncerLease` writes."""
+    import os
+
+    from resources.store.lease import SyncerLease
+
+    with dg.instance_for_test() as instance:
+        h = Harness(instance, str(tmp_path / "store"), ["orchestration.syncer=service"])
+        h.start()
+        assert run_status(h.store)["syncer"]["state"] == "none"
+
+        syncer = SyncerLease(h.store, 0, name="syncer-a0")
+        syncer.acquire(stale_after=20.0)
+        row = run_status(h.store)["syncer"]
+        assert (row["state"], row["holder"], row["attempt"], row["standby"]) == (
+            "syncing", "syncer-a0", 0, False)
+        assert row["renewed_age_s"] < 60 and row["held_for_s"] < 60
+
+        # The syncer's process "died" holding the lease (its pid on this host is named dead,
+        # as the standby does when its pipe from the syncer closes): the standby takes it.
+        standby = SyncerLease(h.store, 0, name="syncer-a0-standby")
+        standby.acquire(stale_after=600.0, dead_pid=os.getpid())
+        row = run_status(h.store)["syncer"]
+        assert (row["state"], row["holder"], row["attempt"], row["standby"], row["epoch"]) == (
+            "syncing", "syncer-a0-standby", 0, True, 2)
+        since = row["since"]
+        table = io.StringIO()
+        print_status(run_status(h.store), Console(file=table, width=250))
+        assert "syncer-a0-standby (attempt 0, the warm standby) has held the lease since" in \
+            table.getvalue()
+
+        standby.renew(force=True)         # a renewal moves the renewal time, not `since`
+        assert run_status(h.store)["syncer"]["since"] == since
+
+        later = since + h.cfg.orchestration.syncer_timeout_seconds + 30
+        row = run_status(h.store, now=later)["syncer"]
+        assert row["state"] == "silent" and row["renewed_age_s"] >= 30
+        table = io.StringIO()
+        print_status(run_status(h.store, now=later), Console(file=table, width=250))
+        assert "dead or hung" in table.getvalue()
+
+        standby.release()
+        assert run_status(h.store)["syncer"]["state"] == "released"

@@ -4,7 +4,11 @@ A small record in the store (`syncer/LEASE`), moved only by compare-and-swap on 
 generation (the blob store's write precondition), so two writers never both move it:
 
     {"holder": "host:pid:nonce", "attempt": n, "epoch": e, "beat": b,
-     "status": "syncing" | "released", "time": t, "pid": p}
+     "status": "syncing" | "released", "time": t, "pid": p,
+     "name": "syncer-a<n>" | "syncer-a<n>-standby", "since": t0}
+
+(`time`: the holder's wall clock at its last write; `since`: when it took the lease; `name`:
+who holds it, as its records say. Older records lack the last two.)
 
 - A syncer of attempt n takes the lease when there is none, when it was released, or when an
   older attempt holds it: the supervisor launches attempt n only after attempt n-1's run
@@ -32,6 +36,7 @@ generation (the blob store's write precondition), so two writers never both move
 """
 
 import json
+import math
 import os
 import socket
 import time
@@ -64,6 +69,42 @@ def _int(value, default: int) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
+@dataclass(frozen=True)
+class LeaseView:
+    """The lease record as an observer reads it (`diloco status`): typed, with anything
+    missing or malformed as None. Times are the holder's wall clock."""
+    name: str
+    attempt: int | None
+    epoch: int | None
+    status: str
+    standby: bool
+    since: float | None
+    renewed_at: float | None
+
+    @classmethod
+    def of(cls, record: dict | None) -> "LeaseView | None":
+        if not isinstance(record, dict) or not record:
+            return None
+        attempt, epoch = _count(record.get("attempt")), _count(record.get("epoch"))
+        name = record.get("name")
+        if not isinstance(name, str) or not name:
+            name = "syncer" if attempt is None else f"syncer-a{attempt}"
+        return cls(name=name, attempt=attempt, epoch=epoch,
+                   status=str(record.get("status") or "unknown"),
+                   standby=name.endswith("-standby"),
+                   since=_time(record.get("since")), renewed_at=_time(record.get("time")))
+
+
+def _count(value) -> int | None:
+    value = _int(value, -1)
+    return value if value >= 0 else None
+
+
+def _time(value) -> float | None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
 def lease_marker(record: dict | None) -> str | None:
     """What changes on every renewal (for observers' `liveness.observe`)."""
     if not isinstance(record, dict):
@@ -74,8 +115,10 @@ def lease_marker(record: dict | None) -> str | None:
 class SyncerLease:
     def __init__(self, store: ArtifactStore, attempt: int,
                  clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep):
+                 sleep: Callable[[float], None] = time.sleep, name: str | None = None):
         self.store, self.attempt = store, int(attempt)
+        # Written into the record so that observers can say who holds it (the standby too).
+        self.name = name or f"syncer-a{self.attempt}"
         self.key = layout.syncer_lease(store.experiment)
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.clock, self.sleep = clock, sleep
@@ -175,8 +218,10 @@ class SyncerLease:
 
     # ---- plumbing -----------------------------------------------------------------------------
     def _record(self, epoch: int) -> dict:
+        now = time.time()
         return {"holder": self.holder, "attempt": self.attempt, "epoch": epoch, "beat": 0,
-                "status": "syncing", "time": time.time(), "pid": os.getpid()}
+                "status": "syncing", "time": now, "pid": os.getpid(), "name": self.name,
+                "since": now}
 
     def _write(self, record: dict, if_generation: int) -> bool:
         data = json.dumps(record, sort_keys=True).encode()
