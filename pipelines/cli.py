@@ -497,8 +497,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(demo)
     demo.add_argument("--chaos", action="store_true",
                       help="kill one learner process mid-run and show it rejoining, then kill "
-                           "the syncer service and show the quorum sensor taking over until "
-                           "the syncer is relaunched")
+                           "the syncer service: its warm standby takes the lease over within "
+                           "about a second and the supervisor relaunches the syncer (the "
+                           "quorum sensor decides rounds only while neither is live)")
     demo.add_argument("--fault-tape", metavar="PATH",
                       help="replay a fault tape (JSON, see docs/chaos.md): learner faults are "
                            "injected by the learners and merges, Dagster restarts by this "

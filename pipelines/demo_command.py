@@ -6,7 +6,9 @@ API, the learner supervisor dispatches one learner process per learner through D
 the quorum sensor opens and decides rounds and requests merge runs, and the run ends with the
 summary asset. This command only launches and watches (reading the store), and with `--chaos`
 kills one learner process mid-run (SIGKILL) to show it being relaunched and rejoining, then
-the syncer service (the sensor decides and merges until the relaunched syncer takes over).
+the syncer service: its warm standby takes the lease over and carries on until the
+supervisor's relaunch takes it in turn (the quorum sensor decides and merges only while no
+syncer holds a live lease, e.g. when the syncer was killed before its standby was warm).
 
 With a fault tape, the learners and merges inject their own faults (the train job stores the
 tape), and this command plays the orchestrator's part: it restarts the Dagster daemon, the
@@ -94,8 +96,9 @@ def _inject_failure(store: ArtifactStore, cfg: ExperimentConfig, watch: Watch) -
 
 
 def _kill_syncer(store: ArtifactStore, cfg: ExperimentConfig, watch: Watch) -> None:
-    """Kill the syncer service (SIGKILL) once the killed learner is back: the quorum sensor
-    decides and merges until the supervisor's relaunch takes the lease over."""
+    """Kill the syncer service (SIGKILL) once the killed learner is back: its warm standby
+    takes the lease over at once, then the supervisor's relaunch takes it from the standby;
+    without a standby the quorum sensor decides and merges until the relaunch."""
     if (watch.syncer_killed or not watch.failures_injected
             or cfg.orchestration.syncer != "service"):
         return
