@@ -20,8 +20,9 @@ from diloco_core.evaluation import evaluate
 from diloco_core.inner_step import InnerStep
 from diloco_core.model import init_model, param_count
 from diloco_core.objectives import batch_tokens, concat_batches
+from diloco_core.shards import heldout_data, learner_data
 from diloco_core.simulation_result import LearnerStats, SimulationResult
-from diloco_core.simulator import Progress, heldout_data, learner_data, run_simulation
+from diloco_core.simulator import Progress, run_simulation
 
 
 def synchronous_config(cfg: ExperimentConfig) -> ExperimentConfig:

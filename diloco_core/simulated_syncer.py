@@ -25,11 +25,13 @@ import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from diloco_core.config import ExperimentConfig
 from diloco_core.contribution import Contribution
 from diloco_core.quorum import Estimates
 from diloco_core.round_records import Heartbeat
-from diloco_core.syncer_events import Observed, OfferDigest, OfferSeen, VersionSeen
-from diloco_core.syncer_machine import SyncerState
+from diloco_core.syncer import MergeRecord
+from diloco_core.syncer_events import Observed, OfferDigest, OfferSeen, OpenRound, VersionSeen
+from diloco_core.syncer_machine import Stepped, SyncerState, step
 
 DECIDED_BY = "simulator"
 
@@ -99,3 +101,55 @@ def observe(now: float, learners: Iterable[LearnerView], budget: int,
     return Observed(now, beats, absent=frozenset(absent), budget=budget,
                     versions=dict(published), offers=tuple(offers),
                     current_versions=dict(versions))
+
+
+class SimulatedSyncer:
+    """The syncer's side of a simulated run: the machine's state, the rounds it opened, the
+    offers it has not seen yet and the versions its merges published. The simulator tells it
+    what the learners did (`offered`, `declined`, `published_merge`) and ticks it (`tick`);
+    the actions it returns are the simulator's to carry out."""
+
+    def __init__(self, cfg: ExperimentConfig, estimates: Estimates):
+        self.cfg = cfg
+        self.state = start_state(cfg.name, estimates)
+        self.rounds: dict[int, SimulatedRound] = {}
+        self.unseen: list[OfferSeen] = []
+        self.published: dict[int, VersionSeen] = {}     # fragment -> its latest merge's round
+        self.versions = dict.fromkeys(range(cfg.sync.num_fragments), 0)
+        self.stopping = False
+        self.merges: list[MergeRecord] = []
+        self.merge_times: dict[int, float] = {}
+        # Round -> the learners whose offers its merge took (empty if it merged nothing).
+        self.merged_members: dict[int, frozenset[str]] = {}
+
+    def fork(self, tokens: dict[str, int]) -> None:
+        """After a warm start: round 0 waits for H/P steps of progress past these totals."""
+        self.state = start_state(self.cfg.name, self.state.estimates, tokens)
+
+    def open_round(self) -> SimulatedRound | None:
+        return next((r for r in self.rounds.values() if not r.decided), None)
+
+    def offered(self, rnd: SimulatedRound, contribution: Contribution) -> None:
+        rnd.answered.add(contribution.learner)
+        rnd.contributions[contribution.learner] = contribution
+        self.unseen.append(offer_seen(contribution))
+
+    def published_merge(self, round_index: int, version: int, members: tuple[str, ...]) -> None:
+        """A decided round's merge reached the learners: the machine sees the round its
+        fragment's version holds (one that merged nothing counts all the same: its decision
+        was the syncer's last word on it)."""
+        fragment = self.rounds[round_index].fragment
+        self.published[fragment] = VersionSeen(round_index, members)
+        self.versions[fragment] = version
+
+    def tick(self, now: float, learners: Iterable[LearnerView]) -> Stepped:
+        obs = observe(now, learners, self.cfg.token_budget, self.unseen, self.published,
+                      self.versions)
+        self.unseen = []
+        stepped = step(self.state, obs, self.cfg, DECIDED_BY)
+        self.state = stepped.state
+        for action in stepped.actions:
+            if isinstance(action, OpenRound):
+                r = action.record
+                self.rounds[r.round] = SimulatedRound(r.round, r.fragment, now, final=r.final)
+        return stepped

@@ -7,21 +7,14 @@ failure schedule. Events are processed in (time, sequence) order, so the same co
 give bitwise-identical results.
 
 How rounds flow:
-- The syncer's side is the machine, ticked after every event (`simulated_syncer`: the
-  simulated world as the syncer would read it from the store). It opens round r (fragment
-  r mod P) once round r-1 is decided and K live learners' heartbeats have moved H/P steps'
-  worth of tokens past their totals when round r-1 opened; it decides a round under the
-  quorum/grace policy; at the token budget it writes STOP, waits for every live learner on the
-  open round, then holds P final rounds, and finishes once their merges are published.
-- A learner offers the open round its current fragment (delta against its anchor, counters since
-  it last received that fragment) at its first step boundary after the round opens, unless an
-  offer of that fragment is still in flight or it has nothing new (`round_protocol.offer_choice`).
-  The merged fragment reaches every live learner `sync_seconds` after the decision and is
-  applied at its next step boundary.
-- A learner never waits unless pacing holds it (`sync.block_on_overlap`, as on the real path):
-  more than H/P + tau steps' tokens past the newest round it saw open, or tau steps past an
-  offer whose round has not come back. With K = M, P = 1, tau = 0 and pacing on this is
-  synchronous DiLoCo, where every learner waits at every sync.
+- The syncer's side is the machine, ticked once per instant with events (`simulated_syncer`:
+  the simulated world as the store would show it): it opens, decides, stops and finishes by the
+  round protocol's rules (`round_protocol`), exactly as the syncer service does.
+- A learner offers the open round its fragment's progress since it last received it at its
+  first step boundary after the round opens (`round_protocol.offer_choice`); the merged fragment
+  reaches the live learners `sync_seconds` after the decision, applied at their next boundary.
+- A learner waits only when pacing holds it (`sync.block_on_overlap`, off by default, as on
+  the real path); with K = M, P = 1, tau = 0 and pacing on this is synchronous DiLoCo.
 - A learner that fails loses the step in progress; contributions it already offered stay valid.
   When it comes back it rejoins from the current global parameters and a healthy peer's AdamW
   state, and continues its own data shard.
@@ -30,20 +23,18 @@ How rounds flow:
   waits for its offer in flight to come back and then offers.
 """
 
-import heapq
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from diloco_core.config import ExperimentConfig
-from diloco_core.data import BatchIterator, heldout_batches
 from diloco_core.evaluation import evaluate
+from diloco_core.event_queue import EventQueue
 from diloco_core.fragments import join_fragments, plan_fragments, split_params
-from diloco_core.image_data import ExampleIterator, Examples
 from diloco_core.inner_step import InnerStep, TrainState
 from diloco_core.learner import LearnerSync
 from diloco_core.model import init_model, is_embedding
@@ -51,18 +42,12 @@ from diloco_core.objectives import batch_tokens, concat_batches
 from diloco_core.outer import outer_optimizer_for
 from diloco_core.quorum import Estimates
 from diloco_core.round_protocol import held_by_pacing, offer_choice
-from diloco_core.simulated_syncer import (
-    DECIDED_BY,
-    LearnerView,
-    SimulatedRound,
-    observe,
-    offer_seen,
-    start_state,
-)
+from diloco_core.shards import heldout_data, learner_data
+from diloco_core.simulated_learner import SimulatedLearner
+from diloco_core.simulated_syncer import SimulatedRound, SimulatedSyncer
 from diloco_core.simulation_result import LearnerStats, Rejoin, SimulationResult
 from diloco_core.syncer import SyncerState, merge_round
-from diloco_core.syncer_events import Decide, FinishRun, OfferSeen, OpenRound, StopRun, VersionSeen
-from diloco_core.syncer_machine import step as machine_step
+from diloco_core.syncer_events import Decide, FinishRun, OpenRound, StopRun
 
 Progress = Callable[[int, int], None]
 # Ticks of the machine at one instant before the simulator gives up (each opens or decides at
@@ -71,62 +56,15 @@ MAX_TICKS_PER_INSTANT = 64
 
 
 @dataclass
-class _Learner:
-    index: int
-    name: str
-    speed: float
-    rng: np.random.Generator
-    train: TrainState
-    sync: LearnerSync
-    data: BatchIterator
-    stats: LearnerStats
-    up: bool = True
-    generation: int = 0                      # bumps on failure: stale step events are ignored
-    tokens_at_round_seen: int = 0            # its tokens when it saw the newest round open
-    blocked_since: float | None = None
-    down_since: float | None = None
-    offered: dict[int, int] = field(default_factory=dict)   # round -> learner step of the offer
-    declined: list[int] = field(default_factory=list)       # rounds it declined (heartbeat)
-    inbox: list[tuple[int, int, dict]] = field(default_factory=list)  # (round, version, values)
-    losses: list = field(default_factory=list)
-    rejoined_at: float | None = None
-    down_at: float | None = None
-    step_started_at: float | None = None     # a step is in progress (at most one per learner)
-    absent_since: float | None = None        # scavenged capacity: not part of the run now
-    left: bool = False                       # its capacity was reclaimed for good
-    joined: bool = True                      # scavenged capacity: here yet
-    closing_since: float | None = None       # up after STOP, answering the final rounds
+class _Totals:
+    """What the whole run counts: tokens processed, time the global model advanced, bytes up
+    and down, tokens that reached a merge."""
 
-    def view(self, stopping: bool) -> LearnerView:
-        if not self.joined:
-            status = "absent"
-        elif self.left:
-            status = "left"
-        elif not self.up:
-            status = "failed"
-        else:
-            status = "stopping" if stopping else "training"
-        return LearnerView(self.name, status, self.generation, self.stats.steps,
-                           self.stats.tokens, self.stats.busy_seconds, tuple(self.declined))
-
-
-def learner_data(cfg: ExperimentConfig, index: int, stream: np.ndarray | Examples
-                 ) -> BatchIterator | ExampleIterator:
-    """Learner `index`'s batches: its own shard (a token stream, or labelled images for the
-    digits task), its own seeded order (shared with baselines)."""
-    seed = cfg.seed * 1000 + index
-    if cfg.task == "digits":
-        return ExampleIterator(stream, cfg.learner_batch_sizes[index], seed=seed)
-    return BatchIterator(stream, cfg.learner_batch_sizes[index], cfg.data.seq_len, seed=seed)
-
-
-def heldout_data(cfg: ExperimentConfig, heldout: np.ndarray | Examples):
-    """What `evaluation.evaluate` scores: eval_batches batches of text, or every held-out
-    image."""
-    if cfg.task == "digits":
-        return heldout.as_batch()
-    return heldout_batches(heldout, cfg.data.batch_size, cfg.data.seq_len,
-                           cfg.simulation.eval_batches)
+    tokens: int = 0
+    up_time: float = 0.0
+    bytes_up: int = 0
+    bytes_down: int = 0
+    merged_tokens: int = 0
 
 
 def _copy(tree):
@@ -144,7 +82,6 @@ class Simulation:
         if len(learner_streams) != m:
             raise ValueError(f"{len(learner_streams)} learner streams for {m} learners")
         self.cfg, self.method, self.progress = cfg, method, progress
-        self.sync_cfg = cfg.sync
         self.model_def, params = init_model(cfg.model, cfg.seed)
         self.plan = plan_fragments({k: v.shape for k, v in params.items()},
                                    cfg.sync.num_fragments)
@@ -153,7 +90,7 @@ class Simulation:
         self.syncer = SyncerState.start(split_params(params, self.plan), self.tx)
         self.heldout = heldout_data(cfg, heldout_stream)
         self.learners = [
-            _Learner(i, name, speed, np.random.default_rng([cfg.seed, i]),
+            SimulatedLearner(i, name, speed, np.random.default_rng([cfg.seed, i]),
                      self.inner.init(_copy(params)),
                      LearnerSync.start(name, list(self.syncer.fragments),
                                        list(self.syncer.versions)),
@@ -161,88 +98,66 @@ class Simulation:
                      LearnerStats(name))
             for i, (name, speed) in enumerate(zip(cfg.learners.learner_names,
                                                   cfg.learners.learner_speeds, strict=True))]
-        # The syncer: its state machine, the rounds it opened, what it has not yet seen.
-        self.machine = start_state(cfg.name, Estimates(step_seconds=cfg.simulation.step_seconds,
-                                                       sync_seconds=cfg.simulation.sync_seconds))
-        self.rounds: dict[int, SimulatedRound] = {}
-        self.unseen_offers: list[OfferSeen] = []
-        self.published: dict[int, VersionSeen] = {}     # fragment -> its latest merge's round
-        self.published_versions = {p: 0 for p in range(cfg.sync.num_fragments)}
-        self.ticks: set[float] = set()                  # instants a tick is queued for
-        self.stopping = False
-        self.reasons: list[str] = []                    # why the run stopped
-        self.merges = []
-        self.merge_times: dict[int, float] = {}
-        # Round -> the learners whose offers its merge took (empty if it merged nothing).
-        self.merged_members: dict[int, frozenset[str]] = {}
+        # The syncer's side: its state machine and the rounds it opened.
+        self.control = SimulatedSyncer(cfg, Estimates(
+            step_seconds=cfg.simulation.step_seconds, sync_seconds=cfg.simulation.sync_seconds))
         self.evals: list[dict] = []
         self.rejoins: list[Rejoin] = []
-        self.events: list = []
-        self.seq = 0
+        self.events = EventQueue()
         self.now = 0.0
-        self.up_time = 0.0
-        self.tokens = 0
-        self.bytes_up = 0
-        self.bytes_down = 0
-        self.merged_tokens = 0
+        self.totals = _Totals()
         # Evaluate after the first merge past every budget / eval_points tokens, and at the end.
         self.eval_interval_tokens = cfg.token_budget // cfg.simulation.eval_points
         self.next_eval_tokens = self.eval_interval_tokens
-        self.step_tokens = dict(zip(cfg.learners.learner_names, cfg.learner_step_tokens,
-                                    strict=True))
         self.finished = False
 
     # ---- event plumbing -------------------------------------------------------------------
-    def _push(self, time: float, kind: str, *payload) -> None:
-        self.seq += 1
-        heapq.heappush(self.events, (time, self.seq, kind, payload))
-
     def _advance_clock(self, t: float) -> None:
         # After STOP nobody trains, and the final rounds are the run's closing, not an outage.
-        progressing = sum(1 for lr in self.learners if lr.up and lr.blocked_since is None)
-        if self.stopping or progressing >= self.sync_cfg.min_quorum:
-            self.up_time += t - self.now
+        progressing = sum(1 for lr in self.learners if lr.up and lr.since.blocked is None)
+        if self.control.stopping or progressing >= self.cfg.sync.min_quorum:
+            self.totals.up_time += t - self.now
         self.now = t
 
-    def _step_seconds(self, learner: _Learner) -> float:
+    def _step_seconds(self, learner: SimulatedLearner) -> float:
         sim = self.cfg.simulation
         jitter = 1.0 + sim.step_jitter * learner.rng.standard_normal() if sim.step_jitter else 1.0
         return sim.step_seconds / learner.speed * max(jitter, 0.1)
 
-    def _schedule_step(self, learner: _Learner, t: float) -> None:
-        if learner.step_started_at is not None or self.stopping:
+    def _schedule_step(self, learner: SimulatedLearner, t: float) -> None:
+        if learner.since.step is not None or self.control.stopping:
             return  # already stepping (one step chain per learner), or the run is stopping
-        learner.step_started_at = t
+        learner.since.step = t
         duration = self._step_seconds(learner)
-        self._push(t + duration, "step", learner.index, learner.generation, duration)
+        self.events.push(t + duration, "step", learner.index, learner.generation, duration)
 
     # ---- the run --------------------------------------------------------------------------
     def run(self) -> SimulationResult:
         if self.cfg.learners.warm_start_fraction:
             self._warm_start()
         for outage in self.cfg.simulation.outages:
-            self._push(outage.start, "down", outage.learner)
-            self._push(outage.end, "up", outage.learner)
+            self.events.push(outage.start, "down", outage.learner)
+            self.events.push(outage.end, "up", outage.learner)
         for index, (joins, leaves) in self.cfg.capacity_windows().items():
             if joins > 0:   # not here yet: no step, no offer, not live for quorums
                 learner = self.learners[index]
-                learner.up, learner.joined, learner.absent_since = False, False, 0.0
+                learner.up, learner.joined, learner.since.absent = False, False, 0.0
                 if joins < math.inf:   # a standby learner without a window never joins
-                    self._push(joins, "join", index)
+                    self.events.push(joins, "join", index)
             if leaves < math.inf:
-                self._push(leaves, "leave", index)
+                self.events.push(leaves, "leave", index)
         for learner in self.learners:
             if learner.up:
                 self._schedule_step(learner, self.now)
         while self.events and not self.finished:
-            t, _, kind, payload = heapq.heappop(self.events)
+            t, kind, payload = self.events.pop()
             self._advance_clock(t)
             getattr(self, f"_on_{kind}")(t, *payload)
         if not self.finished:
             raise RuntimeError("simulation ran out of events before the run finished "
                                "(a learner is down forever and the quorum cannot be met)")
         self.events.clear()
-        self._eval(self.now, max(self.rounds, default=-1))
+        self._eval(self.now, max(self.control.rounds, default=-1))
         return self._result()
 
     def _warm_start(self) -> None:
@@ -255,7 +170,7 @@ class Simulation:
         target = int(self.cfg.learners.warm_start_fraction * self.cfg.token_budget)
         state = self.inner.init(join_fragments(self.syncer.fragments))
         t = 0.0
-        while self.tokens < target:
+        while self.totals.tokens < target:
             durations = [self._step_seconds(learner) for learner in self.learners]
             parts = [learner.data.next() for learner in self.learners]
             state, _ = self.inner.step(state, concat_batches(parts))
@@ -265,10 +180,10 @@ class Simulation:
                 learner.stats.tokens += batch_tokens(part)
                 learner.stats.busy_seconds += duration
                 learner.stats.idle_seconds += step_time - duration
-                self.tokens += batch_tokens(part)
+                self.totals.tokens += batch_tokens(part)
             t += step_time
             if self.progress:
-                self.progress(self.tokens, self.cfg.token_budget)
+                self.progress(self.totals.tokens, self.cfg.token_budget)
         self._advance_clock(t)
         self.syncer = SyncerState.start(split_params(state.params, self.plan), self.tx)
         for learner in self.learners:
@@ -279,16 +194,15 @@ class Simulation:
                                              list(self.syncer.versions))
             learner.tokens_at_round_seen = learner.stats.tokens
         # Round 0 waits for H/P steps of progress past the fork, as every later round does.
-        self.machine = start_state(self.cfg.name, self.machine.estimates,
-                                   {lr.name: lr.stats.tokens for lr in self.learners})
-        while self.next_eval_tokens <= self.tokens:
+        self.control.fork({lr.name: lr.stats.tokens for lr in self.learners})
+        while self.next_eval_tokens <= self.totals.tokens:
             self.next_eval_tokens += self.eval_interval_tokens
 
     def _on_step(self, t: float, index: int, generation: int, duration: float) -> None:
         learner = self.learners[index]
         if generation != learner.generation or not learner.up:
             return  # the learner failed during this step (or the run stopped): it is lost
-        learner.step_started_at = None
+        learner.since.step = None
         batch = learner.data.next()
         learner.train, metrics = self.inner.step(learner.train, batch)
         tokens = batch_tokens(batch)
@@ -297,9 +211,9 @@ class Simulation:
         learner.stats.steps += 1
         learner.stats.tokens += tokens
         learner.stats.busy_seconds += duration
-        self.tokens += tokens
+        self.totals.tokens += tokens
         if self.progress:
-            self.progress(self.tokens, self.cfg.token_budget)
+            self.progress(self.totals.tokens, self.cfg.token_budget)
         self._apply_inbox(learner)
         self._boundary(learner, t)
 
@@ -308,18 +222,18 @@ class Simulation:
         if not learner.up:
             return
         self._unblock(learner, t)
-        if learner.closing_since is not None:
-            learner.stats.closing_seconds += t - learner.closing_since
-            learner.closing_since = None
-        if learner.step_started_at is not None:
-            learner.stats.lost_seconds += t - learner.step_started_at
-            learner.step_started_at = None
+        if learner.since.closing is not None:
+            learner.stats.closing_seconds += t - learner.since.closing
+            learner.since.closing = None
+        if learner.since.step is not None:
+            learner.stats.lost_seconds += t - learner.since.step
+            learner.since.step = None
         if learner.rejoined_at is not None:  # failed again before any merge admitted it
             self.rejoins.append(Rejoin(learner.name, learner.down_at, learner.rejoined_at, None))
             learner.rejoined_at = None
         learner.up = False
         learner.generation += 1
-        learner.down_since = learner.down_at = t
+        learner.since.down = learner.down_at = t
         learner.offered.clear()
         learner.inbox.clear()
         self._tick_at(t)      # the live set shrank: a round may now be complete
@@ -328,7 +242,7 @@ class Simulation:
         learner = self.learners[index]
         if learner.up or learner.left:
             return
-        learner.stats.down_seconds += t - learner.down_since
+        learner.stats.down_seconds += t - learner.since.down
         peers = [p for p in self.learners if p.up]
         # Rejoin: global parameters from the syncer, AdamW state from the most advanced healthy
         # peer (the learner's own state is stale by the whole outage), its own data position.
@@ -338,10 +252,10 @@ class Simulation:
                                    step=donor.step, tokens=learner.train.tokens)
         learner.sync = LearnerSync.start(learner.name, list(self.syncer.fragments),
                                          list(self.syncer.versions))
-        learner.up, learner.down_since, learner.rejoined_at = True, None, t
+        learner.up, learner.since.down, learner.rejoined_at = True, None, t
         learner.tokens_at_round_seen = learner.stats.tokens
-        if self.stopping:
-            learner.closing_since = t
+        if self.control.stopping:
+            learner.since.closing = t
         self._boundary(learner, t)
 
     def _on_join(self, t: float, index: int) -> None:
@@ -349,8 +263,8 @@ class Simulation:
         parameters, the most advanced peer's AdamW state and step) on its own shard, which
         nobody has read, so the data stays disjoint."""
         learner = self.learners[index]
-        learner.stats.absent_seconds += t - learner.absent_since
-        learner.absent_since, learner.down_since = None, t   # absent, not down: no downtime
+        learner.stats.absent_seconds += t - learner.since.absent
+        learner.since.absent, learner.since.down = None, t   # absent, not down: no downtime
         learner.joined = True
         self._on_up(t, index)
         learner.rejoined_at = None    # a join, not the return of a failed learner
@@ -363,61 +277,57 @@ class Simulation:
             return
         learner.left = True
         self._on_down(t, index)
-        learner.down_since, learner.absent_since = None, t
+        learner.since.down, learner.since.absent = None, t
 
     def _on_deliver(self, t: float, round_index: int, version: int, values: dict | None,
                     members: tuple[str, ...]) -> None:
-        fragment = self.rounds[round_index].fragment
-        # Published: the machine sees the round its merge holds (one that merged nothing is
-        # done with all the same: its decision was the syncer's last word on it).
-        self.published[fragment] = VersionSeen(round_index, members)
-        self.published_versions[fragment] = version
+        self.control.published_merge(round_index, version, members)
         for learner in self.learners:
             if not learner.up:
                 continue
             learner.inbox.append((round_index, version, values))
             if values is not None:
-                self.bytes_down += sum(int(v.size) * 4 for v in values.values())
-            if learner.blocked_since is not None or self.stopping:
+                self.totals.bytes_down += sum(int(v.size) * 4 for v in values.values())
+            if learner.since.blocked is not None or self.control.stopping:
                 self._apply_inbox(learner)
                 self._boundary(learner, t)
         self._tick_at(t)
 
     def _on_tick(self, t: float) -> None:
-        self.ticks.discard(t)
+        self.events.ticked(t)
         self._settle(t)
 
     # ---- learners at step boundaries --------------------------------------------------------
     def _open_round(self) -> SimulatedRound | None:
-        return next((r for r in self.rounds.values() if not r.decided), None)
+        return self.control.open_round()
 
-    def _apply_inbox(self, learner: _Learner) -> None:
+    def _apply_inbox(self, learner: SimulatedLearner) -> None:
         for round_index, version, values in sorted(learner.inbox, key=lambda d: d[1]):
             if values is not None:
-                fragment = self.rounds[round_index].fragment
+                fragment = self.control.rounds[round_index].fragment
                 # The same rule as the real learner's: what each decided round's merge took.
                 offered = learner.sync.fragments[fragment].offered_round
-                took = {} if offered not in self.merged_members else {
-                    offered: learner.name in self.merged_members[offered]}
+                took = {} if offered not in self.control.merged_members else {
+                    offered: learner.name in self.control.merged_members[offered]}
                 fate = learner.sync.offer_fate(fragment, round_index, took)
                 params, learner.sync = learner.sync.receive(
                     learner.train.params, fragment, values, version,
-                    self.sync_cfg.receive_rule, self.sync_cfg.blend_alpha, offer=fate)
+                    self.cfg.sync.receive_rule, self.cfg.sync.blend_alpha, offer=fate)
                 learner.train = learner.train.replace(params=params)
             learner.offered.pop(round_index, None)
         learner.inbox.clear()
 
-    def _may_proceed(self, learner: _Learner) -> bool:
+    def _may_proceed(self, learner: SimulatedLearner) -> bool:
         return not held_by_pacing(learner.stats.steps, list(learner.offered.values()),
                                   learner.stats.tokens - learner.tokens_at_round_seen,
-                                  self.step_tokens[learner.name], self.cfg)
+                                  self.cfg.learner_step_tokens[learner.index], self.cfg)
 
-    def _unblock(self, learner: _Learner, t: float) -> None:
-        if learner.blocked_since is not None:
-            learner.stats.idle_seconds += t - learner.blocked_since
-            learner.blocked_since = None
+    def _unblock(self, learner: SimulatedLearner, t: float) -> None:
+        if learner.since.blocked is not None:
+            learner.stats.idle_seconds += t - learner.since.blocked
+            learner.since.blocked = None
 
-    def _boundary(self, learner: _Learner, t: float) -> None:
+    def _boundary(self, learner: SimulatedLearner, t: float) -> None:
         """A learner between two steps: it answers the open round if it can, then steps or
         waits; the syncer sees what changed once every event of this instant is in."""
         rnd = self._open_round()
@@ -426,26 +336,26 @@ class Simulation:
         self._proceed(learner, t)
         self._tick_at(t)
 
-    def _proceed(self, learner: _Learner, t: float) -> None:
-        if not learner.up or self.stopping:
+    def _proceed(self, learner: SimulatedLearner, t: float) -> None:
+        if not learner.up or self.control.stopping:
             return
         if self._may_proceed(learner):
             self._unblock(learner, t)
             self._schedule_step(learner, t)
-        elif learner.blocked_since is None:
-            learner.blocked_since = t
+        elif learner.since.blocked is None:
+            learner.since.blocked = t
 
-    def _answer(self, learner: _Learner, rnd: SimulatedRound, t: float) -> None:
+    def _answer(self, learner: SimulatedLearner, rnd: SimulatedRound, t: float) -> None:
         """The learner's side of the round protocol: offer the round, decline it, or wait (an
         offer of the fragment is in flight, or nothing new yet)."""
         if rnd.decided or learner.name in rnd.answered or not learner.up:
             return
         # Counters run from the last *receipt*, so while an offer of this fragment is in
         # flight (merged or not, not yet received) a second offer would count its steps twice.
-        in_flight = any(self.rounds[r].fragment == rnd.fragment for r in learner.offered)
+        in_flight = any(self.control.rounds[r].fragment == rnd.fragment for r in learner.offered)
         choice = offer_choice(rnd.index, rnd.final, -1,
                               learner.sync.fragments[rnd.fragment].steps, in_flight,
-                              stopped=self.stopping)
+                              stopped=self.control.stopping)
         if choice == "decline":
             rnd.answered.add(learner.name)
             learner.declined.append(rnd.index)
@@ -453,13 +363,11 @@ class Simulation:
             return
         contribution = learner.sync.contribution(
             learner.train.params, self.plan, rnd.fragment, rnd.index, learner.stats.steps, t,
-            self.sync_cfg.encoding, self.sync_cfg.encoding_block_size)
-        rnd.answered.add(learner.name)
-        rnd.contributions[learner.name] = contribution
-        self.unseen_offers.append(offer_seen(contribution))
+            self.cfg.sync.encoding, self.cfg.sync.encoding_block_size)
+        self.control.offered(rnd, contribution)
         learner.offered[rnd.index] = learner.stats.steps
-        self.bytes_up += contribution.nbytes
-        if self.sync_cfg.receive_rule == "rebase":
+        self.totals.bytes_up += contribution.nbytes
+        if self.cfg.sync.receive_rule == "rebase":
             learner.sync = learner.sync.after_offer(learner.train.params, self.plan, rnd.fragment,
                                                     rnd.index)
 
@@ -468,26 +376,20 @@ class Simulation:
         """Queue a tick of the syncer at `t`, after every event already queued for `t`: the
         syncer sees one instant's heartbeats and offers together, as a poll of the store would
         (and no learner's step event, of several ending at one instant, goes first)."""
-        if t not in self.ticks:
-            self.ticks.add(t)
-            self._push(t, "tick")
+        self.events.tick_at(t)
 
     def _settle(self, t: float) -> None:
         """Tick the syncer's machine at `t` until it has nothing more to do at this instant:
         each tick sees the learners' heartbeats and the offers made since the last, and its
         actions (a round decided or opened, STOP, the end) may make learners answer at once."""
         for _ in range(MAX_TICKS_PER_INSTANT):
-            obs = observe(t, (lr.view(self.stopping) for lr in self.learners),
-                          self.cfg.token_budget, self.unseen_offers, self.published,
-                          self.published_versions)
-            self.unseen_offers = []
-            stepped = machine_step(self.machine, obs, self.cfg, DECIDED_BY)
-            self.machine = stepped.state
+            stepped = self.control.tick(t, [lr.view(self.control.stopping)
+                                            for lr in self.learners])
             for action in stepped.actions:
                 self._act(action, t)
             if stepped.wake_at is not None:
                 self._tick_at(stepped.wake_at)
-            if not stepped.actions and not self.unseen_offers:
+            if not stepped.actions and not self.control.unseen:
                 return
             if self.finished:
                 return
@@ -497,16 +399,14 @@ class Simulation:
         if isinstance(action, Decide):
             self._merge(action.decision, t)
         elif isinstance(action, OpenRound):
-            record = action.record
-            rnd = SimulatedRound(record.round, record.fragment, t, final=record.final)
-            self.rounds[rnd.index] = rnd
+            rnd = self.control.rounds[action.record.round]
             for learner in self.learners:
                 if not learner.up:
                     continue
                 learner.tokens_at_round_seen = learner.stats.tokens
                 # Learners waiting at a boundary (or done training) answer right away; the
                 # others at their next boundary.
-                if self.stopping or learner.blocked_since is not None:
+                if self.control.stopping or learner.since.blocked is not None:
                     self._answer(learner, rnd, t)
                     self._proceed(learner, t)
         elif isinstance(action, StopRun):
@@ -518,15 +418,14 @@ class Simulation:
         """STOP: the learners train no more (steps still running are not useful work) and
         answer the open round at once, then the final rounds. (The closing is neither idle
         time nor downtime: the wall time counts it.)"""
-        self.stopping = True
-        self.reasons.append(action.reason)
+        self.control.stopping = True
         self.next_eval_tokens = math.inf  # one eval, after the final rounds
         for learner in self.learners:
             self._unblock(learner, t)
-            learner.closing_since = t if learner.up else None
-            if learner.up and learner.step_started_at is not None:
-                learner.stats.lost_seconds += t - learner.step_started_at
-                learner.step_started_at = None
+            learner.since.closing = t if learner.up else None
+            if learner.up and learner.since.step is not None:
+                learner.stats.lost_seconds += t - learner.since.step
+                learner.since.step = None
                 learner.generation += 1
         rnd = self._open_round()
         if rnd is not None:
@@ -534,21 +433,22 @@ class Simulation:
                 self._answer(learner, rnd, t)
 
     def _merge(self, decision, t: float) -> None:
-        rnd = self.rounds[decision.round]
+        rnd = self.control.rounds[decision.round]
         rnd.decided = True
         if not decision.members:       # a final round every learner declined
             return
         contributions = [rnd.contributions[name] for name in decision.members]
         self.syncer, record = merge_round(
-            self.syncer, self.plan, rnd.index, rnd.fragment, contributions, self.sync_cfg,
+            self.syncer, self.plan, rnd.index, rnd.fragment, contributions, self.cfg.sync,
             self.tx, is_embedding, decision.reason, decision.late,
             average=decision.final and self.cfg.outer.final_rounds == "average",
-            step_tokens=self.step_tokens)
-        self.merges.append(record)
-        self.merge_times[rnd.index] = t
-        self.merged_members[rnd.index] = frozenset(record.members if record.merged else ())
+            step_tokens=dict(zip(self.cfg.learners.learner_names,
+                                 self.cfg.learner_step_tokens, strict=True)))
+        self.control.merges.append(record)
+        self.control.merge_times[rnd.index] = t
+        self.control.merged_members[rnd.index] = frozenset(record.members if record.merged else ())
         if record.merged:
-            self.merged_tokens += sum(record.tokens)
+            self.totals.merged_tokens += sum(record.tokens)
             for learner in self.learners:
                 if (learner.name in record.members and learner.rejoined_at is not None
                         and rnd.contributions[learner.name].clock >= learner.rejoined_at):
@@ -556,38 +456,40 @@ class Simulation:
                                                t))
                     learner.rejoined_at = None
         values = self.syncer.fragments[rnd.fragment] if record.merged else None
-        self._push(t + self.cfg.simulation.sync_seconds, "deliver", rnd.index,
+        self.events.push(t + self.cfg.simulation.sync_seconds, "deliver", rnd.index,
                    self.syncer.versions[rnd.fragment], values,
                    tuple(record.members) if record.merged else ())
-        if record.merged and self.tokens >= self.next_eval_tokens:
+        if record.merged and self.totals.tokens >= self.next_eval_tokens:
             self._eval(t, rnd.index)
 
     def _eval(self, t: float, round_index: int) -> None:
-        self.next_eval_tokens = self.tokens + self.eval_interval_tokens
+        self.next_eval_tokens = self.totals.tokens + self.eval_interval_tokens
         metrics = evaluate(self.model_def, join_fragments(self.syncer.fragments), self.heldout)
-        self.evals.append({"time": t, "tokens": self.tokens, "round": round_index, **metrics})
+        self.evals.append({"time": t, "tokens": self.totals.tokens, "round": round_index,
+                           **metrics})
 
     def _result(self) -> SimulationResult:
         for learner in self.learners:
             if learner.losses:
                 learner.stats.train_loss = [float(x) for x in np.asarray(jnp.stack(learner.losses))]
-            if learner.blocked_since is not None:
+            if learner.since.blocked is not None:
                 self._unblock(learner, self.now)
-            if learner.up and learner.closing_since is not None:
-                learner.stats.closing_seconds += self.now - learner.closing_since
-            if not learner.up and learner.down_since is not None:
-                learner.stats.down_seconds += self.now - learner.down_since
-            if learner.absent_since is not None:
-                learner.stats.absent_seconds += self.now - learner.absent_since
+            if learner.up and learner.since.closing is not None:
+                learner.stats.closing_seconds += self.now - learner.since.closing
+            if not learner.up and learner.since.down is not None:
+                learner.stats.down_seconds += self.now - learner.since.down
+            if learner.since.absent is not None:
+                learner.stats.absent_seconds += self.now - learner.since.absent
         wall = self.now
-        processed = self.tokens * self.sync_cfg.num_fragments
+        processed = self.totals.tokens * self.cfg.sync.num_fragments
         return SimulationResult(
-            method=self.method, wall_seconds=wall, tokens_processed=self.tokens,
-            evals=self.evals, merges=self.merges, learners=[lr.stats for lr in self.learners],
-            uptime=self.up_time / wall if wall else 1.0, bytes_up=self.bytes_up,
-            bytes_down=self.bytes_down,
-            merged_token_fraction=self.merged_tokens / processed if processed else 0.0,
-            rejoins=self.rejoins, merge_times=self.merge_times,
+            method=self.method, wall_seconds=wall, tokens_processed=self.totals.tokens,
+            evals=self.evals, merges=self.control.merges,
+            learners=[lr.stats for lr in self.learners],
+            uptime=self.totals.up_time / wall if wall else 1.0, bytes_up=self.totals.bytes_up,
+            bytes_down=self.totals.bytes_down,
+            merged_token_fraction=self.totals.merged_tokens / processed if processed else 0.0,
+            rejoins=self.rejoins, merge_times=self.control.merge_times,
             final_params=join_fragments(self.syncer.fragments))
 
 

@@ -59,9 +59,9 @@ def credited(accounts: Mapping[str, Mapping[int, int]], bases: Mapping[str, int]
     every peer is corroborated by what it offered; one that claims 2^62 without offering
     counts as one more honest learner, and one that offers at the credit cap every round as
     up to `max_speed_ratio` (the syncer cannot tell it from an honest learner that fast).
-    Toward opening rounds, `max_speed_ratio` times the largest other. With fewer than two others live (M = 2,
-    or the others down) nobody can compare, and the syncer's own account bounds it
-    (`account_bound`)."""
+    Toward opening rounds, `max_speed_ratio` times the largest other. With fewer than two
+    others live (M = 2, or the others down) nobody can compare, and the syncer's own account
+    bounds it (`account_bound`)."""
     claimed = {n: b.tokens_total for n, b in beats.items() if b}
     needed = tokens_needed(cfg)
     slack = max(needed.values()) * cfg.sync.num_fragments

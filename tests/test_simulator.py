@@ -16,7 +16,8 @@ from diloco_core.merge import weighted_mean
 from diloco_core.model import init_model, param_count
 from diloco_core.objectives import concat_batches
 from diloco_core.outer import outer_optimizer_for, outer_step
-from diloco_core.simulator import Simulation, learner_data, run_simulation
+from diloco_core.shards import learner_data
+from diloco_core.simulator import Simulation, run_simulation
 from resources.corpus import load_corpus
 
 TINY = {
@@ -268,11 +269,11 @@ def test_the_simulator_runs_the_round_protocol(corpus):
                    "simulation.outages=[{learner: 1, start: 3.0, end: 8.0}]")
     sim = Simulation(cfg, corpus.learner_streams, corpus.heldout_stream)
     sim.run()
-    rounds = [sim.rounds[r] for r in sorted(sim.rounds)]
+    rounds = [sim.control.rounds[r] for r in sorted(sim.control.rounds)]
     assert len(rounds) >= 8
     for previous, rnd in zip(rounds, rounds[1:], strict=False):
         assert rnd.fragment == rnd.index % cfg.sync.num_fragments
-        assert rnd.opened_at >= sim.merge_times.get(previous.index, previous.opened_at)
+        assert rnd.opened_at >= sim.control.merge_times.get(previous.index, previous.opened_at)
     # Offers of one fragment by one learner: each covers steps no other offer covers.
     for learner in cfg.learners.learner_names:
         steps = [(r.fragment, r.contributions[learner].learner_step,
@@ -294,7 +295,7 @@ def test_average_final_rounds_publish_the_learners_own_parameters(corpus, final_
         gaps: list[float] = []
 
         def _merge(self, decision, t):
-            rnd = self.rounds[decision.round]
+            rnd = self.control.rounds[decision.round]
             held = {k: v for k, v in self.learners[0].train.params.items()
                     if k in self.plan.fragments[rnd.fragment]}
             super()._merge(decision, t)
@@ -326,7 +327,7 @@ def test_warm_start_forks_every_learner_from_a_data_parallel_phase(corpus):
     data = [learner_data(cfg, i, s) for i, s in enumerate(corpus.learner_streams)]
     for _ in range(12):
         state, _ = inner.step(state, concat_batches([d.next() for d in data]))
-    assert sim.tokens == 3 * 12 * 128 and sim.now > 0
+    assert sim.totals.tokens == 3 * 12 * 128 and sim.now > 0
     for learner in sim.learners:
         _assert_trees_equal(learner.train.params, state.params)
         assert int(learner.train.step) == 12 and learner.stats.steps == 12
@@ -451,7 +452,7 @@ def test_every_simulated_decision_is_the_syncer_machines(corpus, monkeypatch):
     as the syncer's state machine (the one the syncer service runs) says, and feeding the
     machine the simulator's observations again reproduces every action, as the replay of a
     real run's trace does (tests/test_syncer_trace.py). An outage and jitter, K = 2 < M."""
-    import diloco_core.simulator as simulator
+    import diloco_core.simulated_syncer as simulated_syncer
     from diloco_core.syncer_events import Decide, FinishRun, OpenRound, StopRun
     from diloco_core.syncer_machine import step
 
@@ -462,7 +463,7 @@ def test_every_simulated_decision_is_the_syncer_machines(corpus, monkeypatch):
         ticks.append((state, observed, stepped))
         return stepped
 
-    monkeypatch.setattr(simulator, "machine_step", recording_step)
+    monkeypatch.setattr(simulated_syncer, "step", recording_step)
     cfg = tiny_cfg("sync.min_quorum=2", "simulation.step_jitter=0.2",
                    "simulation.outages=[{learner: 2, start: 3.0, end: 9.0}]")
     result = run_simulation(cfg, corpus.learner_streams, corpus.heldout_stream)

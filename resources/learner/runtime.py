@@ -45,7 +45,7 @@ from diloco_core.learner import FragmentSync, LearnerSync
 from diloco_core.learner_protocol import OfferBook
 from diloco_core.ledger import AttemptLedger
 from diloco_core.model import init_model
-from diloco_core.simulator import learner_data
+from diloco_core.shards import learner_data
 from diloco_core.spmd import host_value, learner_mesh, place_state, shard_batch, state_shardings
 from resources.compile_cache import enable_compilation_cache
 from resources.corpus import load_corpus
