@@ -18,6 +18,7 @@ import dagster as dg
 import pytest
 from orchestration_harness import Harness, wait_until
 
+from pipelines.status_command import run_status
 from resources.store.lease import LeaseLost, LeaseRefused, SyncerLease
 
 NAMES = ["learner-0", "learner-1", "learner-2"]
@@ -159,6 +160,9 @@ def test_a_killed_syncer_is_replaced_by_its_standby_and_rounds_go_on_merged_once
                    "the standby's takeover", 120, interval=0.2)
         lease = h.store.get_syncer_lease()
         assert lease["attempt"] == 0 and lease["epoch"] == epoch + 1, lease
+        shown = run_status(h.store)["syncer"]        # what `diloco status` shows
+        assert (shown["holder"], shown["attempt"], shown["standby"]) == (
+            "syncer-a0-standby", 0, True), shown
         learners_train(3)                        # rounds go on, decided by the standby
         decided = {h.store.get_decision(r)["decided_by"]
                    for r in range(h.store.latest_open_round()["round"])
@@ -169,6 +173,9 @@ def test_a_killed_syncer_is_replaced_by_its_standby_and_rounds_go_on_merged_once
         relaunched = _spawn(uri, 1, tmp_path / "relaunched.log")
         wait_until(lambda: (h.store.get_syncer_lease() or {}).get("pid") == relaunched.pid,
                    "the relaunch's takeover", 180, interval=0.2)
+        shown = run_status(h.store)["syncer"]
+        assert (shown["state"], shown["holder"], shown["standby"]) == (
+            "syncing", "syncer-a1", False), shown
         learners_train(2)
         wait_until(lambda: not _alive(standby), "the fenced standby's exit", 60, interval=0.2)
         assert "exiting without writing" in log.read_text()
@@ -181,6 +188,7 @@ def test_a_killed_syncer_is_replaced_by_its_standby_and_rounds_go_on_merged_once
         relaunched.wait(60)
         assert not _alive(second_standby)
         assert h.store.get_syncer_lease()["status"] == "released"
+        assert run_status(h.store)["syncer"]["state"] == "released"
     finally:
         for proc in (first, relaunched):
             if proc is not None and proc.poll() is None:
