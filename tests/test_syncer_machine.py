@@ -276,3 +276,32 @@ def test_with_peers_a_liar_counts_toward_the_budget_as_at_most_max_speed_ratio_l
     slack = 4 * per_step * 2 * 4
     # Measured: 294,912 of 400,000 without offers, 172,032 offering at the cap.
     assert honest >= cfg.token_budget * 3 / (3 + counted_as) - slack, (honest, offers)
+
+
+def test_the_machine_says_when_to_wake_it_for_a_grace_window_and_a_final_round():
+    """An event-driven driver (the simulator) ticks again only when something happens or when
+    the machine asks: when the grace window after quorum closes, and when a round after STOP
+    stops waiting for a silent learner."""
+    cfg = _cfg("sync.grace_gamma=0.8", "sync.grace_min_seconds=5", "sync.overlap_steps=4",
+               "token_budget=4096")
+    s = Script(cfg)
+    for n in NAMES:
+        s.tokens[n] += 2 * cfg.learner_step_tokens[0]
+    s.tick()                                               # round 0 opens
+    r = s.state.round
+    stepped = s.tick([_offer("learner-0", r, cfg)])        # quorum (K = 1); learner-1 missing
+    assert not any(isinstance(a, Decide) for a in stepped.actions)
+    assert stepped.wake_at is not None and stepped.wake_at >= s.now + 5
+    woken = s.tick(advance=stepped.wake_at - s.now)        # nothing new: the window closed
+    assert [a.decision.members for a in woken.actions if isinstance(a, Decide)] == [
+        ("learner-0",)]
+    for n in NAMES:                                        # past the budget: STOP, round 1
+        s.tokens[n] += 2 * cfg.learner_step_tokens[0]
+    s.tick()
+    assert s.state.stop and s.state.final and not s.state.decided
+    waiting = s.tick([_offer("learner-0", s.state.round, cfg)])
+    timeout = cfg.orchestration.round_timeout_seconds
+    assert waiting.wake_at == s.state.opened_at + timeout
+    ended = s.tick(advance=waiting.wake_at - s.now)
+    assert [a.decision.missing for a in ended.actions if isinstance(a, Decide)] == [
+        ("learner-1",)]
