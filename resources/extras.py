@@ -7,7 +7,9 @@ client libraries it never uses:
 - `gcp`: a `gs://` store, learners on remote hosts or GKE talking Pipes through a bucket;
 - `k8s`: learners placed on GKE TPU node pools (`diloco manifests` too);
 - `postgres`: a Dagster instance on PostgreSQL (`diloco demo --postgres-url`);
-- `digits`: the vision task on scikit-learn's digits images.
+- `digits`: the vision task on scikit-learn's digits images;
+- `tensorboard`: the TensorBoard app, to view the event files `orchestration.tensorboard_dir`
+  gets (writing them needs nothing more than the base install).
 """
 
 import importlib.util
