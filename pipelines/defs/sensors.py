@@ -102,7 +102,7 @@ def quorum_tick(context: dg.SensorEvaluationContext, store: ArtifactStoreResourc
         if cursor.get("mode") == "fallback":
             context.log.info("the syncer service holds a live lease again: mirroring it")
         cursor["mode"] = "mirror"
-        return _mirror(context.instance, artifacts, cfg, cursor)
+        return _mirror(context.instance, artifacts, cfg, cursor, _lease_holder(lease, silent))
     why = (f"the syncer's lease has not moved for {silent:.0f}s (timeout {timeout:.0f}s)"
            if not releasing else "the syncer released its lease")
     if cursor.get("mode") != "fallback":
@@ -182,8 +182,26 @@ def _not_yet_evaluated(instance: dg.DagsterInstance, events: list) -> list:
     return kept
 
 
-def _mirror(instance: dg.DagsterInstance, artifacts, cfg, cursor: dict) -> dg.SensorResult:
-    """The syncer service runs the rounds: record in Dagster what it did."""
+def _lease_holder(lease: dict | None, moved_ago: float) -> str:
+    """Who keeps the syncer's lease, for the tick's reason in the UI (the syncer's attempt or
+    its warm standby). The age is since this sensor last saw the lease move, on its own clock:
+    the holder's clock is never compared with it."""
+    from resources.store.lease import LeaseView
+
+    view = LeaseView.of(lease)
+    if view is None:
+        return "the syncer service is live"
+    who = f"{view.name} (attempt {view.attempt}" + (
+        ", the warm standby" if view.standby else "") + ")"
+    if view.status == "released":
+        return f"{who} released the syncer's lease"
+    return f"{who} holds the syncer's lease, seen moving {moved_ago:.0f}s ago"
+
+
+def _mirror(instance: dg.DagsterInstance, artifacts, cfg, cursor: dict,
+            holder: str) -> dg.SensorResult:
+    """The syncer service runs the rounds: record in Dagster what it did. `holder`: who
+    holds the lease, said in the tick's reason when there is nothing to record."""
     from pipelines.round_metadata import (
         eval_regression,
         global_params_checks,
@@ -227,7 +245,7 @@ def _mirror(instance: dg.DagsterInstance, artifacts, cfg, cursor: dict) -> dg.Se
         run_requests=requests, dynamic_partitions_requests=partitions, asset_events=events,
         cursor=json.dumps(cursor),
         skip_reason=None if requests or partitions or events else
-        f"the syncer service is live; round {cursor['mirror']['opened']} is the newest")
+        f"{holder}; round {cursor['mirror']['opened']} is the newest")
 
 
 def supervise_tick(context: dg.SensorEvaluationContext, store: ArtifactStoreResource,
