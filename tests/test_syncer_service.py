@@ -452,3 +452,43 @@ def test_the_summary_evaluates_again_where_a_given_eval_saw_other_versions(harne
     calls.clear()
     run_summary.build_summary(h.store, evals={"initial": None, "final": other_batches})
     assert calls == [0, None]
+
+
+def test_at_start_up_a_syncer_run_on_its_way_to_the_lease_is_not_judged_dead(harness):
+    """Before any lease, a syncer run that is starting (a run launch and imports take longer
+    than the lease's timeout on a loaded machine) gets the supervisor's allowance: the sensor
+    keeps mirroring instead of logging a false "deciding here". With no such run, or past the
+    allowance, it decides as before."""
+    h = harness                                   # syncer_timeout_seconds=4
+    run = h.instance.create_run_for_job(
+        job_def=h.defs.resolve_job_def("syncer"),
+        run_config={"ops": {"run_syncer": {"config": {"attempt": 0}}}},
+        tags={"diloco/experiment": h.store.experiment, "diloco/syncer": "1"},
+        status=dg.DagsterRunStatus.STARTED)
+    for name in NAMES:
+        h.beat(name, 2)
+    h.tick()
+    result = h.tick(advance=10)                   # 11 s without a lease, the run 11 s old
+    assert json.loads(h.cursor)["mode"] == "mirror"
+    assert "no syncer has taken the lease yet" in result.skip_reason.skip_message
+    assert h.store.latest_open_round() is None    # the sensor opened nothing
+    h.instance.report_run_failed(run)             # the run failed: nobody is coming
+    h.tick()
+    assert json.loads(h.cursor)["mode"] == "fallback"
+    assert h.store.latest_open_round()["round"] == 0
+
+
+def test_at_start_up_a_syncer_run_that_never_takes_the_lease_is_decided_around(harness):
+    h = harness
+    h.instance.create_run_for_job(
+        job_def=h.defs.resolve_job_def("syncer"),
+        run_config={"ops": {"run_syncer": {"config": {"attempt": 0}}}},
+        tags={"diloco/experiment": h.store.experiment, "diloco/syncer": "1"},
+        status=dg.DagsterRunStatus.STARTED)
+    for name in NAMES:
+        h.beat(name, 2)
+    h.tick()
+    h.tick(advance=10)
+    assert json.loads(h.cursor)["mode"] == "mirror"
+    h.tick(advance=3 * 4 + 60)                    # past the supervisor's allowance
+    assert json.loads(h.cursor)["mode"] == "fallback"

@@ -98,13 +98,20 @@ def quorum_tick(context: dg.SensorEvaluationContext, store: ArtifactStoreResourc
     silent = now - cursor["since"] if silent is None else silent
     timeout = cfg.orchestration.syncer_timeout_seconds
     releasing = (lease or {}).get("status") == "released"
-    if artifacts.finished() is not None or (silent < timeout and not releasing):
+    # No lease yet: a syncer run on its way to its first one (a run launch and imports, longer
+    # than the timeout on a loaded machine) is given the supervisor's allowance, not judged
+    # dead: no false "deciding here" at start-up.
+    first = not lease and silent >= timeout and _syncer_starting(
+        context.instance, artifacts.experiment, now, _first_lease_allowance(timeout))
+    if artifacts.finished() is not None or first or (silent < timeout and not releasing):
         if cursor.get("mode") == "fallback":
             context.log.info("the syncer service holds a live lease again: mirroring it")
         cursor["mode"] = "mirror"
         return _mirror(context.instance, artifacts, cfg, cursor, _lease_holder(lease, silent))
-    why = (f"the syncer's lease has not moved for {silent:.0f}s (timeout {timeout:.0f}s)"
-           if not releasing else "the syncer released its lease")
+    why = ("the syncer released its lease" if releasing else
+           f"no syncer has taken the lease in {silent:.0f}s (timeout {timeout:.0f}s)"
+           if not lease else
+           f"the syncer's lease has not moved for {silent:.0f}s (timeout {timeout:.0f}s)")
     if cursor.get("mode") != "fallback":
         context.log.warning(f"{why}: deciding and merging rounds here (merge runs) until a "
                             "syncer holds a live lease again")
@@ -182,6 +189,24 @@ def _not_yet_evaluated(instance: dg.DagsterInstance, events: list) -> list:
     return kept
 
 
+def _first_lease_allowance(timeout: float) -> float:
+    """How long a started syncer run may go without taking the lease before it counts as
+    stuck: imports and a run launch come first (tens of seconds on a loaded 2-core machine)."""
+    return 3 * timeout + 60
+
+
+def _syncer_starting(instance: dg.DagsterInstance, exp: str, now: float,
+                     allowance: float) -> bool:
+    """Whether the newest syncer run is in progress and younger than `allowance` seconds
+    (from its start, or its creation while queued)."""
+    records = instance.get_run_records(
+        filters=dg.RunsFilter(job_name="syncer", tags={EXPERIMENT_TAG: exp}), limit=1)
+    if not records or records[0].dagster_run.status not in IN_PROGRESS:
+        return False
+    started = records[0].start_time or records[0].create_timestamp.timestamp()
+    return now - started < allowance
+
+
 def _lease_holder(lease: dict | None, moved_ago: float) -> str:
     """Who keeps the syncer's lease, for the tick's reason in the UI (the syncer's attempt or
     its warm standby). The age is since this sensor last saw the lease move, on its own clock:
@@ -190,7 +215,7 @@ def _lease_holder(lease: dict | None, moved_ago: float) -> str:
 
     view = LeaseView.of(lease)
     if view is None:
-        return "the syncer service is live"
+        return "no syncer has taken the lease yet"
     who = f"{view.name} (attempt {view.attempt}" + (
         ", the warm standby" if view.standby else "") + ")"
     if view.status == "released":
@@ -431,8 +456,8 @@ def _supervise_syncer(context: dg.SensorEvaluationContext, artifacts, orch, stat
         # costs a relaunch and a warm-up, so it waits for three.
         if mine and silent is not None and silent > 3 * timeout:
             hung = f"its lease has not moved for {silent:.0f}s"
-        elif not mine and now - started > 3 * timeout + 60 and (silent is None
-                                                                or silent > timeout):
+        elif not mine and now - started > _first_lease_allowance(timeout) and (
+                silent is None or silent > timeout):
             # Imports and the first compilation come before the lease: give it time.
             hung = f"attempt {attempt} took no lease {now - started:.0f}s after its start"
         else:
