@@ -211,7 +211,10 @@ def main() -> None:
     parser.add_argument("--encodings", type=lambda s: s.split(","))
     parser.add_argument("--impls", type=lambda s: s.split(","), default=["new", "old"])
     parser.add_argument("--repeats", type=int)
-    parser.add_argument("--big-repeats", type=int, help="repeats above 32M parameters")
+    parser.add_argument("--big-repeats", type=int, help="repeats above --small parameters")
+    parser.add_argument("--small", type=float, default=32, help="Mi parameters (see above)")
+    parser.add_argument("--old-max", type=float, default=64,
+                        help="Mi parameters: the largest fragment the old merge runs on")
     parser.add_argument("--memory-cap-gb", type=float, default=8.5)
     parser.add_argument("--note", default="")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -230,11 +233,18 @@ def main() -> None:
     print(f"memory bandwidth (numpy copy, read + write): {bandwidth['median_gb_s']} GB/s "
           f"median, {bandwidth['best_gb_s']} best", flush=True)
     points, skipped = [], []
+
+    def write(points, skipped):     # after every point: a long run interrupted keeps its points
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(_result(args, bandwidth, points, skipped), indent=1)
+                            + "\n")
+
     for params in sizes:
         for encoding in encodings:
             for m in members:
                 for impl in args.impls:
-                    if impl == "old" and params > OLD_MAX_PARAMS:
+                    if impl == "old" and params > min(OLD_MAX_PARAMS,
+                                                       args.old_max * 2**20):
                         continue
                     need = _estimated_gb(params, m, encoding, impl)
                     label = f"{params / 2**20:g}M M={m} {encoding} {impl}"
@@ -242,10 +252,11 @@ def main() -> None:
                         skipped.append(f"{label}: needs ~{need:.1f} GB > {args.memory_cap_gb}")
                         print(f"skip {skipped[-1]}", flush=True)
                         continue
+                    r = (repeats if params <= args.small * 2**20
+                         else args.big_repeats or repeats)
                     proc = subprocess.run(
                         [sys.executable, __file__, "--point",
-                         f"{params},{m},{encoding},{impl},"
-                         f"{repeats if params <= 32 * 2**20 else args.big_repeats or repeats}"],
+                         f"{params},{m},{encoding},{impl},{r}"],
                         cwd=ROOT, capture_output=True, text=True)
                     if proc.returncode != 0:
                         skipped.append(f"{label}: failed: {proc.stderr.strip()[-300:]}")
@@ -262,8 +273,14 @@ def main() -> None:
                           f"+{point['peak_over_setup_gb_median']:.2f} GB "
                           f"({point['peak_over_setup_x_fp32_fragment']}x the fp32 fragment)",
                           flush=True)
+        write(points, skipped)
+    write(points, skipped)
+    print(f"wrote {args.out}")
+
+
+def _result(args, bandwidth, points, skipped) -> dict:
     head, dirty = _commit()
-    result = {
+    return {
         "benchmark": "merge_cost", "commit": head, "tree_dirty": dirty,
         "command": "python " + " ".join([os.path.relpath(__file__, ROOT), *sys.argv[1:]]),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -278,9 +295,6 @@ def main() -> None:
                        "memory just before it (the fragment, its outer state and the "
                        "contributions are set-up); medians over repeats",
         "points": points, "skipped": skipped}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
