@@ -122,3 +122,12 @@ def test_loading_the_code_location_imports_neither_jax_nor_plugins():
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_no_asset_shows_a_storage_badge_the_deployment_may_not_use():
+    """The store is a local directory or a GCS bucket, chosen per deployment
+    (pipelines/defs/resources.py): a kind badge naming one would mislead in the other."""
+    graph = defs().resolve_asset_graph()
+    for key in graph.get_all_asset_keys():
+        kinds = graph.get(key).kinds
+        assert not kinds & {"gcs", "s3", "local"}, (key.to_user_string(), kinds)

@@ -24,8 +24,10 @@ from pipelines.round_metadata import (
 )
 from resources.store.resource import ArtifactStoreResource
 
+# No storage kind: the store is the deployment's choice (a local directory or a GCS bucket),
+# and a badge the definitions fix would be wrong for one of them.
 learner_update = dg.AssetSpec(
-    "learner_update", partitions_def=round_x_learner, group_name="diloco", kinds={"jax", "gcs"},
+    "learner_update", partitions_def=round_x_learner, group_name="diloco", kinds={"jax"},
     deps=["initial_params"],
     description="A learner's contribution to a round: its encoded outer gradient for the "
                 "round's fragment, with tokens and steps since it last received that fragment. "
