@@ -132,7 +132,7 @@ def _cmd_params(args) -> int:
 
 def _cmd_goodput(args) -> int:
     from diloco_core.goodput import GoodputParams, goodput_with_ci
-    from pipelines.reporting import plot_goodput
+    from pipelines.reporting import optional_plot, plot_goodput
 
     if args.min_quorum > args.learners:
         print(f"diloco: --min-quorum ({args.min_quorum}) cannot exceed --learners "
@@ -147,8 +147,9 @@ def _cmd_goodput(args) -> int:
     figures = {k: result[k]["mean"] for k in
                ("data_parallel", "data_parallel_elastic", "synchronous_diloco", "decoupled",
                 "decoupled_uptime")}
-    plot = plot_goodput(lambda chips: goodput_with_ci(params(chips), seeds=args.seeds),
-                        Path(args.plot)) if args.plot else None
+    plot = optional_plot(lambda: plot_goodput(
+        lambda chips: goodput_with_ci(params(chips), seeds=args.seeds),
+        Path(args.plot))) if args.plot else None
     if args.json:
         print(json.dumps({**figures, "chips": args.chips - args.chips % 256,
                           "ci95": {k: result[k]["ci95"] for k in figures},
@@ -171,7 +172,7 @@ def _cmd_bandwidth(args) -> int:
     from diloco_core.bandwidth import plan_bandwidth
     from diloco_core.config import ModelConfig
     from diloco_core.model import param_count
-    from pipelines.reporting import plot_utilisation
+    from pipelines.reporting import optional_plot, plot_utilisation
 
     num_params = (args.params if args.params is not None
                   else param_count(ModelConfig.from_preset(args.preset)))
@@ -181,9 +182,9 @@ def _cmd_bandwidth(args) -> int:
                   download_bits=args.download_bits)
     plans = plan_bandwidth(num_params, available_gbps=args.available_gbps, **kwargs)
     rows = [dataclasses.asdict(p) for p in plans.values()]
-    plot = plot_utilisation(lambda gbps: plan_bandwidth(num_params, available_gbps=gbps,
-                                                        **kwargs),
-                            Path(args.plot)) if args.plot else None
+    plot = optional_plot(lambda: plot_utilisation(
+        lambda gbps: plan_bandwidth(num_params, available_gbps=gbps, **kwargs),
+        Path(args.plot))) if args.plot else None
     if args.json:
         print(json.dumps({"num_params": num_params, **kwargs, "plans": rows,
                           "plot": str(plot) if plot else None}, indent=2))

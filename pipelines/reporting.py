@@ -1,11 +1,31 @@
-"""Turning simulation results into a table, a JSON record and a loss-over-tokens plot."""
+"""Turning simulation results into a table, a JSON record and a loss-over-tokens plot.
+
+Plots need the `plots` extra (matplotlib); every plot is optional (`optional_plot`): without
+the extra a command prints its figures and says how to get the plot.
+"""
 
 import json
 import platform
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from diloco_core.simulation_result import SimulationResult
+from resources.extras import MissingExtra, require_extra
+
+# The chip counts of the goodput-at-scale figure (150k to 2.4M, whole 256-chip slices).
+GOODPUT_CHIPS = (150_016, 300_032, 600_064, 1_200_128, 2_400_000)
+
+
+def optional_plot(make: Callable[[], Path],
+                  note: Callable[[str], None] = lambda line: print(line, file=sys.stderr)
+                  ) -> Path | None:
+    """`make()`'s plot, or None when the `plots` extra is missing, with one line saying so."""
+    try:
+        return make()
+    except MissingExtra as err:
+        note(f"no plot: {err}")
+        return None
 
 
 def machine_info() -> dict:
@@ -70,6 +90,7 @@ def write_results(results: Sequence[SimulationResult], config: dict, out_dir: Pa
 
 
 def _axes():
+    require_extra("plots", "a plot", ("matplotlib",))
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
@@ -124,7 +145,7 @@ def plot_utilisation(plan_at, path: Path) -> Path:
 
 def plot_goodput(goodput_at, path: Path) -> Path:
     """Goodput of each system against chip count (150k to 2.4M), with 95% intervals."""
-    chips = [150_016, 300_032, 600_064, 1_200_128, 2_400_000]
+    chips = GOODPUT_CHIPS
     fig, ax = _axes()
     results = [goodput_at(n) for n in chips]
     for key in ("data_parallel", "data_parallel_elastic", "synchronous_diloco", "decoupled"):

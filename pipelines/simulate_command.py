@@ -10,7 +10,7 @@ from rich.table import Table
 
 from diloco_core.config import ExperimentConfig
 from diloco_core.config_loading import config_to_mapping
-from pipelines.reporting import plot_loss, results_table, write_results
+from pipelines.reporting import optional_plot, plot_loss, results_table, write_results
 
 BASELINES = ("data_parallel", "synchronous_diloco")
 
@@ -48,10 +48,11 @@ def simulate(cfg: ExperimentConfig, baselines: str, out_dir: Path, as_json: bool
             result.method = method
             results.append(result)
     path = write_results(results, config_to_mapping(cfg), out_dir)
-    plot = plot_loss(results, out_dir / "heldout_loss.png")
+    plot = optional_plot(lambda: plot_loss(results, out_dir / "heldout_loss.png"))
     rows = results_table(results)
     if as_json:
-        print(json.dumps({"table": rows, "results": str(path), "plot": str(plot)}, indent=2))
+        print(json.dumps({"table": rows, "results": str(path),
+                          "plot": str(plot) if plot else None}, indent=2))
         return 0
     table = Table(title=f"{cfg.name}: {cfg.token_budget:,} tokens, M={cfg.learners.num_learners}")
     for column in rows[0]:
@@ -59,5 +60,5 @@ def simulate(cfg: ExperimentConfig, baselines: str, out_dir: Path, as_json: bool
     for row in rows:
         table.add_row(*["" if v is None else str(v) for v in row.values()])
     Console(width=max(Console().width, 140)).print(table)
-    console.print(f"results: {path}\nplot:    {plot}")
+    console.print(f"results: {path}" + (f"\nplot:    {plot}" if plot else ""))
     return 0

@@ -8,6 +8,8 @@ client libraries it never uses:
 - `k8s`: learners placed on GKE TPU node pools (`diloco manifests` too);
 - `postgres`: a Dagster instance on PostgreSQL (`diloco demo --postgres-url`);
 - `digits`: the vision task on scikit-learn's digits images;
+- `plots`: matplotlib, for the PNG plots of `diloco simulate`, `goodput`, `bandwidth` and the
+  `goodput_at_scale` asset (without it they print or record their figures and skip the plot);
 - `tensorboard`: the TensorBoard app, to view the event files `orchestration.tensorboard_dir`
   gets (writing them needs nothing more than the base install).
 """

@@ -19,6 +19,7 @@ GCP = ("google.cloud", "google_crc32c", "gcsfs", "dagster_gcp")
 K8S = ("dagster_k8s", "kubernetes")
 POSTGRES = ("dagster_postgres", "psycopg2")
 DIGITS = ("sklearn",)
+PLOTS = ("matplotlib",)
 
 
 def _hide(monkeypatch, modules) -> None:
@@ -27,7 +28,7 @@ def _hide(monkeypatch, modules) -> None:
 
 
 def test_the_definitions_load_and_a_local_store_works_without_any_extra(tmp_path):
-    hidden = [*GCP, *K8S, *POSTGRES, *DIGITS]
+    hidden = [*GCP, *K8S, *POSTGRES, *DIGITS, *PLOTS]
     # Not installed means no modules and no plugin registrations: Dagster loads every
     # installed package's `dagster_dg_cli.registry_modules` entry point.
     script = f"""
@@ -80,3 +81,26 @@ def test_postgres_manifests_and_digits_name_their_extras(monkeypatch, capsys, tm
     assert main(["manifests", "--deployment", str(deployment)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "'k8s' extra" in err
+
+
+def test_without_the_plots_extra_commands_and_the_goodput_asset_give_figures_and_no_plot(
+        monkeypatch, capsys, tmp_path):
+    """matplotlib (~75 MiB with its fonts) is the `plots` extra: without it `diloco bandwidth`
+    prints its plan and one line naming the extra, and the goodput asset records its table."""
+    import dagster as dg
+
+    from pipelines.defs.goodput import goodput_at_scale
+
+    _hide(monkeypatch, PLOTS)
+    plot = tmp_path / "bw.png"
+    assert main(["bandwidth", "--params", "1e9", "--sites", "4", "--plot", str(plot)]) == 0
+    captured = capsys.readouterr()
+    assert "decoupled" in captured.out and not plot.exists()
+    (line,) = captured.err.strip().splitlines()
+    assert line.startswith("no plot: ") and "pip install 'decoupled-diloco[plots]'" in line
+    result = dg.materialize([goodput_at_scale], run_config={"ops": {"goodput_at_scale": {
+        "config": {"seeds": 2, "plot_path": str(tmp_path / "g.png")}}}})
+    assert result.success
+    (mat,) = result.asset_materializations_for_node("goodput_at_scale")
+    assert "| 1,200,128 |" in mat.metadata["table"].value and "plot" not in mat.metadata
+    assert not (tmp_path / "g.png").exists()
