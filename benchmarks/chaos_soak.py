@@ -26,8 +26,13 @@ advancing, stalls measured against the fault-free run's median gap between merge
 uptime (share of time at least K learner processes were up: the goodput simulator's uptime;
 for synchronous DiLoCo K = M, so any dead learner stops it); goodput
 (tokens merged / what the allocated learners could have processed, from the token ledger);
-rejoin time (kill -> first merge that includes the relaunched learner) median and max; final
-held-out loss against the fault-free run; wall time to the token budget; the ledger.
+rejoin time (kill -> first merge that includes the relaunched learner) median and max; the
+final global model's loss on the held-out test slice (`test_slice`: 100 batches spread over the
+whole held-out stream, as the quality benchmarks score, `benchmarks/quality/store_scoring.py`)
+against the fault-free run, with the paired difference of their batch losses and its standard
+error; the syncer's own final eval (`final_eval_loss`, the first `eval_batches` held-out batches,
+512 tokens: several percent of sampling noise, kept for continuity); wall time to the token
+budget; the ledger.
 
     python benchmarks/chaos_soak.py                 # two tapes, six runs: ~30 min on 2 cores
     python benchmarks/chaos_soak.py --budget 300000 --kills 4   # a shorter soak
@@ -96,6 +101,7 @@ def make_tape(seed: int, budget: int, kills: int, restarts: list[tuple[str, floa
 
 
 def soak_run(cfg, tape_path: Path | None, workdir: Path) -> dict:
+    from benchmarks.quality.store_scoring import score_store
     from pipelines.demo_command import run_demo
     from resources.store.artifact_store import ArtifactStore
     from resources.store.backends import open_blob_store
@@ -118,6 +124,8 @@ def soak_run(cfg, tape_path: Path | None, workdir: Path) -> dict:
         if e:
             evals.append((r["published_at"], e["loss"]))
     summary["eval_curve"] = sorted(evals)
+    # Scored while the run's store exists (the soaks run in a temporary directory).
+    summary["test_slice"] = score_store(store)
     return summary
 
 
@@ -136,6 +144,7 @@ def quorum_uptime(s: dict, quorum: int, learners: int, span: tuple[float, float]
 
 
 def figures(s: dict, reference: dict | None, quorum: int) -> dict:
+    from benchmarks.quality.store_scoring import paired_difference
     from pipelines.run_summary import uptime
 
     publish = sorted(r["published_at"] for r in s["rounds"] if r["merged"])
@@ -179,7 +188,10 @@ def figures(s: dict, reference: dict | None, quorum: int) -> dict:
         "merges_published": [t - start for t in publish],
         "eval_curve": [(t - start, v) for t, v in s["eval_curve"]],
         "initial_eval_loss": s["initial_eval_loss"],
+        # The syncer's own eval: the first eval_batches held-out batches (small, noisy).
         "final_eval_loss": s["final_eval_loss"],
+        # The figure to compare runs on: the held-out test slice, with each batch's loss.
+        "test_slice": s["test_slice"],
         "wall_seconds": s["wall_seconds"], "tokens": s["tokens"],
         "learner_idle_fraction": s["learner_idle_fraction"],
         "merge_latency_median_seconds": s["merge_latency_seconds"]["median"],
@@ -191,6 +203,11 @@ def figures(s: dict, reference: dict | None, quorum: int) -> dict:
     if reference is not None:
         out["final_eval_loss_vs_fault_free"] = (s["final_eval_loss"]
                                                 / reference["final_eval_loss"])
+        out["test_loss_vs_fault_free"] = (s["test_slice"]["loss"]
+                                          / reference["test_slice"]["loss"])
+        # This run minus the fault-free one, batch by batch on the same test batches.
+        out["test_paired_vs_fault_free"] = paired_difference(
+            s["test_slice"]["batch_losses"], reference["test_slice"]["batch_losses"])
         out["wall_seconds_vs_fault_free"] = s["wall_seconds"] / reference["wall_seconds"]
     return out
 
@@ -316,15 +333,25 @@ def main() -> None:
     print_table(result["runs"])
     mean = result["comparison"].get("mean")
     if mean:
-        print(f"decoupled / synchronous over {result['comparison']['tapes']} tapes: held-out "
-              f"loss {mean['loss_ratio']:.3f}, wall time {mean['wall_ratio']:.3f}; uptime "
-              f"{mean['uptime_decoupled']:.3f} vs {mean['uptime_synchronous']:.3f}")
+        print(f"decoupled / synchronous over {result['comparison']['tapes']} tapes: test-slice "
+              f"loss {mean['test_loss_ratio']:.3f} (small eval {mean['loss_ratio']:.3f}), wall "
+              f"time {mean['wall_ratio']:.3f}; uptime {mean['uptime_decoupled']:.3f} vs "
+              f"{mean['uptime_synchronous']:.3f}")
+        for label, t in result["comparison"]["per_tape"].items():
+            d = t["test_paired"]
+            print(f"  {label}: decoupled - synchronous on the test slice "
+                  f"{d['mean']:+.4f} +- {d['standard_error']:.4f} nats "
+                  f"(ratio {d['ratio']:.4f} +- {d['ratio_standard_error']:.4f})")
     print(f"written to {args.out} and {args.plot}")
 
 
 def compare(runs: dict, tapes: list[str]) -> dict:
-    """Decoupled against synchronous DiLoCo under the same tapes: the final held-out loss at
-    equal tokens and the wall time to the budget, per tape and as means over the tapes."""
+    """Decoupled against synchronous DiLoCo under the same tapes: the final loss at equal
+    tokens on the held-out test slice (`test_*`, with the paired difference of the two runs'
+    batch losses) and on the syncer's small eval (`loss_*`), and the wall time to the budget,
+    per tape and as means over the tapes."""
+    from benchmarks.quality.store_scoring import paired_difference
+
     per_tape = {}
     for label in tapes:
         d, s = runs.get(f"decoupled/{label}"), runs.get(f"synchronous/{label}")
@@ -334,10 +361,17 @@ def compare(runs: dict, tapes: list[str]) -> dict:
                 "loss_ratio": d["final_eval_loss"] / s["final_eval_loss"],
                 "wall_ratio": d["wall_seconds"] / s["wall_seconds"],
                 "uptime_decoupled": d["uptime"], "uptime_synchronous": s["uptime"]}
+            if "test_slice" in d and "test_slice" in s:   # results before the test slice: none
+                dt, st = d["test_slice"], s["test_slice"]
+                per_tape[label].update({
+                    "test_loss_decoupled": dt["loss"], "test_loss_synchronous": st["loss"],
+                    "test_loss_ratio": dt["loss"] / st["loss"],
+                    "test_paired": paired_difference(dt["batch_losses"], st["batch_losses"])})
     if not per_tape:
         return {}
+    first = next(iter(per_tape.values()))
     mean = {k: statistics.fmean(t[k] for t in per_tape.values())
-            for k in next(iter(per_tape.values()))}
+            for k, v in first.items() if isinstance(v, float | int)}
     return {"per_tape": per_tape, "mean": mean, "tapes": len(per_tape)}
 
 
@@ -346,15 +380,16 @@ def print_table(runs: dict) -> None:
         return "-" if v is None else format(v, spec)
 
     print(f"{'run':24} {'faults':>6} {'merges':>6} {'uptime':>6} {'K-up':>6} {'goodput':>7} "
-          f"{'rejoin med/max s':>16} {'loss':>6} {'vs free':>7} {'wall s':>6}  ledger")
+          f"{'rejoin med/max s':>16} {'test':>6} {'vs free':>7} {'small':>6} {'wall s':>6}"
+          "  ledger")
     for name, r in runs.items():
         print(f"{name:24} {sum(r['faults_fired'].values()):>6} {r['rounds_merged']:>6} "
               f"{r['uptime']:>6.3f} {r['quorum_uptime']:>6.3f} {fmt(r['goodput'], '.3f'):>7} "
               f"{fmt(r['rejoin_seconds_median'], '.0f'):>7}/"
               f"{fmt(r['rejoin_seconds_max'], '.0f'):<8}"
-              f" {r['final_eval_loss']:>6.3f} "
-              f"{fmt(r.get('final_eval_loss_vs_fault_free'), '.3f'):>7} "
-              f"{r['wall_seconds']:>6.0f}  "
+              f" {fmt(r.get('test_slice', {}).get('loss'), '.3f'):>6} "
+              f"{fmt(r.get('test_loss_vs_fault_free'), '.3f'):>7} "
+              f"{r['final_eval_loss']:>6.3f} {r['wall_seconds']:>6.0f}  "
               f"{'balanced' if r['ledger_balanced'] else 'UNBALANCED'}")
 
 

@@ -14,11 +14,18 @@ Figures: records written by kind; what became of every planted contribution whos
 (refused by the merge with its reason, late, or not admitted); rounds merged and whether any
 merge took a hostile offer; the token ledger (balanced, and the attempt records it refused);
 sensor ticks by status (a failed tick is a record that reached Dagster unrefused); uptime and
-held-out loss against the run without the hostile learner.
+loss against the run without the hostile learner.
+
+The loss is the final global model's on the held-out test slice (100 batches spread over the
+whole held-out stream, scored as the quality benchmarks score, `benchmarks/quality/
+store_scoring.py`), with the paired difference of each hostile run's batch losses against its
+pair's fault-free run and its standard error, so a reader can tell a difference from noise. The
+syncer's own final eval (the first `eval_batches` held-out batches, 512 tokens, several percent
+of sampling noise) is kept beside it as `small_eval`.
 
 Three pairs of runs by default (`--repeats`): figures are medians and ranges, and the verdict
-checks the bar: every planted contribution refused, no sensor tick failed, the hostile run's
-held-out loss within 2% of the fault-free runs' median and its tokens not cut short.
+checks the bar: every planted contribution refused, no sensor tick failed, each hostile run's
+test-slice loss within 2% of the fault-free runs' median and its tokens not cut short.
 
     python benchmarks/hostile_soak.py            # ~30 min on 2 cores
 """
@@ -131,12 +138,37 @@ def one_pair(cfg, tape_path: Path, tmp: Path, repeat: int) -> dict:
             for name, s in runs.items()}
 
 
+def loss_ratios(free: list[float], hostile: list[float]) -> dict:
+    """Each hostile run's loss over the fault-free runs' median: median and range, and the
+    fault-free runs' own spread around their median (the run-to-run noise)."""
+    median = statistics.median(free)
+    ratios = [x / median for x in hostile]
+    return {"fault_free_loss_median": median, "fault_free_loss": free, "hostile_loss": hostile,
+            "hostile_loss_ratio_median": statistics.median(ratios),
+            "hostile_loss_ratio_range": [min(ratios), max(ratios)],
+            "fault_free_ratio_range": [min(free) / median, max(free) / median]}
+
+
 def verdict(pairs: list[dict]) -> dict:
     """The issue's bar over the repeats: every planted contribution refused, no sensor tick
-    failed, no round lost, the run not stopped early, the hostile runs' loss within 2% of the
-    fault-free runs' median."""
-    free = statistics.median(p["fault_free"]["final_eval_loss"] for p in pairs)
-    hostile = [p["hostile"]["final_eval_loss"] for p in pairs]
+    failed, no round lost, the run not stopped early, each hostile run's test-slice loss within
+    2% of the fault-free runs' median."""
+    test = loss_ratios([p["fault_free"]["test_slice"]["loss"] for p in pairs],
+                       [p["hostile"]["test_slice"]["loss"] for p in pairs])
+    first = pairs[0]["fault_free"]["test_slice"]
+    test["test_slice"] = (f"{first['batches']} batches of {first['batch_size']} x "
+                          f"{first['seq_len']} tokens spread over the held-out stream "
+                          "(diloco_core/eval_slices.py)")
+    test["fault_free_loss_standard_error"] = [p["fault_free"]["test_slice"]["standard_error"]
+                                              for p in pairs]
+    test["hostile_loss_standard_error"] = [p["hostile"]["test_slice"]["standard_error"]
+                                           for p in pairs]
+    # Hostile minus fault-free, pair by pair, on the same batches: the noise of the comparison.
+    test["paired_hostile_minus_fault_free"] = [p["hostile"]["test_paired_vs_fault_free"]
+                                               for p in pairs]
+    small = loss_ratios([p["fault_free"]["final_eval_loss"] for p in pairs],
+                        [p["hostile"]["final_eval_loss"] for p in pairs])
+    ratios = test["hostile_loss_ratio_range"]
     merged = [o for p in pairs for o in p["hostile"]["planted"] if o["outcome"] == "MERGED"]
     failed_ticks = sum(row.get("FAILURE", 0) for p in pairs
                        for row in p["hostile"]["sensor_ticks"].values())
@@ -144,18 +176,17 @@ def verdict(pairs: list[dict]) -> dict:
     early = [p["hostile"]["tokens_processed"] / p["fault_free"]["tokens_processed"]
              for p in pairs]
     return {
-        "fault_free_loss_median": free,
-        "hostile_loss": hostile,
-        "hostile_loss_ratio_median": statistics.median(x / free for x in hostile),
-        "hostile_loss_ratio_range": [min(x / free for x in hostile),
-                                     max(x / free for x in hostile)],
+        "loss_on": "the held-out test slice",
+        **test,
+        # The syncer's own final eval: the first eval_batches held-out batches (512 tokens).
+        "small_eval": small,
         "planted_merged": merged,
         "planted_total": sum(len(p["hostile"]["planted"]) for p in pairs),
         "failed_sensor_ticks": failed_ticks,
         "rounds_not_merged": lost,
         "tokens_vs_fault_free": early,
         "met": (not merged and failed_ticks == 0
-                and all(abs(x / free - 1) <= 0.02 for x in hostile)
+                and all(abs(r - 1) <= 0.02 for r in ratios)
                 and all(e >= 0.95 for e in early)),
     }
 
@@ -211,14 +242,23 @@ def main() -> None:
               f"problems: {h['ledger_problems']}; stopped: {h['stop_reason']}")
         print(f"repeat {i}: sensor ticks: {h['sensor_ticks']}")
         for name, r in pair.items():
+            t = r["test_slice"]
             print(f"repeat {i}: {name:10} merges {r['rounds_merged']}/{r['rounds_opened']}, "
-                  f"uptime {r['uptime']:.3f}, loss {r['final_eval_loss']:.3f}, wall "
+                  f"uptime {r['uptime']:.3f}, test-slice loss {t['loss']:.4f} +- "
+                  f"{t['standard_error']:.4f} (small eval {r['final_eval_loss']:.3f}), wall "
                   f"{r['wall_seconds']:.0f}s, ledger "
                   f"{'balanced' if r['ledger_balanced'] else 'UNBALANCED'}")
+        d = h["test_paired_vs_fault_free"]
+        print(f"repeat {i}: hostile - fault-free, paired on the test slice: {d['mean']:+.4f} +- "
+              f"{d['standard_error']:.4f} nats (ratio {d['ratio']:.4f} +- "
+              f"{d['ratio_standard_error']:.4f})")
     v = result["verdict"]
-    print(f"hostile / fault-free loss: median {v['hostile_loss_ratio_median']:.4f}, range "
-          f"{v['hostile_loss_ratio_range'][0]:.4f}-{v['hostile_loss_ratio_range'][1]:.4f}; "
-          f"planted merged: {len(v['planted_merged'])} of {v['planted_total']}; failed "
+    print(f"hostile / fault-free test-slice loss: median {v['hostile_loss_ratio_median']:.4f}, "
+          f"range {v['hostile_loss_ratio_range'][0]:.4f}-{v['hostile_loss_ratio_range'][1]:.4f} "
+          f"(fault-free runs {v['fault_free_ratio_range'][0]:.4f}-"
+          f"{v['fault_free_ratio_range'][1]:.4f}; small eval: median "
+          f"{v['small_eval']['hostile_loss_ratio_median']:.4f}); planted merged: "
+          f"{len(v['planted_merged'])} of {v['planted_total']}; failed "
           f"sensor ticks: {v['failed_sensor_ticks']}; tokens vs fault-free: "
           f"{[round(x, 3) for x in v['tokens_vs_fault_free']]}; met: {v['met']}")
     print(f"written to {args.out}")

@@ -16,13 +16,20 @@ def evaluate_global(store: ArtifactStore, num_batches: int | None = None,
                     version: int | None = None) -> dict:
     """Loss, bits per byte and a short greedy sample of the global model: the current versions,
     or `version` of every fragment (0: the initial parameters)."""
-    cfg = config_from_mapping(store.get_config())
+    cfg, params, versions = global_params(store, version)
     num_batches = num_batches or cfg.orchestration.eval_batches
-    fragments = [store.load_global(p, version) for p in range(cfg.sync.num_fragments)]
-    params = {k: jnp.asarray(v) for f in fragments for k, v in f.params.items()}
     model_def = make_model_def(cfg.model)
     result = evaluate(model_def, params, heldout_text_batches(cfg, num_batches))
     sample = generate(model_def, params, SAMPLE_PROMPT, SAMPLE_BYTES)
     return {"loss": result["loss"], "bits_per_byte": result["bits_per_byte"],
             "sample": (SAMPLE_PROMPT + sample).decode("utf-8", errors="replace"),
-            "versions": [f.version for f in fragments], "batches": num_batches}
+            "versions": versions, "batches": num_batches}
+
+
+def global_params(store: ArtifactStore, version: int | None = None):
+    """The experiment's config and its global parameters, every fragment at its current version
+    (or at `version`; 0: the initial parameters): (cfg, flat params, each fragment's version)."""
+    cfg = config_from_mapping(store.get_config())
+    fragments = [store.load_global(p, version) for p in range(cfg.sync.num_fragments)]
+    params = {k: jnp.asarray(v) for f in fragments for k, v in f.params.items()}
+    return cfg, params, [f.version for f in fragments]
