@@ -116,11 +116,11 @@ def run() -> dict:
     reads = sorted({"/".join(k) for k in seen["reads"]})
     digest = params_digest(runtime)
     largest = max(runtime.train.params.values(), key=lambda v: v.size)
-    merged_name = sorted(runtime.plan.fragments[1])[0]
+    merged_name = sorted(runtime.model.plan.fragments[1])[0]
     merged_equal = bool(np.array_equal(host_value(runtime.sync.fragments[1].anchor[merged_name]),
                                        store.load_global(1).params[merged_name]))
     out = {"process_count": jax.process_count(), "devices": jax.device_count(),
-           "pid": os.getpid(), "sharding": runtime.sharding,
+           "pid": os.getpid(), "sharding": runtime.model.sharding,
            "embedding_shape": list(largest.shape),
            "embedding_shards": sorted({tuple(x.data.shape) for x in largest.addressable_shards}),
            "store_writes": writes, "store_reads": reads,
@@ -166,12 +166,12 @@ def reference(steps: int) -> dict:
             pass
 
     runtime = LearnerRuntime(store, "learner-0", 0, log=lambda m: None)
-    runtime.rejoined_from = runtime._start_state()
-    runtime.link, runtime.status = NoLink(), "training"
+    runtime.progress.rejoined_from = runtime._start_state()
+    runtime.link, runtime.progress.status = NoLink(), "training"
     for _ in range(steps):
         runtime._step()
     s = runtime.cfg.sync
-    offer = runtime.sync.contribution(runtime.train.params, runtime.plan, 0, 0, steps, 0.0,
+    offer = runtime.sync.contribution(runtime.train.params, runtime.model.plan, 0, 0, steps, 0.0,
                                       s.encoding, s.encoding_block_size)
     runtime.checkpoints.close()
     return {"steps": offer.steps, "tokens": offer.tokens,

@@ -54,7 +54,7 @@ def placement(runtime: LearnerRuntime) -> dict:
     # included) where FSDP puts it.
     state = (runtime.train, [f.anchor for f in runtime.sync.fragments])
     misplaced = [str(x.sharding.spec) for x in jax.tree.leaves(state)
-                 if x.sharding.spec != fsdp_spec(x.shape, runtime.mesh.size)]
+                 if x.sharding.spec != fsdp_spec(x.shape, runtime.model.mesh.size)]
     return {"name": name, "shape": list(params[name].shape), "moments": len(moments),
             "devices": [len(x.sharding.device_set) for x in arrays],
             "shard_shapes": [sorted({tuple(s.data.shape) for s in x.addressable_shards})

@@ -467,7 +467,7 @@ def test_a_checkpoint_slower_than_the_learner_timeout_keeps_the_heartbeat_alive(
         assert during["status"] == "training" and during["step"] == 4
         h.store.request_stop({"reason": "test"})
         thread.join(30)
-        assert not thread.is_alive() and runtime.checkpoint_step == 4
+        assert not thread.is_alive() and runtime.progress.checkpoint_step == 4
 
 
 @pytest.mark.parametrize("background", [True, False])

@@ -24,12 +24,13 @@ merges, stop, its clock; `SharedLink`) so that every process makes the same stat
 and takes the same jitted steps. Each process draws the same global batch from the same seeded
 iterator and hands the mesh only its own rows; checkpoints are saved and restored by every
 process, each its own shards (Orbax multi-host).
+What it trains and on which mesh: `resources/learner/model.py`; what it reports of itself (its
+heartbeats, attempt records and progress lines): `resources/learner/progress.py`.
 """
 
 import contextlib
 import dataclasses
 import math
-import os
 import time
 from collections.abc import Callable
 
@@ -37,21 +38,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from diloco_core.config import ConfigError, ExperimentConfig
+from diloco_core.config import ExperimentConfig
 from diloco_core.config_loading import config_from_mapping
-from diloco_core.fragments import plan_fragments, split_params
-from diloco_core.inner_step import InnerStep
 from diloco_core.learner import FragmentSync, LearnerSync
 from diloco_core.learner_protocol import OfferBook
 from diloco_core.ledger import AttemptLedger
-from diloco_core.model import init_model
 from diloco_core.shards import learner_data
-from diloco_core.spmd import host_value, learner_mesh, place_state, shard_batch, state_shardings
+from diloco_core.spmd import host_value, shard_batch
 from resources.compile_cache import enable_compilation_cache
 from resources.corpus import load_corpus
 from resources.faults import LearnerFaults, corrupt_delta, tamper_payload
 from resources.learner.beacon import CompileBeacon
 from resources.learner.lockstep import Lockstep
+from resources.learner.model import LearnerModel
+from resources.learner.progress import (
+    ProcessProgress,
+    attempt_record,
+    heartbeat_record,
+    progress_line,
+)
 from resources.learner.restore import plan_restore
 from resources.learner.shared_link import SharedLink
 from resources.learner.store_link import StoreLink
@@ -84,47 +89,26 @@ class LearnerRuntime:
         if faults is not None:
             store = faults.wrap_store(store)
         self.store, self.name, self.attempt, self.log = store, learner, attempt, log
-        self.index = names.index(learner)
-        self.speed = self.cfg.learners.learner_speeds[self.index]
         self.max_steps = max_steps
         self.use_ocdbt = use_ocdbt
         cfg = self.cfg
         # Before anything compiles: JAX opens its persistent cache at the first compilation.
         enable_compilation_cache(cfg.orchestration.compilation_cache_dir)
-        # Every device of the slice: a single-process learner's own, or every process's on a
-        # multi-host slice (jax.devices() lists all of them). Checked here, not at the first
-        # step: an indivisible batch must fail the launch, not a learner that has already
-        # joined the run.
-        self.mesh = learner_mesh(jax.devices())
-        self.sharding = cfg.learners.sharding
-        batch_size, devices = cfg.learner_batch_sizes[self.index], self.mesh.size
-        if batch_size % devices:
-            field = (f"learners.batch_sizes[{self.index}]" if cfg.learners.batch_sizes
-                     else "data.batch_size")
-            raise ConfigError(field, f"{learner}'s batch of {batch_size} sequences is not "
-                                     f"divisible by the {devices} devices of its slice")
-        self.model_def, template_params = init_model(cfg.model, cfg.seed)
-        self.plan = plan_fragments({k: v.shape for k, v in template_params.items()},
-                                   cfg.sync.num_fragments)
-        self.inner = InnerStep(self.model_def, cfg.inner, cfg.total_learner_steps)
+        self.model = LearnerModel.build(cfg, self.index, learner)
         corpus = load_corpus(cfg.data.corpus, cfg.learners.num_learners, cfg.data.heldout_fraction)
         self.data = learner_data(cfg, self.index, corpus.learner_streams[self.index])
-        self._template = {"train": self.inner.init(template_params),
-                          "anchors": split_params(template_params, self.plan)}
         self.checkpoints = LearnerCheckpoints(store.checkpoint_uri(learner), max_to_keep=2,
                                               use_ocdbt=use_ocdbt)
-        self.started_at = time.time()
-        self.compute_seconds = 0.0
-        self._steps_this_process = 0
-        self.loop_started: float | None = None
-        self.training_seconds: float | None = None   # set when training stops
-        self.last_loss: float | None = None
+        self.progress = ProcessProgress()
         # What it offered, declined and received (the learner's side of the round protocol):
         # declined rounds are named in its heartbeat so that the syncer stops waiting for it.
         self.book = OfferBook()
-        self.leaving = False     # capacity reclaimed: it offers what it has, then exits
-        self.checkpoint_step: int | None = None
         self.ledger = AttemptLedger.start(self.cfg.sync.num_fragments)
+
+    @property
+    def index(self) -> int:
+        """This learner's place in the experiment's list of learners."""
+        return self.cfg.learners.learner_names.index(self.name)
 
     # ---- start or rejoin ----------------------------------------------------------------------
     def _start_state(self) -> str:
@@ -141,9 +125,9 @@ class LearnerRuntime:
         # A multi-process learner restores into its mesh's shardings (each process reads its
         # own shards), at the checkpoint step the leader picked.
         restore_args = ({} if not self.lockstep.multi else
-                        {"target": self._sharded_target(), "agree": self._leaders_step,
+                        {"target": self.model.sharded_target(), "agree": self._leaders_step,
                          "leader": self.lockstep.leader})
-        plan = plan_restore(self.store, self.name, peers, self._template, versions,
+        plan = plan_restore(self.store, self.name, peers, self.model.template, versions,
                             cfg.orchestration.rejoin_max_versions_behind, self.use_ocdbt,
                             inner_opt=cfg.inner, **restore_args)
         answered = -1       # the newest round it offered or declined
@@ -157,7 +141,7 @@ class LearnerRuntime:
             self.data.restore(meta["data"])
             answered = meta["last_offered"]
         else:
-            self.train = self.inner.init(params)
+            self.train = self.model.inner.init(params)
             if plan.source == "peer":
                 peer_train = plan.state["train"]
                 self.train = self.train.replace(opt_state=peer_train.opt_state,
@@ -184,13 +168,9 @@ class LearnerRuntime:
         self._place_state()
         return f"{plan.source}: {plan.reason}"
 
-    def _fragment_shapes(self) -> list[dict]:
-        return [{k: (tuple(v.shape), v.dtype) for k, v in anchor.items()}
-                for anchor in self._template["anchors"]]
-
     def _shared_globals(self) -> tuple[list[dict], list[int]]:
         """The current global fragments, read by the leader and broadcast to every process."""
-        shapes = self._fragment_shapes()
+        shapes = self.model.fragment_shapes()
         if self.lockstep.leader:
             globals_ = [self.store.load_global(p) for p in range(len(shapes))]
             versions = [g.version for g in globals_]
@@ -207,12 +187,6 @@ class LearnerRuntime:
         agreed = self.lockstep.ints([-1 if step is None else step])[0]
         return None if agreed < 0 else agreed
 
-    def _sharded_target(self):
-        """The checkpoint tree's abstract target, each array with the sharding it has here."""
-        shardings = state_shardings(self._template, self.mesh, self.sharding)
-        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                            self._template, shardings)
-
     def _now(self, local: float | None = None) -> float:
         """The clock that times rounds and stops: this process's, or in a multi-process learner
         the leader's as of this loop iteration (all processes then time out together)."""
@@ -224,46 +198,43 @@ class LearnerRuntime:
         """Put the train state and the anchors on the mesh (arrays already there stay put).
         Anchors are placed like the params so that, under FSDP, no device holds a full extra
         copy of the model and the offer's delta (anchor - theta) is computed shard by shard."""
-        self.train = place_state(self.train, self.mesh, self.sharding)
+        self.train = self.model.place(self.train)
         self.sync = dataclasses.replace(self.sync, fragments=tuple(
-            dataclasses.replace(f, anchor=place_state(f.anchor, self.mesh, self.sharding))
+            dataclasses.replace(f, anchor=self.model.place(f.anchor))
             for f in self.sync.fragments))
-
-    def _describe_mesh(self) -> str:
-        devices = self.mesh.devices.ravel()
-        return (f"{self.name}: inner step on {len(devices)} {devices[0].platform} device(s) "
-                f"({devices[0].device_kind}), batch split across them, state {self.sharding}")
 
     # ---- the loop -----------------------------------------------------------------------------
     def run(self) -> dict:
         cfg, orch = self.cfg, self.cfg.orchestration
-        self.rejoined_from = self._start_state()
-        self.log(f"{self.name} (attempt {self.attempt}) starting from {self.rejoined_from}")
-        self.log(self._describe_mesh())
+        progress = self.progress
+        progress.rejoined_from = self._start_state()
+        self.log(f"{self.name} (attempt {self.attempt}) starting from {progress.rejoined_from}")
+        self.log(self.model.describe(self.name))
         if self.lockstep.multi:
             # Only the leader links to the store; every process sees its view (SharedLink).
             link = (StoreLink(self.store, self.name, cfg.sync.num_fragments,
                               [f.version for f in self.sync.fragments], orch.poll_seconds,
                               self.log, self.attempt, cfg.learners.standby_names)
                     if self.lockstep.leader else None)
-            self.link = SharedLink(link, self.lockstep, self._fragment_shapes())
+            self.link = SharedLink(link, self.lockstep, self.model.fragment_shapes())
         else:
             self.link = StoreLink(self.store, self.name, cfg.sync.num_fragments,
                                   [f.version for f in self.sync.fragments], orch.poll_seconds,
                                   self.log, self.attempt, cfg.learners.standby_names)
-        self.status = "training"
+        progress.status = "training"
         self._beat()
         next_beat = time.monotonic() + orch.heartbeat_seconds
         next_report = time.monotonic() + PROGRESS_SECONDS
         final_offered: set[int] = set()
         stop_seen_at: float | None = None
-        self.loop_started = time.monotonic()
+        leaving = False     # capacity reclaimed: it offers what it has, then exits
+        progress.loop_started = time.monotonic()
         try:
             while True:
                 if self.lockstep.multi:
                     self.link.sync()   # this iteration's view of the store, the same everywhere
                 if self.link.superseded_by is not None:
-                    self.status = "superseded"
+                    progress.status = "superseded"
                     self.log(f"{self.name} attempt {self.attempt}: attempt "
                              f"{self.link.superseded_by} has started; exiting")
                     break
@@ -276,18 +247,18 @@ class LearnerRuntime:
                     if stop_seen_at is None:
                         seen_here = time.monotonic()
                         stop_seen_at = self._now(seen_here)
-                        self.training_seconds = seen_here - self.loop_started
-                        self.leaving = bool(stop.get("leave"))
-                        self.status = "leaving" if self.leaving else "stopping"
+                        progress.training_seconds = seen_here - progress.loop_started
+                        leaving = bool(stop.get("leave"))
+                        progress.status = "leaving" if leaving else "stopping"
                         self.log(f"{self.name}: " + (
                             f"leaving ({stop.get('reason')}); offering what it has to the "
-                            "coming rounds" if self.leaving else
+                            "coming rounds" if leaving else
                             f"stop requested ({stop.get('reason')}); offering the final "
                             "rounds"))
                         self._checkpoint()
                         self._beat()
                     done = (all(self._nothing_left_to_offer(p)
-                                for p in range(cfg.sync.num_fragments)) if self.leaving
+                                for p in range(cfg.sync.num_fragments)) if leaving
                             else len(final_offered) == cfg.sync.num_fragments)
                     timed_out = (self._now() - stop_seen_at
                                  > orch.round_timeout_seconds * cfg.sync.num_fragments)
@@ -306,17 +277,17 @@ class LearnerRuntime:
                     self._beat()
                     next_beat = time.monotonic() + orch.heartbeat_seconds
                 if time.monotonic() >= next_report:
-                    self._report_progress()
+                    self.log(progress_line(self))
                     next_report = time.monotonic() + PROGRESS_SECONDS
-            if self.status != "superseded":
-                self.status = "left" if self.leaving else "done"
+            if progress.status != "superseded":
+                progress.status = "left" if leaving else "done"
         except BaseException:
-            self.status = "failed"   # not "training": the syncer must not count it as live
+            progress.status = "failed"   # not "training": the syncer must not count it as live
             raise
         finally:
             if stop_seen_at is None:
-                self.training_seconds = time.monotonic() - self.loop_started
-            if self.status != "superseded":
+                progress.training_seconds = time.monotonic() - progress.loop_started
+            if progress.status != "superseded":
                 self._finish_checkpoint()
                 self._beat(final=True)
             elif self.lockstep.leader:
@@ -332,30 +303,30 @@ class LearnerRuntime:
         started = time.monotonic()
         # Host-to-device copy of the batch, split across the mesh: counted as compute, as it
         # was when the jitted step copied a host batch itself.
-        device_batch = shard_batch(batch, self.mesh)
+        device_batch = shard_batch(batch, self.model.mesh)
         orch = self.cfg.orchestration
         # This process's first step compiles the step program: keep heartbeats going.
         beacon = (CompileBeacon(self.link.heartbeat, self.heartbeat_record(),
                                 orch.heartbeat_seconds, orch.compile_timeout_seconds, self._clock)
-                  if self._steps_this_process == 0 else contextlib.nullcontext())
+                  if self.progress.steps == 0 else contextlib.nullcontext())
         with beacon:
-            self.train, metrics = self.inner.step(self.train, device_batch)
+            self.train, metrics = self.model.inner.step(self.train, device_batch)
             # Syncs: the step's compute is done when this returns.
             loss = float(host_value(metrics["loss"]) if self.lockstep.multi else metrics["loss"])
         elapsed = time.monotonic() - started
-        if self._steps_this_process > 0:
-            speed = self.speed / (1.0 if self.faults is None
-                                  else self.faults.slowdown(int(self.train.step)))
+        if self.progress.steps > 0:
+            slowdown = 1.0 if self.faults is None else self.faults.slowdown(int(self.train.step))
+            speed = self.cfg.learners.learner_speeds[self.index] / slowdown
             target = max(elapsed, self.cfg.orchestration.step_seconds_floor) / speed
             if target > elapsed:
                 time.sleep(target - elapsed)
-        self._steps_this_process += 1
-        self.compute_seconds += time.monotonic() - started
+        self.progress.steps += 1
+        self.progress.compute_seconds += time.monotonic() - started
         if not math.isfinite(loss):
             raise FloatingPointError(f"{self.name}: training loss is {loss} at step "
                                      f"{int(self.train.step)}")
-        self.last_loss = loss
-        tokens = self.inner.tokens_per_batch(batch)
+        self.progress.last_loss = loss
+        tokens = self.model.inner.tokens_per_batch(batch)
         self.tokens_total += tokens
         self.sync = self.sync.after_step(tokens)
         self.ledger = self.ledger.after_step(tokens)
@@ -403,13 +374,14 @@ class LearnerRuntime:
         s = self.cfg.sync
         contribution = None
         if not self.lockstep.multi:
-            contribution = self.sync.contribution(self.train.params, self.plan, p, rnd["round"],
-                                                  int(self.train.step), self._clock(),
-                                                  s.encoding, s.encoding_block_size)
+            contribution = self.sync.contribution(self.train.params, self.model.plan, p,
+                                                  rnd["round"], int(self.train.step),
+                                                  self._clock(), s.encoding,
+                                                  s.encoding_block_size)
         else:
             # The delta from host values: under FSDP every process takes part in gathering
             # them (a collective); the leader alone encodes and uploads the offer.
-            names = self.plan.fragments[p]
+            names = self.model.plan.fragments[p]
             params = {k: host_value(self.train.params[k]) for k in names}
             anchor = {k: host_value(self.sync.fragments[p].anchor[k]) for k in names}
             if self.lockstep.leader:
@@ -417,14 +389,14 @@ class LearnerRuntime:
                 fragments[p] = dataclasses.replace(fragments[p], anchor=anchor)
                 contribution = dataclasses.replace(self.sync, fragments=tuple(fragments)
                                                    ).contribution(
-                    params, self.plan, p, rnd["round"], int(self.train.step), self._clock(),
+                    params, self.model.plan, p, rnd["round"], int(self.train.step), self._clock(),
                     s.encoding, s.encoding_block_size)
         if s.receive_rule == "rebase":
-            self.sync = self.sync.after_offer(self.train.params, self.plan, p, rnd["round"])
+            self.sync = self.sync.after_offer(self.train.params, self.model.plan, p, rnd["round"])
         self.ledger, claim = self.ledger.offered(p, rnd["round"])
         self.book = self.book.offered(rnd["round"], p, self.sync.fragments[p].version,
                                       int(self.train.step), self._now())
-        extra = {"train_loss": self.last_loss, "attempt": self.attempt, "claim": claim}
+        extra = {"train_loss": self.progress.last_loss, "attempt": self.attempt, "claim": claim}
         after_put = None
         bad = None if self.faults is None else self.faults.bad_contribution(rnd["round"])
         if bad in ("nan", "absurd", "wrong_shape"):
@@ -473,7 +445,7 @@ class LearnerRuntime:
         # like the compile's, so a save that truly hangs still goes silent.
         orch = self.cfg.orchestration
         with CompileBeacon(self.link.heartbeat, self.heartbeat_record(), orch.heartbeat_seconds,
-                           orch.compile_timeout_seconds, self._clock, status=self.status,
+                           orch.compile_timeout_seconds, self._clock, status=self.progress.status,
                            doing="checkpointing"):
             # One process: host copies, written in the background unless async checkpoints
             # are off. Several: the global arrays themselves, each process writing the shards
@@ -491,7 +463,7 @@ class LearnerRuntime:
         save still in flight is not one yet)."""
         step = self.checkpoints.wait() if wait else self.checkpoints.poll()
         if step is not None:
-            self.checkpoint_step = step
+            self.progress.checkpoint_step = step
 
     def _finish_checkpoint(self) -> None:
         """Before the final heartbeat: the save in flight finishes, so the record names the
@@ -503,41 +475,14 @@ class LearnerRuntime:
                      f"{str(err)[:200]}")
 
     def heartbeat_record(self) -> dict:
-        wall = time.time() - self.started_at
-        training = self.training_seconds
-        if training is None:
-            training = 0.0 if self.loop_started is None else time.monotonic() - self.loop_started
-        return {"learner": self.name, "attempt": self.attempt, "pid": os.getpid(),
-                "status": self.status, "time": self._clock(), "started_at": self.started_at,
-                "step": int(self.train.step), "tokens_total": self.tokens_total,
-                "loss": self.last_loss, "versions": [f.version for f in self.sync.fragments],
-                "checkpoint_step": self.checkpoint_step,
-                "compute_seconds": self.compute_seconds, "wall_seconds": wall,
-                "training_seconds": training,
-                "offers": self.book.offers, "received": self.book.received,
-                "declined_rounds": list(self.book.declined),
-                "rejoined_from": self.rejoined_from,
-                "bytes_up": self.link.bytes_up, "bytes_down": self.link.bytes_down}
-
-    def _report_progress(self) -> None:
-        beat = self.heartbeat_record()
-        rate = beat["tokens_total"] / max(beat["wall_seconds"], 1e-9)
-        loss = "-" if self.last_loss is None else f"{self.last_loss:.4f}"
-        self.log(f"{self.name}: step {beat['step']}, train loss {loss}, "
-                 f"{rate:,.0f} tokens/s, fragment versions {beat['versions']}, "
-                 f"{self.book.offers} offers, {self.book.received} merged fragments received, "
-                 f"compute {beat['compute_seconds'] / max(beat['training_seconds'], 1e-9):.1%} "
-                 "of the loop")
+        return heartbeat_record(self)
 
     def _clock(self) -> float:
         return time.time() if self.faults is None else self.faults.clock()
 
     def attempt_record(self, final: bool = False, status: str | None = None) -> dict:
         """This process's token ledger; `final` once nothing more can change it."""
-        return {"learner": self.name, "attempt": self.attempt, "status": status or self.status,
-                "final": final, "time": time.time(), "started_at": self.started_at,
-                "step": int(self.train.step), "compute_seconds": self.compute_seconds,
-                "ledger": self.ledger.to_record()}
+        return attempt_record(self, final, status)
 
     def _final_record(self, status: str) -> None:
         """Written synchronously (an injected kill follows): the exact ledger of this process."""
