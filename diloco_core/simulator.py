@@ -50,9 +50,7 @@ from diloco_core.syncer import SyncerState, merge_round
 from diloco_core.syncer_events import Decide, FinishRun, OpenRound, StopRun
 
 Progress = Callable[[int, int], None]
-# Ticks of the machine at one instant before the simulator gives up (each opens or decides at
-# most one round, and every learner answers a round at once: a handful suffices).
-MAX_TICKS_PER_INSTANT = 64
+MAX_TICKS_PER_INSTANT = 64   # each tick opens or decides at most one round: a handful suffice
 
 
 @dataclass
