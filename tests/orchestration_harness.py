@@ -15,7 +15,7 @@ from diloco_core.compression import encode
 from diloco_core.config_loading import config_from_mapping
 from diloco_core.contribution import Contribution
 from pipelines.definitions import defs as load_defs
-from pipelines.defs.sensors import quorum_tick
+from pipelines.defs.quorum_tick import quorum_tick
 from pipelines.partition_keys import learner_partition_key, partition_key
 from resources.store.resource import ArtifactStoreResource
 

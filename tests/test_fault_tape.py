@@ -458,7 +458,7 @@ def test_the_learner_supervisor_tick_survives_a_malformed_tape(tmp_path):
     import dagster as dg
     from orchestration_harness import Harness
 
-    from pipelines.defs.sensors import supervise_tick
+    from pipelines.defs.supervise_tick import supervise_tick
     from resources.store import layout
 
     with dg.instance_for_test() as instance:

@@ -4,7 +4,7 @@ import dagster as dg
 import pytest
 from orchestration_harness import Harness
 
-from pipelines.defs.sensors import _relaunch_blocked, supervise_tick
+from pipelines.defs.supervise_tick import _relaunch_blocked, supervise_tick
 
 pytestmark = pytest.mark.timeout(300)
 
