@@ -22,73 +22,16 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
-from diloco_core.config import ConfigError, ExperimentConfig
+from diloco_core.config import ConfigError
 from diloco_core.config_loading import (
     config_from_mapping,
     config_to_mapping,
-    merge_mappings,
-    overrides_to_mapping,
-    parse_config_text,
 )
 from diloco_core.fault_tape import TapeError
-
-
-def load_config(path: str | None, overrides: list[str],
-                base: Sequence[str] = (), form: dict | None = None) -> ExperimentConfig:
-    """Defaults <- `base` overrides (e.g. the orchestrated defaults) <- file (YAML or TOML by
-    extension) <- `form` (the launchpad's typed fields a user filled in) <- --set overrides.
-
-    A user who sets the number of learners but not a per-learner list (speeds, batch sizes,
-    regions, names) gets that list's default for the new M, not the base's list for its M:
-    `demo --set learners.num_learners=2` must not fail on four speeds nobody asked for; nor
-    `num_learners=1` on the base's quorum K = 2 (K becomes M when the base's K exceeds it)."""
-    mapping = {}
-    if path:
-        file = Path(path)
-        if not file.is_file():
-            raise ConfigError("--config", f"no such file: {path}")
-        fmt = "toml" if file.suffix == ".toml" else "yaml"
-        mapping = parse_config_text(file.read_text(), fmt)
-    mapping = merge_mappings(mapping, form or {})
-    base_mapping = overrides_to_mapping(base)
-    user = merge_mappings(mapping, overrides_to_mapping(overrides))
-    chosen = user.get("learners") if isinstance(user.get("learners"), dict) else {}
-    if "num_learners" in chosen and isinstance(base_mapping.get("learners"), dict):
-        for per_learner in ("names", "regions", "speeds", "batch_sizes"):
-            if per_learner not in chosen:
-                base_mapping["learners"].pop(per_learner, None)
-        # Likewise the base's quorum: K = 2 must not refuse `num_learners=1`, a K the user
-        # never set. A K the user sets is checked as given.
-        base_sync = base_mapping.get("sync")
-        user_sync = user.get("sync") if isinstance(user.get("sync"), dict) else {}
-        m, k = chosen["num_learners"], (base_sync or {}).get("min_quorum")
-        if ("min_quorum" not in user_sync and isinstance(m, int) and isinstance(k, int)
-                and 1 <= m < k):
-            base_sync["min_quorum"] = m
-    return config_from_mapping(merge_mappings(base_mapping, mapping), overrides)
-
-
-def _number(kind: type, low: float, *, low_open: bool = False):
-    """An argparse type: a number of `kind` >= `low` (> with `low_open`), refused with a one-line
-    reason otherwise (argparse names the option)."""
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if value != value or value in (float("inf"), float("-inf")) or (
-                value <= low if low_open else value < low):
-            raise argparse.ArgumentTypeError(
-                f"must be {'>' if low_open else '>='} {low:g}, got {text}")
-        return value
-    return parse
-
-
-POSITIVE_INT = _number(int, 1)
-POSITIVE = _number(float, 0, low_open=True)
+from pipelines.config_layers import load_config
+from pipelines.sizing_commands import add_sizing_commands
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -107,96 +50,6 @@ def _cmd_config(args) -> int:
         base = ORCHESTRATED_DEFAULTS
     cfg = load_config(args.config, args.overrides, base=base)
     print(yaml.safe_dump(config_to_mapping(cfg), sort_keys=False), end="")
-    return 0
-
-
-def _cmd_params(args) -> int:
-    from diloco_core.config import ModelConfig
-    from diloco_core.model import param_bytes, param_count
-    from diloco_core.presets import MODEL_PRESETS
-
-    names = [args.preset] if args.preset else list(MODEL_PRESETS)
-    rows = []
-    for name in names:
-        cfg = ModelConfig.from_preset(name)
-        rows.append({"preset": name, "parameters": param_count(cfg),
-                     "fp32_bytes": param_bytes(cfg, 4), "bf16_bytes": param_bytes(cfg, 2)})
-    if args.json:
-        print(json.dumps(rows, indent=2))
-    else:
-        for r in rows:
-            print(f"{r['preset']:>6}  {r['parameters'] / 1e6:12.2f} M params  "
-                  f"{r['fp32_bytes'] / 2**30:9.3f} GiB fp32")
-    return 0
-
-
-def _cmd_goodput(args) -> int:
-    from diloco_core.goodput import GoodputParams, goodput_with_ci
-    from pipelines.reporting import optional_plot, plot_goodput
-
-    if args.min_quorum > args.learners:
-        print(f"diloco: --min-quorum ({args.min_quorum}) cannot exceed --learners "
-              f"({args.learners})", file=sys.stderr)
-        return 2
-
-    def params(chips: int) -> GoodputParams:
-        return GoodputParams(chips=chips - chips % 256, learners=args.learners,
-                             min_quorum=args.min_quorum, mtbi_years=args.mtbi_years)
-
-    result = goodput_with_ci(params(args.chips), seeds=args.seeds)
-    figures = {k: result[k]["mean"] for k in
-               ("data_parallel", "data_parallel_elastic", "synchronous_diloco", "decoupled",
-                "decoupled_uptime")}
-    plot = optional_plot(lambda: plot_goodput(
-        lambda chips: goodput_with_ci(params(chips), seeds=args.seeds),
-        Path(args.plot))) if args.plot else None
-    if args.json:
-        print(json.dumps({**figures, "chips": args.chips - args.chips % 256,
-                          "ci95": {k: result[k]["ci95"] for k in figures},
-                          "plot": str(plot) if plot else None}, indent=2))
-        return 0
-    used = args.chips - args.chips % 256
-    rounded = f" (rounded down to {used // 256:,} slices of 256)" if used != args.chips else ""
-    print(f"{used:,} chips{rounded}, {args.learners} learners, MTBI {args.mtbi_years} years "
-          f"per chip, {args.seeds} seeds (mean ± 95% CI)")
-    for key in figures:
-        print(f"  {key:<24}{100 * result[key]['mean']:6.1f}% ± {100 * result[key]['ci95']:.1f}")
-    if plot:
-        print(f"plot: {plot}")
-    return 0
-
-
-def _cmd_bandwidth(args) -> int:
-    import dataclasses
-
-    from diloco_core.bandwidth import plan_bandwidth
-    from diloco_core.config import ModelConfig
-    from diloco_core.model import param_count
-    from pipelines.reporting import optional_plot, plot_utilisation
-
-    num_params = (args.params if args.params is not None
-                  else param_count(ModelConfig.from_preset(args.preset)))
-    kwargs = dict(sites=args.sites, sync_period=args.sync_period,
-                  num_fragments=args.fragments, overlap_steps=args.overlap,
-                  step_seconds=args.step_seconds, bits=args.bits, dp_bits=args.dp_bits,
-                  download_bits=args.download_bits)
-    plans = plan_bandwidth(num_params, available_gbps=args.available_gbps, **kwargs)
-    rows = [dataclasses.asdict(p) for p in plans.values()]
-    plot = optional_plot(lambda: plot_utilisation(
-        lambda gbps: plan_bandwidth(num_params, available_gbps=gbps, **kwargs),
-        Path(args.plot))) if args.plot else None
-    if args.json:
-        print(json.dumps({"num_params": num_params, **kwargs, "plans": rows,
-                          "plot": str(plot) if plot else None}, indent=2))
-        return 0
-    print(f"{num_params / 1e9:.2f}B parameters, {args.sites} sites, H={args.sync_period}, "
-          f"P={args.fragments}, tau={args.overlap}, {args.step_seconds}s/step")
-    print(f"{'method':<18}{'avg Gbps':>12}{'peak Gbps':>12}{'utilisation':>13}")
-    for r in rows:
-        util = "" if r["utilisation"] is None else f"{r['utilisation']:.3f}"
-        print(f"{r['method']:<18}{r['average_gbps']:>12.3f}{r['peak_gbps']:>12.3f}{util:>13}")
-    if plot:
-        print(f"plot: {plot}")
     return 0
 
 
@@ -283,7 +136,6 @@ CONTROL_MEMBER = "serviceAccount:dagster-run@{project}.iam.gserviceaccount.com"
 
 
 def _cmd_iam(args) -> int:
-    import json
 
     from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
     from resources.store.access import bucket_bindings
@@ -421,7 +273,6 @@ def _cmd_capacity(args) -> int:
     import getpass
 
     from diloco_core.capacity import CapacityError
-    from diloco_core.config_loading import config_from_mapping
     from pipelines.capacity_control import change_capacity, current_capacity, describe
 
     store = _open_experiment(args)
@@ -594,45 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "the `train` job do (without it: the simulator's defaults)")
     cfg.set_defaults(func=_cmd_config)
 
-    gp = sub.add_parser("goodput", help="goodput under chip failures at datacentre scale")
-    gp.add_argument("--chips", type=_number(int, 256), required=True,
-                    help="chips in the whole run, at least one 256-chip slice (rounded down "
-                         "to whole slices)")
-    gp.add_argument("--learners", type=POSITIVE_INT, default=8, help="M")
-    gp.add_argument("--min-quorum", type=POSITIVE_INT, default=1, help="K")
-    gp.add_argument("--mtbi-years", type=POSITIVE, default=1.0,
-                    help="mean time between interruptions of one chip, in years")
-    gp.add_argument("--seeds", type=POSITIVE_INT, default=5,
-                    help="independent failure schedules (the 95%% CI comes from them)")
-    gp.add_argument("--plot", default="runs/goodput.png", help="'' for no plot")
-    gp.add_argument("--json", action="store_true",
-                    help="print the figures (and their 95%% CIs) as JSON")
-    gp.set_defaults(func=_cmd_goodput)
-
-    bw = sub.add_parser("bandwidth", help="cross-site bandwidth: data-parallel vs DiLoCo vs "
-                        "Decoupled DiLoCo")
-    bw.add_argument("--preset", default="12b", help="model preset (ignored with --params)")
-    bw.add_argument("--params", type=POSITIVE, help="parameter count, e.g. 12e9")
-    bw.add_argument("--sites", type=POSITIVE_INT, default=4,
-                    help="number of sites (datacentres) the run spans")
-    bw.add_argument("--sync-period", type=POSITIVE_INT, default=24, help="H")
-    bw.add_argument("--fragments", type=POSITIVE_INT, default=24, help="P")
-    bw.add_argument("--overlap", type=_number(int, 0), default=2, help="tau")
-    bw.add_argument("--step-seconds", type=POSITIVE, default=1.0,
-                    help="seconds per inner step")
-    bw.add_argument("--bits", type=POSITIVE, default=16, help="outer-gradient bits per value")
-    bw.add_argument("--dp-bits", type=POSITIVE, default=16, help="data-parallel gradient bits")
-    bw.add_argument("--download-bits", type=POSITIVE, default=16,
-                    help="bits per value of the merged fragment sent back to the learners")
-    bw.add_argument("--available-gbps", type=POSITIVE, help="link speed per site")
-    bw.add_argument("--plot", default="runs/bandwidth.png", help="'' for no plot")
-    bw.add_argument("--json", action="store_true", help="print the plans as JSON")
-    bw.set_defaults(func=_cmd_bandwidth)
-
-    params = sub.add_parser("params", help="parameter counts of the model presets")
-    params.add_argument("--preset", help="one preset (default: every preset, tiny to 12b)")
-    params.add_argument("--json", action="store_true", help="print the counts as JSON")
-    params.set_defaults(func=_cmd_params)
+    add_sizing_commands(sub)
     return parser
 
 

@@ -161,7 +161,7 @@ def test_version(capsys):
 
 
 def test_changing_the_number_of_learners_drops_the_launch_defaults_per_learner_lists():
-    from pipelines.cli import load_config
+    from pipelines.config_layers import load_config
     from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
 
     assert len(load_config(None, [], base=ORCHESTRATED_DEFAULTS).learners.learner_speeds) == 4
@@ -174,7 +174,7 @@ def test_changing_the_number_of_learners_drops_the_launch_defaults_per_learner_l
 
 def test_one_learner_is_not_refused_for_a_quorum_the_user_never_set():
     from diloco_core.config import ConfigError
-    from pipelines.cli import load_config
+    from pipelines.config_layers import load_config
     from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
 
     cfg = load_config(None, ["learners.num_learners=1"], base=ORCHESTRATED_DEFAULTS)
@@ -189,7 +189,7 @@ def test_one_learner_is_not_refused_for_a_quorum_the_user_never_set():
 def test_config_orchestrated_shows_what_demo_and_train_run(capsys):
     import yaml
 
-    from pipelines.cli import load_config
+    from pipelines.config_layers import load_config
     from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
 
     assert main(["config", "--orchestrated", "--set", "sync.min_quorum=1"]) == 0
@@ -208,7 +208,7 @@ def test_orchestrated_runs_rebase_on_receipt_and_the_chaos_soak_measures_that_ru
     offer in orchestrated runs; the experiments keep the paper's rule. The soak has its own
     config, so it must follow the launch defaults' rule or it measures another product."""
     from benchmarks.chaos_soak import configs
-    from pipelines.cli import load_config
+    from pipelines.config_layers import load_config
     from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
 
     assert load_config(None, [], base=ORCHESTRATED_DEFAULTS).sync.receive_rule == "rebase"

@@ -64,7 +64,7 @@ def start_experiment(context: dg.AssetExecutionContext, config: TrainingConfig,
                      store: ArtifactStoreResource, learner_compute: LearnerCompute):
     from diloco_core.config import ConfigError
     from diloco_core.config_loading import config_to_mapping
-    from pipelines.cli import load_config
+    from pipelines.config_layers import load_config
 
     try:
         base = ORCHESTRATED_DEFAULTS if config.orchestrated_defaults else ()
