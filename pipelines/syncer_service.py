@@ -47,6 +47,7 @@ from pipelines.store_merge import (
     merge_from_store,
     record_unmergeable,
 )
+from pipelines.syncer_progress import SyncerProgress
 from pipelines.syncer_trace import SyncerTrace
 from resources.compile_cache import enable_compilation_cache
 from resources.faults import MergeFaults, SyncerFaults, load_tape
@@ -79,20 +80,11 @@ class SyncerService:
         self.tape = load_tape(store)
         self.faults = None if self.tape is None else SyncerFaults(store, self.tape, log)
         self.status = "starting"
-        self.merged = 0
-        self.not_merged = 0
-        self.decision_to_publish: list[float] = []
-        self.last_eval_round: int | None = None
-        self.merges_since_eval = 0
-        # The summary's evals, made with this process's warm eval program: version 0 of every
-        # fragment (during the warm-up) and the last eval after a merge.
-        self.initial_eval: dict | None = None
-        self.last_eval: dict | None = None
+        self.progress = SyncerProgress()
         self.state: dict | None = None
         self.metrics = open_sink(self.cfg.orchestration.tensorboard_dir, store.experiment,
                                  self.name, log)
         self.retention = Retention.resume(store, self.cfg)
-        self.pruned_objects = 0
         self._warm: threading.Thread | None = None   # compiles beside the loop (`_run`)
 
     def run(self, max_seconds: float | None = None) -> dict:
@@ -145,7 +137,7 @@ class SyncerService:
                  f"{self.lease.held.record['epoch']}); polling every "
                  f"{orch.syncer_poll_seconds}s"
                  + (", compiling the merge and eval programs meanwhile"
-                    if self.initial_eval is None else ""))
+                    if self.progress.initial_eval is None else ""))
         self.status = "syncing"
         next_report = time.monotonic() + PROGRESS_SECONDS
         # Rounds open and are decided from the first poll: the programs compile on a thread
@@ -153,7 +145,7 @@ class SyncerService:
         # held every round back: 44 s of the 2-core demo with four learners compiling and
         # training beside it (9 s on an idle machine), during which the learners' first 40
         # steps went into round 0.
-        if self.initial_eval is None:      # a standby compiled before it took over
+        if self.progress.initial_eval is None:      # a standby compiled before it took over
             self._warm = threading.Thread(target=self._warm_up_beside_the_loop,
                                           name="syncer-warm-up", daemon=True)
             self._warm.start()
@@ -162,14 +154,14 @@ class SyncerService:
                 reason = self.step()
                 if self.state.get("finished"):
                     self.status = "done"
-                    self.log(f"syncer: the run is finished ({self.merged} rounds merged)")
+                    self.log(f"syncer: the run is finished ({self.progress.merged} rounds merged)")
                     self._summarize()
                     break
                 if max_seconds is not None and time.monotonic() - started > max_seconds:
                     self.status = "stopped"
                     break
                 if time.monotonic() >= next_report:
-                    self.log(self._progress(reason))
+                    self.log(self._progress_line(reason))
                     next_report = time.monotonic() + PROGRESS_SECONDS
                 time.sleep(orch.syncer_poll_seconds)
         except LeaseLost as err:
@@ -245,7 +237,7 @@ class SyncerService:
                 if merged is not None:
                     all_finite(merged)
         # The eval program compiles on the initial parameters: the summary's first eval.
-        self.initial_eval = evaluate_global(self.store, version=0)
+        self.progress.initial_eval = evaluate_global(self.store, version=0)
         self.log(f"syncer: merge and eval programs compiled in "
                  f"{time.monotonic() - started:.1f}s")
 
@@ -276,7 +268,7 @@ class SyncerService:
                 # raises would raise again in a relaunched syncer: record the round as not
                 # merged, with the error, and go on with the next.
                 record_unmergeable(self.store, round_index, err, guard=self.lease.check)
-                self.not_merged += 1
+                self.progress.not_merged += 1
                 self.log(f"round {round_index} NOT merged, the merge raised {err!r}; moving "
                          "on")
                 return None
@@ -285,18 +277,18 @@ class SyncerService:
             return None
         record = outcome.record
         if outcome.committed and not outcome.already_committed:
-            self.merged += 1
-            self.merges_since_eval += 1
+            self.progress.merged += 1
+            self.progress.merges_since_eval += 1
             published, decided = record.get("published_at"), record.get("decided_at")
             if published and decided:
-                self.decision_to_publish.append(published - decided)
+                self.progress.decision_to_publish.append(published - decided)
             if self.metrics is not None:     # after the commit: it never delays a publish
                 self.metrics.scalars(round_index, round_scalars(global_params_metadata(
                     self.store, record, outcome.decision, outcome.version, outcome.finite,
                     outcome.seconds)))
             self._prune(outcome.fragment, outcome.version, round_index)
         elif not outcome.committed:
-            self.not_merged += 1
+            self.progress.not_merged += 1
             self.log(f"round {round_index} not merged: {record.get('reason')}")
         if record.get("rejected"):
             self.log(f"round {round_index}: rejected {record['rejected']}")
@@ -307,25 +299,27 @@ class SyncerService:
         the fragment: deleting old arrays must never stop merges."""
         self.lease.check()
         try:
-            self.pruned_objects += self.retention.after_merge(fragment, version, round_index)
+            self.progress.pruned_objects += self.retention.after_merge(fragment, version,
+                                                                       round_index)
         except (OSError, Conflict, RejectedArtifact) as err:
             self.log(f"round {round_index}: retention failed, will retry: {err!r}")
 
     def _maybe_eval(self, final: bool = False) -> None:
         every = self.cfg.orchestration.eval_every_rounds or self.cfg.sync.num_fragments
-        if self.merges_since_eval == 0 or (not final and self.merges_since_eval < every):
+        done = self.progress.merges_since_eval
+        if done == 0 or (not final and done < every):
             return
         self.lease.check()
         result = evaluate_global(self.store)
-        self.last_eval = result
+        self.progress.last_eval = result
         round_index = int(self.state["round"])
         with contextlib.suppress(Conflict):   # a fallback merge run evaluated this round
             self.store.put_eval(round_index, {**result, "by": "syncer"})
         if self.metrics is not None:
             self.metrics.scalars(round_index, {"eval/loss": result["loss"],
                                                "eval/bits_per_byte": result["bits_per_byte"]})
-        self.merges_since_eval = 0
-        self.last_eval_round = round_index
+        self.progress.merges_since_eval = 0
+        self.progress.last_eval_round = round_index
 
     def _summarize(self) -> None:
         """Write the run summary once every learner's last process has ended, waiting at most
@@ -341,8 +335,8 @@ class SyncerService:
             if self._warm is not None:      # its eval is the summary's initial eval
                 self._warm.join(timeout=300)
             self.lease.check()
-            summary = build_summary(self.store, evals={"initial": self.initial_eval,
-                                                       "final": self.last_eval})
+            summary = build_summary(self.store, evals={"initial": self.progress.initial_eval,
+                                                       "final": self.progress.last_eval})
             self.store.put_summary({**summary, "summarized_by": self.name})
             self.log(f"syncer: run summary written (held-out loss "
                      f"{summary['initial_eval_loss']:.3f} -> {summary['final_eval_loss']:.3f})")
@@ -353,17 +347,17 @@ class SyncerService:
                      "will")
 
     # ---- reporting ----------------------------------------------------------------------------
-    def _progress(self, reason: str) -> str:
+    def _progress_line(self, reason: str) -> str:
         state = self.state
-        lat = sorted(self.decision_to_publish[-200:])
+        lat = sorted(self.progress.decision_to_publish[-200:])
         p50 = f"{lat[len(lat) // 2]:.3f}s" if lat else "-"
-        return (f"syncer: round {state.get('round')}, {self.merged} merged, "
-                f"{self.not_merged} not merged, decision->published p50 {p50}; {reason}")
+        return (f"syncer: round {state.get('round')}, {self.progress.merged} merged, "
+                f"{self.progress.not_merged} not merged, decision->published p50 {p50}; {reason}")
 
     def record(self) -> dict:
-        lat = sorted(self.decision_to_publish)
-        return {"status": self.status, "attempt": self.attempt, "merged": self.merged,
-                "not_merged": self.not_merged,
+        lat = sorted(self.progress.decision_to_publish)
+        return {"status": self.status, "attempt": self.attempt, "merged": self.progress.merged,
+                "not_merged": self.progress.not_merged,
                 "decision_to_publish_median": lat[len(lat) // 2] if lat else None,
-                "pruned_objects": self.pruned_objects,
-                "last_eval_round": self.last_eval_round}
+                "pruned_objects": self.progress.pruned_objects,
+                "last_eval_round": self.progress.last_eval_round}

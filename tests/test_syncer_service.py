@@ -86,7 +86,7 @@ def test_the_service_merges_at_once_and_the_sensor_mirrors_it(harness):
     _round(h, service, 1)
     assert h.store.version_meta(1)["round"] == 1
     assert h.store.get_eval(1)["by"] == "syncer"    # once per outer step (P = 2 rounds)
-    assert service.decision_to_publish and len(service.decision_to_publish) == 2
+    assert service.progress.decision_to_publish and len(service.progress.decision_to_publish) == 2
 
     # The sensor, with the lease moving, only mirrors: partitions, offers, merges, checks, eval.
     result = h.tick()
@@ -396,10 +396,10 @@ def test_the_service_writes_the_summary_with_its_own_evals_once_the_learners_end
 
     h = jumping
     service = _service_after_round_0(h)
-    service.initial_eval = run_summary.evaluate_global(h.store, version=0)
+    service.progress.initial_eval = run_summary.evaluate_global(h.store, version=0)
     _finish(h, service)
-    assert service.last_eval is not None     # the final eval, after the last final merge
-    assert service.last_eval["versions"] == [h.store.current_version(p) for p in range(2)]
+    assert service.progress.last_eval is not None     # the final eval, after the last final merge
+    assert service.progress.last_eval["versions"] == [h.store.current_version(p) for p in range(2)]
 
     # Learners still "stopping" (offering, checkpointing): the syncer waits for them.
     for name in NAMES:
@@ -418,11 +418,11 @@ def test_the_service_writes_the_summary_with_its_own_evals_once_the_learners_end
     service._summarize()
     summary = h.store.get_summary()
     assert summary["summarized_by"] == "syncer-a0"
-    assert summary["initial_eval_loss"] == service.initial_eval["loss"]
-    assert summary["final_eval_loss"] == service.last_eval["loss"]
+    assert summary["initial_eval_loss"] == service.progress.initial_eval["loss"]
+    assert summary["final_eval_loss"] == service.progress.last_eval["loss"]
     # (the harness's offers are synthetic: the losses differ, without a direction)
     assert summary["final_eval_loss"] != summary["initial_eval_loss"]
-    assert summary["evals"]["final"]["versions"] == service.last_eval["versions"] != [0, 0]
+    assert summary["evals"]["final"]["versions"] == service.progress.last_eval["versions"] != [0, 0]
 
     result = h.defs.resolve_job_def("summarize").execute_in_process(instance=h.instance)
     assert result.success

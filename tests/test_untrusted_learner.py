@@ -134,7 +134,7 @@ def test_a_merge_that_raises_records_the_round_and_the_syncer_moves_on(tmp_path,
         for r in (0, 2, 3):
             assert h.store.get_round_not_merged(r) is None
         assert h.store.version_meta(1)["round"] == 3
-        assert service.merged == 3 and service.not_merged == 1
+        assert service.progress.merged == 3 and service.progress.not_merged == 1
 
 
 def test_encoded_arrays_that_are_not_their_wire_form_are_refused_before_decoding():
