@@ -236,7 +236,7 @@ def _child(args) -> dict:
                 version = learners_store.current_version(r % P)
                 list(pool.map(offer, names, [r] * M, [version] * M))
             learner_s.append(time.perf_counter() - start)
-            merges_before = len(service.progress.decision_to_publish)
+            merges_before = len(_tally(service).decision_to_publish)
             step_cpu, step_wall = time.process_time(), time.perf_counter()
             for _ in range(POLLS_PER_ROUND):
                 poll = time.perf_counter()
@@ -249,7 +249,7 @@ def _child(args) -> dict:
                     "round": offered, "ticks": len(mine),
                     "syncer_cpu_s": time.process_time() - step_cpu,
                     "syncer_wall_s": time.perf_counter() - step_wall,
-                    "decision_to_published_s": service.progress.decision_to_publish[merges_before:],
+                    "decision_to_published_s": _tally(service).decision_to_publish[merges_before:],
                     **{k: sum(t.get(k, 0) for t in mine) for k in (
                         "reads", "bytes_read", "infos", "lists", "list_pages", "listed",
                         "writes", "bytes_written", "deletes", "cpu_s", "wall_s")}})
@@ -259,7 +259,13 @@ def _child(args) -> dict:
         measured = ticks[-sum(r["ticks"] for r in rounds):]
     return {"learners": M, "backend": args.backend, "rounds": rounds, "ticks": measured,
             "learner_write_s_median": statistics.median(learner_s),
-            "merged": service.progress.merged, "state_round": service.state.get("round")}
+            "merged": _tally(service).merged, "state_round": service.state.get("round")}
+
+
+def _tally(service):
+    """What the service has done: `service.progress` since 4a4a28c (the counters were the
+    service's own attributes before, as in a `--baseline` from then)."""
+    return getattr(service, "progress", service)
 
 
 # ---- the parent: every (backend, M), before and after, and the summary -------------------------
