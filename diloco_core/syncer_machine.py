@@ -280,7 +280,11 @@ def _collect_offers(t: _Tick, now: float) -> None:
 
 
 def _credit(t: _Tick, offer: OfferSeen) -> None:
-    """Add an offer's tokens to its learner's account, as far as the protocol's pace allows."""
+    """Add an offer's tokens to its learner's account. An offer claiming more than the
+    protocol's pace allows (more steps than `max_speed_ratio` x H at its staleness, or more
+    tokens than its steps process) is a claim no honest learner makes: it adds nothing, not
+    the capped amount (the hostile soak's over-claiming offers, capped, made a learner that
+    trained like its peers count as 1.1 of them toward STOP)."""
     d = offer.digest
     fragment = offer.round % t.cfg.sync.num_fragments
     current = t.obs.current_versions.get(fragment)
@@ -288,7 +292,9 @@ def _credit(t: _Tick, offer: OfferSeen) -> None:
     bound = offer_step_bound(t.cfg.sync.sync_period, staleness, t.cfg.sync.max_speed_ratio)
     step_tokens = dict(zip(t.cfg.learners.learner_names, t.cfg.learner_step_tokens,
                            strict=True)).get(offer.learner)
-    tokens, _, _ = credit_offer(d.tokens, d.steps, step_tokens, bound)
+    tokens, _, overclaimed = credit_offer(d.tokens, d.steps, step_tokens, bound)
+    if overclaimed is not None:
+        return
     account = dict(t.accounts.get(offer.learner, {}))
     account[fragment] = account.get(fragment, 0) + tokens
     t.accounts[offer.learner] = account
