@@ -13,7 +13,6 @@ goodput and rounds. For a change meant to move the simulator's schedule, not its
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,12 +44,6 @@ print(json.dumps({"test": score_slices(cfg, result.final_params, data.heldout_st
 '''
 
 
-def paired(after: list[float], before: list[float]) -> tuple[float, float]:
-    """Mean and standard error of the per-batch differences (after - before)."""
-    d = [a - b for a, b in zip(after, before, strict=True)]
-    return statistics.mean(d), statistics.stdev(d) / len(d) ** 0.5
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", required=True)
@@ -59,6 +52,7 @@ def main() -> None:
                         help="'experiment|label|tokens|seed'")
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/compare_commits.json"))
     args = parser.parse_args()
+    from benchmarks.quality.store_scoring import paired_difference
     from pipelines.reporting import machine_info
 
     trees = {}
@@ -77,8 +71,9 @@ def main() -> None:
                                          cwd=t, stdout=subprocess.PIPE, text=True)
                      for w, t in trees.items()}
             out = {w: json.loads(p.communicate()[0]) for w, p in procs.items()}
-            mean, se = paired(out["after"]["test"]["batch_losses"],
-                              out["before"]["test"]["batch_losses"])
+            diff = paired_difference(out["after"]["test"]["batch_losses"],
+                                     out["before"]["test"]["batch_losses"])
+            mean, se = diff["mean"], diff["standard_error"]
             rows.append({"arm": spec, "before": out["before"], "after": out["after"],
                          "test_loss_difference": mean, "standard_error": se})
             print(f"{spec}: test loss {out['before']['test']['loss']:.4f} -> "
