@@ -33,7 +33,6 @@ import contextlib
 import json
 import math
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -316,13 +315,15 @@ def _git(*argv, cwd=ROOT) -> str:
 
 
 def _machine() -> dict:
+    """`pipelines.reporting.machine_info`, plus what a cost curve on a shared machine needs:
+    its memory and the load when the run began."""
+    from pipelines.reporting import machine_info
+
     meminfo = Path("/proc/meminfo")
     lines = meminfo.read_text().splitlines() if meminfo.exists() else []
     mem = next((int(line.split()[1]) * 1024 for line in lines if line.startswith("MemTotal")),
                None)
-    return {"platform": platform.platform(), "python": platform.python_version(),
-            "cpu_count": os.cpu_count(), "memory_bytes": mem,
-            "load_average_at_start": os.getloadavg(),
+    return {**machine_info(), "memory_bytes": mem, "load_average_at_start": os.getloadavg(),
             "shared": "yes: other engineers' tests and a long-running soak ran beside it"}
 
 

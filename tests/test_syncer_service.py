@@ -454,17 +454,22 @@ def test_the_summary_evaluates_again_where_a_given_eval_saw_other_versions(harne
     assert calls == [0, None]
 
 
+def _starting_syncer_run(h):
+    """A syncer run the supervisor launched, started, that has not taken the lease yet."""
+    return h.instance.create_run_for_job(
+        job_def=h.defs.resolve_job_def("syncer"),
+        run_config={"ops": {"run_syncer": {"config": {"attempt": 0}}}},
+        tags={"diloco/experiment": h.store.experiment, "diloco/syncer": "1"},
+        status=dg.DagsterRunStatus.STARTED)
+
+
 def test_at_start_up_a_syncer_run_on_its_way_to_the_lease_is_not_judged_dead(harness):
     """Before any lease, a syncer run that is starting (a run launch and imports take longer
     than the lease's timeout on a loaded machine) gets the supervisor's allowance: the sensor
     keeps mirroring instead of logging a false "deciding here". With no such run, or past the
     allowance, it decides as before."""
     h = harness                                   # syncer_timeout_seconds=4
-    run = h.instance.create_run_for_job(
-        job_def=h.defs.resolve_job_def("syncer"),
-        run_config={"ops": {"run_syncer": {"config": {"attempt": 0}}}},
-        tags={"diloco/experiment": h.store.experiment, "diloco/syncer": "1"},
-        status=dg.DagsterRunStatus.STARTED)
+    run = _starting_syncer_run(h)
     for name in NAMES:
         h.beat(name, 2)
     h.tick()
@@ -480,11 +485,7 @@ def test_at_start_up_a_syncer_run_on_its_way_to_the_lease_is_not_judged_dead(har
 
 def test_at_start_up_a_syncer_run_that_never_takes_the_lease_is_decided_around(harness):
     h = harness
-    h.instance.create_run_for_job(
-        job_def=h.defs.resolve_job_def("syncer"),
-        run_config={"ops": {"run_syncer": {"config": {"attempt": 0}}}},
-        tags={"diloco/experiment": h.store.experiment, "diloco/syncer": "1"},
-        status=dg.DagsterRunStatus.STARTED)
+    _starting_syncer_run(h)
     for name in NAMES:
         h.beat(name, 2)
     h.tick()
