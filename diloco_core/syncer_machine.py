@@ -13,12 +13,14 @@ on and how one tick's observations become decisions:
   syncer's clock (`liveness`), unless the capacity record marks it absent.
 - Offers to a decided round are late: recorded, never merged into it. Offers written before
   their round opened are planted and refused; a payload offered before is a replay or a copy.
-- **The syncer's own account of each learner** (`accounts`): the tokens of the offers it saw
-  from that learner, per fragment, each credited only as far as the protocol's pace allows
-  (`corroboration.credit_offer`). Where fewer than two other learners are live to compare a
-  heartbeat with (M = 2), its total counts toward the budget and the opening of rounds only
-  as far as that account allows (`syncer_account.credited`): a learner that claims 2^62 tokens
-  counts as one learner at the pace of the rounds unless it offers for more.
+- **The syncer's own account of each learner** (`accounts`): the tokens of its offers that were
+  merged, per fragment, each credited only as far as the protocol's pace allows
+  (`corroboration.credit_offer`), and only once the published version names it a member
+  (an admitted offer the merge refuses, or a late one, vouches for nothing). Where fewer
+  than two other learners are live to compare a heartbeat with (M = 2), its total counts
+  toward the budget and the opening of rounds only as far as that account allows
+  (`syncer_account.credited`): a learner that claims 2^62 tokens counts as one learner at the
+  pace of the rounds unless it offers for more.
 """
 
 from collections.abc import Mapping, Sequence
@@ -68,6 +70,10 @@ class Pending:
     fragment: int
     decided_at: float
     bases: Mapping[str, int] = field(default_factory=dict)
+    # Each member's credited tokens, booked to its account once the merge is published with it
+    # among the members: an offer the merge refuses (a screen, a bad payload) vouches for
+    # nothing. Empty for a pending merge rebuilt from the store (credited to no one).
+    credits: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -240,6 +246,10 @@ def _watch_published(t: _Tick, now: float) -> None:
         if seen.round != p.round:
             continue     # a later round's version is current: this one's members are unknown
         for member in seen.members:
+            if member in p.credits:
+                account = dict(t.accounts.get(member, {}))
+                account[p.fragment] = account.get(p.fragment, 0) + p.credits[member]
+                t.accounts[member] = account
             base = p.bases.get(member)
             if base is not None:
                 bases = dict(t.bases.get(member, {}))
@@ -264,40 +274,30 @@ def _collect_offers(t: _Tick, now: float) -> None:
             if _admit_offer(t, r, offer, now, fresh):
                 admitted.append(offer)
         elif offer.learner in names and offer.digest is not None:
-            _credit(t, offer)       # late: not merged, but the learner did the work
+            # Late: never merged, so it vouches for no tokens (a learner could write such
+            # offers to every decided round).
             # Its payload is remembered as an admitted one's is: an honest learner's next offer
             # carries new bytes, so the same bytes again are a replay (or a copy). The hostile
             # soak replayed an offer that had come late, and it merged.
             t.payloads.setdefault(offer.digest.payload[:PAYLOAD_KEY_CHARS],
                                   (offer.learner, offer.round))
-    # Admitted offers count once this tick's copies are told apart (a copy first admitted
-    # may be refused by a later listing of its original).
-    for offer in admitted:
-        if t.digests.get(offer.learner) is offer.digest:
-            _credit(t, offer)
     horizon = r - REPLAY_WINDOW_VERSIONS * t.cfg.sync.num_fragments
     t.payloads = {k: v for k, v in t.payloads.items() if v[1] >= horizon}
 
 
-def _credit(t: _Tick, offer: OfferSeen) -> None:
-    """Add an offer's tokens to its learner's account. An offer claiming more than the
-    protocol's pace allows (more steps than `max_speed_ratio` x H at its staleness, or more
-    tokens than its steps process) is a claim no honest learner makes: it adds nothing, not
-    the capped amount (the hostile soak's over-claiming offers, capped, made a learner that
-    trained like its peers count as 1.1 of them toward STOP)."""
-    d = offer.digest
-    fragment = offer.round % t.cfg.sync.num_fragments
+def _credit(t: _Tick, learner: str, d: OfferDigest, fragment: int) -> int:
+    """The tokens an admitted offer adds to its learner's account once merged. An offer
+    claiming more than the protocol's pace allows (more steps than `max_speed_ratio` x H at its
+    staleness, or more tokens than its steps process) is a claim no honest learner makes: it
+    adds nothing, not the capped amount (the hostile soak's over-claiming offers, capped, made a
+    learner that trained like its peers count as 1.1 of them toward STOP)."""
     current = t.obs.current_versions.get(fragment)
     staleness = 0 if current is None else max(0, current - d.base)
     bound = offer_step_bound(t.cfg.sync.sync_period, staleness, t.cfg.sync.max_speed_ratio)
     step_tokens = dict(zip(t.cfg.learners.learner_names, t.cfg.learner_step_tokens,
-                           strict=True)).get(offer.learner)
+                           strict=True)).get(learner)
     tokens, _, overclaimed = credit_offer(d.tokens, d.steps, step_tokens, bound)
-    if overclaimed is not None:
-        return
-    account = dict(t.accounts.get(offer.learner, {}))
-    account[fragment] = account.get(fragment, 0) + tokens
-    t.accounts[offer.learner] = account
+    return 0 if overclaimed is not None else tokens
 
 
 def _admit_offer(t: _Tick, r: int, offer: OfferSeen, now: float, fresh: set[str]) -> bool:
@@ -415,8 +415,9 @@ def _decide(t: _Tick, live: list[str], estimates: Estimates, now: float) -> None
         _observe(t, quorum=quorum_at - t.get("opened_at"))
     t.fields["decided"] = True
     if decision.members:
-        t.pending.append(Pending(r, t.get("fragment"), now,
-                                 {m: d.base for m, d in admitted.items()}))
+        t.pending.append(Pending(
+            r, t.get("fragment"), now, {m: d.base for m, d in admitted.items()},
+            {m: _credit(t, m, d, t.get("fragment")) for m, d in admitted.items()}))
     if final:
         t.fields["final_left"] = max(0, (t.get("final_left") or 1) - 1)
     t.reason = f"round {r} decided: {decision.reason}"

@@ -38,7 +38,7 @@ def state_to_json(s: SyncerState) -> dict:
         "tokens_at_open": dict(s.tokens_at_open), "arrivals": dict(s.arrivals),
         "watch": {str(k): list(v) for k, v in s.watch.items()},
         "pending": [{"round": p.round, "fragment": p.fragment, "decided_at": p.decided_at,
-                     "bases": dict(p.bases)} for p in s.pending],
+                     "bases": dict(p.bases), "credits": dict(p.credits)} for p in s.pending],
         "estimates": None if e is None else {"step_seconds": e.step_seconds,
                                              "quorum_seconds": e.quorum_seconds,
                                              "sync_seconds": e.sync_seconds},
@@ -84,7 +84,9 @@ def state_from_json(raw: Any) -> SyncerState:
         watch={int(k): tuple(str(n) for n in v)
                for k, v in _map(raw.get("watch"), "watch").items()},
         pending=tuple(Pending(int(p["round"]), int(p["fragment"]), float(p["decided_at"]),
-                              {str(k): int(v) for k, v in _map(p.get("bases"), "bases").items()})
+                              {str(k): int(v) for k, v in _map(p.get("bases"), "bases").items()},
+                              {str(k): int(v)
+                               for k, v in _map(p.get("credits"), "credits").items()})
                       for p in raw.get("pending") or ()),
         estimates=None if e is None else Estimates(float(e["step_seconds"]),
                                                    float(e["quorum_seconds"]),

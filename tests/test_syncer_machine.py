@@ -16,6 +16,7 @@ from diloco_core.syncer_events import (
     OfferSeen,
     OpenRound,
     StopRun,
+    VersionSeen,
 )
 from diloco_core.syncer_machine import SyncerState, planted, step
 from diloco_core.syncer_state_codec import state_from_json, state_to_json
@@ -41,6 +42,34 @@ def _offer(learner: str, r: int, cfg, steps=2, base=0, payload=None) -> OfferSee
                                              base, tokens, steps))
 
 
+class Published:
+    """The merges as the store shows them: each decision with members merged and published at
+    once, as the syncer would. The machine books an offer's tokens only once it sees the
+    version that merged it, so a driver that never publishes credits no one."""
+
+    def __init__(self, cfg, merge_refuses: frozenset[str] = frozenset()):
+        self.cfg, self.merge_refuses = cfg, merge_refuses      # e.g. by the norm screen
+        self.versions: dict[int, VersionSeen] = {}
+        self.numbers: dict[int, int] = {}
+
+    def observed(self, now, beats, offers=()) -> Observed:
+        return Observed(now, beats, budget=self.cfg.token_budget, offers=tuple(offers),
+                        versions=dict(self.versions), current_versions=dict(self.numbers))
+
+    def after(self, stepped):
+        for action in stepped.actions:
+            if isinstance(action, Decide) and action.decision.members:
+                d = action.decision
+                members = tuple(m for m in d.members if m not in self.merge_refuses)
+                self.versions[d.fragment] = VersionSeen(d.round, members)
+                self.numbers[d.fragment] = self.numbers.get(d.fragment, 0) + 1
+        return stepped
+
+    def base(self, r: int) -> int:
+        """The version an honest learner offering to round r trained on."""
+        return self.numbers.get(r % self.cfg.sync.num_fragments, 0)
+
+
 class Script:
     """Ticks the machine the way a driver does: each learner's heartbeat total moves with
     the progress it made; each round, each learner offers the steps since its last offer."""
@@ -50,14 +79,15 @@ class Script:
         self.state, self.now = SyncerState("exp"), 1000.0
         self.tokens = dict.fromkeys(NAMES, 0)
         self.actions: list = []
+        self.store = Published(cfg)
 
     def tick(self, offers=(), advance=1.0):
         self.now += advance
         beats = {n: _beat(self.tokens[n], self.cfg, t=self.now) for n in NAMES}
         if self.liar_claim is not None:
             beats["learner-1"] = _beat(self.liar_claim, self.cfg, t=self.now)
-        stepped = step(self.state, Observed(self.now, beats, budget=self.cfg.token_budget,
-                                            offers=tuple(offers)), self.cfg)
+        stepped = self.store.after(step(self.state, self.store.observed(self.now, beats, offers),
+                                        self.cfg))
         for action in stepped.actions:
             if isinstance(action, OpenRound):
                 stepped = type(stepped)(planted(stepped.state, action.record.round, []),
@@ -71,7 +101,7 @@ class Script:
             self.tokens[n] += steps * self.cfg.learner_step_tokens[0]
         self.tick()                                        # progress seen: the round opens
         r = self.state.round
-        self.tick([_offer(n, r, self.cfg, steps) for n in NAMES])
+        self.tick([_offer(n, r, self.cfg, steps, base=self.store.base(r)) for n in NAMES])
 
 
 def test_one_learner_claiming_2_pow_62_tokens_does_not_end_a_two_learner_run():
@@ -133,8 +163,9 @@ def test_a_liar_with_no_one_to_compare_to_ends_the_run_no_sooner_than_a_few_hone
         liar.tick()
         r = liar.state.round
         steps = 4 * cfg.sync.sync_period if offers else 2
-        liar.tick([_offer("learner-0", r, cfg)]
-                  + ([_offer("learner-1", r, cfg, steps=steps)] if offers else []))
+        base = liar.store.base(r)
+        liar.tick([_offer("learner-0", r, cfg, base=base)]
+                  + ([_offer("learner-1", r, cfg, steps=steps, base=base)] if offers else []))
         assert liar.state.round < 1000, "the run never stopped"
     trained, alone = liar.tokens["learner-0"], honest.tokens["learner-0"]
     # Measured: 1,998,848 of 2,002,944 tokens without offers; 446,464 offering at the cap.
@@ -159,7 +190,7 @@ def test_a_late_offers_payload_offered_again_is_a_replay():
     s.tick()                                               # round 2 opens
     r = s.state.round
     replay = _offer("learner-1", r, cfg, base=1, payload="p-late")
-    stepped = s.tick([_offer("learner-0", r, cfg), replay])
+    stepped = s.tick([_offer("learner-0", r, cfg, base=s.store.base(r)), replay])
     decision = next(a.decision for a in stepped.actions if isinstance(a, Decide))
     assert decision.members == ("learner-0",), decision
     assert decision.refused["learner-1"] == "its payload is learner-1's offer to round 1: a replay"
@@ -214,13 +245,13 @@ def test_an_honest_learner_faster_than_every_peer_counts_its_tokens_toward_the_b
     state, now = SyncerState("exp"), 1000.0
     tokens = dict.fromkeys(names, 0)
     since = {n: {0: 0, 1: 0} for n in names}     # steps since the last offer, per fragment
+    store = Published(cfg)
 
     def tick(offers=()):
         nonlocal state, now
         now += 1.0
         beats = {n: _beat(tokens[n], cfg, t=now) for n in names}
-        stepped = step(state, Observed(now, beats, budget=cfg.token_budget,
-                                       offers=tuple(offers)), cfg)
+        stepped = store.after(step(state, store.observed(now, beats, offers), cfg))
         state = stepped.state
         return stepped
 
@@ -234,7 +265,8 @@ def test_an_honest_learner_faster_than_every_peer_counts_its_tokens_toward_the_b
         r = state.round
         if r >= 0 and not state.decided:
             p = r % 2
-            offers = [_offer(n, r, cfg, steps=since[n][p]) for n in names if since[n][p]]
+            offers = [_offer(n, r, cfg, steps=since[n][p], base=store.base(r))
+                      for n in names if since[n][p]]
             for n in names:
                 since[n][p] = 0
             tick(offers)
@@ -243,37 +275,43 @@ def test_an_honest_learner_faster_than_every_peer_counts_its_tokens_toward_the_b
     assert total <= cfg.token_budget + 6 * per_step * 2, (total, cfg.token_budget)
 
 
-@pytest.mark.parametrize("offers", ["none", "at the cap", "over the cap"])
+@pytest.mark.parametrize("offers", ["none", "at the cap", "over the cap",
+                                    "at the cap, refused by the merge", "late, at the cap"])
 def test_with_peers_a_liar_counts_toward_the_budget_as_at_most_max_speed_ratio_learners(offers):
     """Three honest learners and one claiming 2^62 tokens: without offers it counts as one
     more honest learner toward STOP; offering exactly at the credit cap every round, as at
     most max_speed_ratio of them (its offers corroborate a learner that fast); offering claims
     past the cap (a trillion steps), as one again: an over-claiming offer adds nothing to its
-    account. Never as 2^62."""
+    account; and as one again when the merge refuses its offers (admitted by the machine,
+    refused by the screen) or when it offers only to rounds already decided: only a merged
+    offer vouches for tokens. Never as 2^62."""
     names = [f"learner-{i}" for i in range(4)]
     cfg = config_from_mapping(overrides_to_mapping([
         "learners.num_learners=4", "sync.min_quorum=2", "sync.num_fragments=2",
         "sync.sync_period=4", "sync.grace_gamma=0", "token_budget=400000"]))
     per_step, ratio = cfg.learner_step_tokens[0], cfg.sync.max_speed_ratio
     cap = int(ratio * cfg.sync.sync_period)                # steps, at staleness 0
-    liar_steps = {"none": None, "at the cap": cap, "over the cap": 10 ** 12}[offers]
+    liar_steps = {"none": None, "at the cap": cap, "over the cap": 10 ** 12,
+                  "at the cap, refused by the merge": cap, "late, at the cap": cap}[offers]
     state, now = SyncerState("exp"), 1000.0
     tokens = dict.fromkeys(names, 0)
+    store = Published(cfg, frozenset({"learner-3"}) if "refused" in offers else frozenset())
     while not state.stop:
         for n in names[:3]:
             tokens[n] += 2 * per_step
         now += 1.0
         beats = {n: _beat(tokens[n], cfg, t=now) for n in names[:3]}
         beats["learner-3"] = _beat(2 ** 62, cfg, t=now)
-        state = step(state, Observed(now, beats, budget=cfg.token_budget), cfg).state
+        state = store.after(step(state, store.observed(now, beats), cfg)).state
         r = state.round
         if r >= 0 and not state.decided:
-            offered = [_offer(n, r, cfg, steps=4) for n in names[:3]]
+            offered = [_offer(n, r, cfg, steps=4, base=store.base(r)) for n in names[:3]]
             if liar_steps is not None:
-                offered.append(_offer("learner-3", r, cfg, steps=liar_steps))
+                to = r - 1 if offers.startswith("late") else r     # r - 1: decided already
+                offered.append(_offer("learner-3", to, cfg, steps=liar_steps,
+                                      base=store.base(to)))
             now += 1.0
-            state = step(state, Observed(now, beats, budget=cfg.token_budget,
-                                         offers=tuple(offered)), cfg).state
+            state = store.after(step(state, store.observed(now, beats, offered), cfg)).state
         assert r < 1000, "the run never stopped"
     honest = sum(tokens[n] for n in names[:3])
     counted_as = 1 + (ratio if offers == "at the cap" else 1)
