@@ -74,7 +74,7 @@ SOAK = ["name=soak", "model.preset=tiny", "data.seq_len=32", "data.batch_size=4"
 
 def configs(budget: int, overrides: list[str] = ()):
     from diloco_core.baselines import synchronous_config
-    from pipelines.cli import load_config
+    from pipelines.commands.cli import load_config
 
     decoupled = load_config(None, SOAK + [f"token_budget={budget}", *overrides])
     return {"decoupled": decoupled, "synchronous": synchronous_config(decoupled)}
@@ -102,7 +102,7 @@ def make_tape(seed: int, budget: int, kills: int, restarts: list[tuple[str, floa
 
 def soak_run(cfg, tape_path: Path | None, workdir: Path) -> dict:
     from benchmarks.quality.store_scoring import score_store
-    from pipelines.demo_command import run_demo
+    from pipelines.commands.demo import run_demo
     from resources.store.artifact_store import ArtifactStore
     from resources.store.backends import open_blob_store
 

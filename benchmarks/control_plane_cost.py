@@ -150,7 +150,7 @@ def _child(args) -> dict:
     import pipelines
     from diloco_core.compression import Encoded, encode
     from diloco_core.contribution import Contribution
-    from pipelines.syncer_service import SyncerService
+    from pipelines.syncer.service import SyncerService
     from resources.store.artifact_store import ArtifactStore
     from resources.store.backends import open_blob_store
     assert Path(pipelines.__file__).resolve().is_relative_to(args.code.resolve()), (

@@ -4,7 +4,7 @@ writes malformed and adversarial records for the whole run, against the same run
 Same setup as `benchmarks/chaos_soak.py` (4 learners, Decoupled DiLoCo K=2 of M=4, P=2, the
 syncer service, the Dagster daemon and sensors). The tape gives learner-3 the fault
 `hostile_records` from 10% of its steps to the end: every few steps it writes the next kind of
-`resources.hostile_records.KINDS` within its own write rules (its heartbeat, well-formed ones
+`resources.chaos.hostile_records.KINDS` within its own write rules (its heartbeat, well-formed ones
 claiming 2^62 tokens or 1e300 seconds a step, a forged attempt record, offers to the open round:
 manifests that lie, npy and zip bombs, pickles, payloads of the wrong dtype, a trillion claimed
 steps on a huge delta, replays, a copy of a peer's offer, fields only observers read) while it
@@ -104,7 +104,7 @@ def one_pair(cfg, tape_path: Path, tmp: Path, repeat: int) -> dict:
     """A fault-free run and a hostile run of the same config: their figures."""
     from chaos_soak import figures, soak_run
 
-    from resources.hostile_records import read_log
+    from resources.chaos.hostile_records import read_log
     from resources.store.artifact_store import ArtifactStore
     from resources.store.backends import open_blob_store
 
@@ -205,7 +205,7 @@ def main() -> None:
     from chaos_soak import configs
 
     from pipelines.reporting import code_revision, machine_info
-    from resources.hostile_records import KINDS
+    from resources.chaos.hostile_records import KINDS
 
     revision = code_revision()
     cfg = configs(args.budget)["decoupled"]

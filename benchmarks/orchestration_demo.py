@@ -35,11 +35,11 @@ DEFAULT_OUT = REPO / "benchmarks" / "results" / "orchestration_demo.json"
 
 
 # Which part of the run a process is, from its command line (first match wins).
-ROLES = (("learner", "pipelines.learner_entry"), ("syncer", "pipelines.syncer_entry"),
+ROLES = (("learner", "pipelines.learner_entry"), ("syncer", "pipelines.syncer.entry"),
          ("run worker", "multiprocessing.spawn"), ("code server", "dagster api grpc"),
          ("code server", "dagster code-server"), ("webserver", "dagster_webserver"),
          ("daemon", "dagster._daemon"), ("dagster dev", "dagster dev"),
-         ("demo command", "pipelines.cli demo"))
+         ("demo command", "pipelines.commands.cli demo"))
 
 
 def _role(cmdline: str) -> str:
@@ -140,7 +140,8 @@ def run_demo(chaos: bool, workdir: Path) -> tuple[dict, dict, list[tuple[float, 
     out = workdir / "summary.json"
     # An empty compilation cache, as on a fresh machine (the learners and the syncer compile
     # cold; a relaunched process reuses what this run compiled).
-    command = [sys.executable, "-m", "pipelines.cli", "demo", "--workdir", str(workdir / "demo"),
+    command = [sys.executable, "-m", "pipelines.commands.cli", "demo",
+               "--workdir", str(workdir / "demo"),
                "--json", str(out), "--set",
                f"orchestration.compilation_cache_dir={workdir / 'jax-cache'}"
                ] + (["--chaos"] if chaos else [])
@@ -190,7 +191,7 @@ def clock_calibration(store_dir: Path, config_path: Path, demo: dict) -> dict:
         beat = json.loads(path.read_text())
         if beat.get("step") and beat.get("training_seconds"):
             per_step[beat["learner"]] = beat["training_seconds"] / beat["step"]
-    from pipelines.cli import load_config
+    from pipelines.commands.cli import load_config
 
     cfg = load_config(str(config_path), [])
     names = cfg.learners.learner_names
@@ -205,7 +206,7 @@ def clock_calibration(store_dir: Path, config_path: Path, demo: dict) -> dict:
 
 def run_reference(config_path: Path, overrides: list[str] = ()) -> dict:
     from diloco_core.simulator import run_simulation
-    from pipelines.cli import load_config
+    from pipelines.commands.cli import load_config
     from resources.corpus import load_corpus
 
     cfg = load_config(str(config_path), list(overrides))

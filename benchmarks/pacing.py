@@ -35,7 +35,7 @@ def run_one(args: tuple[bool, int, int, int]) -> dict:
     from diloco_core.evaluation import evaluate
     from diloco_core.model import make_model_def
     from diloco_core.simulator import run_simulation
-    from pipelines.cli import load_config
+    from pipelines.commands.cli import load_config
     from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
     from resources.task_data import load_task_data
 

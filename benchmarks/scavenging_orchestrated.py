@@ -60,7 +60,7 @@ def arm_overrides(extra: int) -> list[str]:
 def window_rounds() -> tuple[int, int]:
     """The rounds at which the extra learners join and leave: WINDOW of the base run's rounds
     (its expected rounds before the final ones)."""
-    from pipelines.cli import load_config
+    from pipelines.commands.cli import load_config
 
     base = load_config(None, arm_overrides(0), base=_launch_defaults())
     rounds = base.expected_rounds - base.sync.num_fragments
@@ -78,7 +78,8 @@ def tape(extra: int, joins: int, leaves: int) -> dict:
 
 def run_arm(extra: int, workdir: Path, joins: int, leaves: int) -> dict:
     out = workdir / "summary.json"
-    command = [sys.executable, "-m", "pipelines.cli", "demo", "--workdir", str(workdir / "demo"),
+    command = [sys.executable, "-m", "pipelines.commands.cli", "demo",
+               "--workdir", str(workdir / "demo"),
                "--json", str(out), "--set",
                f"orchestration.compilation_cache_dir={workdir / 'jax-cache'}"]
     for override in arm_overrides(extra):
@@ -122,7 +123,7 @@ def run_arm(extra: int, workdir: Path, joins: int, leaves: int) -> dict:
 
 def simulate(extra: int) -> dict:
     from diloco_core.simulator import run_simulation
-    from pipelines.cli import load_config
+    from pipelines.commands.cli import load_config
     from resources.corpus import load_corpus
 
     overrides = arm_overrides(extra)

@@ -33,7 +33,7 @@ JITTERS = (0.0, 0.05, 0.1, 0.2)
 
 def run(overrides: list[str]) -> dict:
     from diloco_core.simulator import run_simulation
-    from pipelines.cli import load_config
+    from pipelines.commands.cli import load_config
     from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
     from resources.corpus import load_corpus
 

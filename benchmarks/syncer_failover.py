@@ -11,7 +11,7 @@ Per kill it reports, in seconds after the kill:
 - `run_failed`: the killed syncer's Dagster run ended (Pipes saw its process die);
 - `relaunch_requested`: the supervisor sensor created the next syncer run;
 - `run_started`: the run worker started that run (dequeue and launch);
-- `process_started`: the new syncer process appeared (`pipelines.syncer_entry`);
+- `process_started`: the new syncer process appeared (`pipelines.syncer.entry`);
 - `lease_taken`: a new holder wrote the lease (a new epoch);
 - `first_publish`: the first global version published after the kill, and by whom
   (`syncer-a<n>`: a syncer, `syncer-a<n>-standby` its standby; `run`: a merge run of the
@@ -49,7 +49,7 @@ def _git(*args: str) -> str:
 
 
 def _syncer_pids() -> dict[int, float]:
-    """pid -> start time (seconds since the epoch) of every `pipelines.syncer_entry` process."""
+    """pid -> start time (seconds since the epoch) of every `pipelines.syncer.entry` process."""
     found = {}
     boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
                 if line.startswith("btime"))
@@ -59,7 +59,7 @@ def _syncer_pids() -> dict[int, float]:
             continue
         try:
             cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
-            if b"pipelines.syncer_entry" not in cmd:
+            if b"pipelines.syncer.entry" not in cmd:
                 continue
             stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
             found[int(entry)] = boot + int(stat[19]) / ticks
@@ -70,7 +70,7 @@ def _syncer_pids() -> dict[int, float]:
 
 def _standby_ready(syncer_pid: int) -> bool:
     """Whether the syncer `syncer_pid` has a warm standby standing by: a
-    `pipelines.syncer_entry --standby-for <pid>` process whose main thread is blocked reading
+    `pipelines.syncer.entry --standby-for <pid>` process whose main thread is blocked reading
     its stdin (the pipe from the syncer), i.e. past its compilation."""
     for pid in _syncer_pids():
         try:
@@ -101,7 +101,7 @@ def run(args) -> dict:
     from resources.store.backends import open_blob_store
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="syncer-failover-"))
-    cmd = [sys.executable, "-m", "pipelines.cli", "demo", "--workdir", str(workdir)]
+    cmd = [sys.executable, "-m", "pipelines.commands.cli", "demo", "--workdir", str(workdir)]
     for override in args.set:
         cmd += ["--set", override]
     log = open(workdir.parent / f"{workdir.name}.log", "w")  # noqa: SIM115 - the demo's log

@@ -43,7 +43,7 @@ _PARAMS: dict[str, dict[str, Any]] = {
                      "slow_seconds": 0.5},
     # Besides training honestly, the learner writes one malformed or adversarial record every
     # `every_steps` steps for `steps` steps, wherever its own write rules let it (its records,
-    # its contributions to coming rounds): `resources.hostile_records`.
+    # its contributions to coming rounds): `resources.chaos.hostile_records`.
     "hostile_records": {"every_steps": 2, "steps": math.inf},
     "bad_contribution": {"mode": "nan"},
     "merge_crash": {"phase": "before_commit"},

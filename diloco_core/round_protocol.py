@@ -2,7 +2,7 @@
 when the run stops. One set of pure rules, run by every party that needs them:
 
 - the reference simulator (`simulator.py`, on its fake clock),
-- the syncer service and the quorum sensor's fallback (`pipelines/round_control.py`, on the
+- the syncer service and the quorum sensor's fallback (`pipelines/syncer/round_control.py`, on the
   syncer's wall clock, reading learners' records from the store),
 - the learner runtime (`resources/learner/runtime.py`: whether and what to offer).
 

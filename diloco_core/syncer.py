@@ -256,7 +256,7 @@ def _kept_history(history: dict[int, FlatParams], version: int, fragment: FlatPa
     Theta - Theta_base must be the same float32 subtraction at every staleness (a sum of
     per-round deltas rounds differently), and a version costs what a delta costs. This history
     is the in-process syncer's (the simulator's); the syncer service reads a base from the
-    store, one version at a time (pipelines/store_merge.py), within the store's retention.
+    store, one version at a time (pipelines/syncer/store_merge.py), within the store's retention.
     """
     if anchor != "global":
         return {}

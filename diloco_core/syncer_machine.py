@@ -1,11 +1,12 @@
 """The syncer's side of the round protocol as one pure state machine:
 `step(state, observed, cfg) -> (state, actions)`.
 
-Its drivers read the store, step, and write the actions in order (`pipelines/round_control.py`:
-the syncer service and the quorum sensor's fallback, on the syncer's wall clock). The machine
-reads and writes nothing itself: everything it knows arrives as one `Observed` per tick, and
-everything it decides leaves as actions (`StopRun`, `Decide`, `OpenRound`, `FinishRun`). The
-rules are the round protocol's (`round_protocol`); what this module adds is the state they run
+Its drivers read the store, step, and write the actions in order
+(`pipelines/syncer/round_control.py`: the syncer service and the quorum sensor's fallback, on
+the syncer's wall clock). The machine reads and writes nothing itself: everything it knows
+arrives as one `Observed` per tick, and everything it decides leaves as actions (`StopRun`,
+`Decide`, `OpenRound`, `FinishRun`). The rules are the round protocol's (`round_protocol`);
+what this module adds is the state they run
 on and how one tick's observations become decisions:
 
 - An offer's arrival time is when a tick first saw it (the syncer's clock, never a learner's).

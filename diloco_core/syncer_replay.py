@@ -1,6 +1,6 @@
 """Replay a recorded trace of the syncer through its state machine.
 
-A trace (recorded by `pipelines/syncer_trace.py` from a real run) holds the run's config, each
+A trace (recorded by `pipelines/syncer/trace.py` from a real run) holds the run's config, each
 driver session's starting state (a syncer's first tick, or the state it rebuilt from the store
 after a restart or a lost race), and, for every tick, what the driver observed, the actions
 the machine returned, a digest of the state it returned, and the offers the driver found

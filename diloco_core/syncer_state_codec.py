@@ -5,7 +5,7 @@ it in memory the same way. Keys are those of the cursor before the state machine
 cursor written by an older version still reads; one that does not read raises `ValueError`, and
 the driver rebuilds the state from the store as for a lost cursor.
 
-Observations and actions: a recorded trace of a real run (`pipelines/syncer_trace.py`) is
+Observations and actions: a recorded trace of a real run (`pipelines/syncer/trace.py`) is
 replayed through `step` (`syncer_replay`). JSON keeps floats exactly, so a replay decides to
 the bit what the run decided.
 """

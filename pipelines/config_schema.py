@@ -96,7 +96,7 @@ def _walk(cls: type, plain: Any, orchestrated: Any, prefix: str) -> list[FieldDo
 @functools.cache
 def reference() -> tuple[FieldDoc, ...]:
     """Every field of the experiment config, in the order of the dataclasses."""
-    from pipelines.config_layers import load_config
+    from pipelines.commands.config_layers import load_config
     from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
 
     orchestrated = load_config(None, [], base=ORCHESTRATED_DEFAULTS)

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     honour_termination()
     # Before anything imports the runtime's modules and touches a JAX backend.
     process_id, _ = join_from_env()
-    from resources.faults import LearnerFaults, load_tape
+    from resources.chaos.faults import learner_faults
     from resources.learner.runtime import LearnerRuntime
     from resources.store.artifact_store import ArtifactStore
     from resources.store.backends import open_blob_store
@@ -94,11 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     with session as (params, log, report):
         store = ArtifactStore(open_blob_store(params["store"]), params["experiment"])
         attempt = int(params["attempt"])
-        tape = load_tape(store, log=log)   # a chaos run's fault tape, if it has one
-        faults = (None if tape is None
-                  else LearnerFaults(store, tape, params["learner"], attempt, log))
+        # The driver boundary: a chaos run's fault tape, if it has one, hooks into the loop.
+        hooks = learner_faults(store, params["learner"], attempt, log)
         runtime = LearnerRuntime(store, params["learner"], attempt, log=log,
-                                 use_ocdbt=bool(params.get("use_ocdbt", True)), faults=faults)
+                                 use_ocdbt=bool(params.get("use_ocdbt", True)), hooks=hooks)
         report(runtime.run())   # a no-op on processes other than 0 (no Pipes session)
     return 0
 

@@ -95,7 +95,7 @@ def _sound_fault(fault, names) -> bool:
     return fault["kind"] not in OUTAGES or fault.get("learner") in names
 
 
-# What the injectors record of a fired fault (`resources.faults`): the summary keeps these.
+# What the injectors record of a fired fault (`resources.chaos.faults`): the summary keeps these.
 FIRED_FIELDS = ("id", "kind", "learner", "attempt", "step", "round", "phase", "time", "pid")
 
 

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from diloco_core.config_loading import config_from_mapping
-from pipelines.store_merge import MergePlan, merge_from_store
+from pipelines.syncer.store_merge import MergePlan, merge_from_store
 from resources.store.artifact_store import ArtifactStore, Conflict
 from resources.store.backends import open_blob_store
 
@@ -67,7 +67,7 @@ done = {}
 for r in args.rounds:
     for attempt in range(5):
         try:
-            outcome = merge_from_store(store, r, merge_plan=plan, faults=hold)
+            outcome = merge_from_store(store, r, merge_plan=plan, hooks=hold)
         except Conflict as err:
             done.setdefault("conflicts", []).append(f"round {r}: {err}")
             continue

@@ -153,7 +153,7 @@ class Harness:
         Returns (step, service or None)."""
         if path != "service":
             return (lambda: self.tick()), None
-        from pipelines.syncer_service import SyncerService
+        from pipelines.syncer.service import SyncerService
 
         service = SyncerService(self.store, attempt=0, log=lambda _: None)
         service.lease.clock = lambda: self.now

@@ -29,3 +29,36 @@ def test_layering(package):
     for path in sorted((ROOT / package).rglob("*.py")):
         bad = _imports(path) & FORBIDDEN[package]
         assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+
+
+# The driver boundary: the process entries and the Dagster definitions that launch a chaos run
+# select its fault injectors. The learner runtime, the syncer service and the merge take them
+# only as hooks (`resources/learner/hooks.py`, `pipelines/syncer/hooks.py`).
+CHAOS_DRIVERS = {"pipelines/learner_entry.py", "pipelines/syncer/entry.py",
+                 "pipelines/defs/rounds.py", "pipelines/defs/supervise_tick.py",
+                 "pipelines/defs/experiment.py", "pipelines/commands/demo.py"}
+
+
+def _modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def test_only_the_drivers_import_fault_injection():
+    importers = set()
+    for package in ("pipelines", "resources", "diloco_core"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = str(path.relative_to(ROOT))
+            if rel.startswith("resources/chaos/"):
+                continue
+            if any(m == "resources.chaos" or m.startswith("resources.chaos.")
+                   for m in _modules(path)):
+                importers.add(rel)
+    assert importers <= CHAOS_DRIVERS, sorted(importers - CHAOS_DRIVERS)
+    assert importers, "the drivers select the chaos hooks somewhere"

@@ -15,9 +15,9 @@ from diloco_core.config import ConfigError
 from diloco_core.config_loading import config_from_mapping, overrides_to_mapping
 from diloco_core.round_records import RecordError
 from pipelines.capacity_control import apply_tape, change_capacity, current_capacity
-from pipelines.cli import main
+from pipelines.commands.cli import main
 from pipelines.defs.supervise_tick import supervise_tick
-from resources.faults import load_tape
+from resources.chaos.faults import load_tape
 
 pytestmark = pytest.mark.timeout(300)
 ROSTER = ("learner-0", "learner-1", "learner-2")

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.cli import main
+from pipelines.commands.cli import main
 
 TINY = ["--set", "model.preset=tiny", "--set", "data.seq_len=32", "--set", "data.batch_size=4",
         "--set", "learners.num_learners=2", "--set", "sync.num_fragments=2",
@@ -161,7 +161,7 @@ def test_version(capsys):
 
 
 def test_changing_the_number_of_learners_drops_the_launch_defaults_per_learner_lists():
-    from pipelines.config_layers import load_config
+    from pipelines.commands.config_layers import load_config
     from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
 
     assert len(load_config(None, [], base=ORCHESTRATED_DEFAULTS).learners.learner_speeds) == 4
@@ -174,7 +174,7 @@ def test_changing_the_number_of_learners_drops_the_launch_defaults_per_learner_l
 
 def test_one_learner_is_not_refused_for_a_quorum_the_user_never_set():
     from diloco_core.config import ConfigError
-    from pipelines.config_layers import load_config
+    from pipelines.commands.config_layers import load_config
     from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
 
     cfg = load_config(None, ["learners.num_learners=1"], base=ORCHESTRATED_DEFAULTS)
@@ -189,7 +189,7 @@ def test_one_learner_is_not_refused_for_a_quorum_the_user_never_set():
 def test_config_orchestrated_shows_what_demo_and_train_run(capsys):
     import yaml
 
-    from pipelines.config_layers import load_config
+    from pipelines.commands.config_layers import load_config
     from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
 
     assert main(["config", "--orchestrated", "--set", "sync.min_quorum=1"]) == 0
@@ -208,7 +208,7 @@ def test_orchestrated_runs_rebase_on_receipt_and_the_chaos_soak_measures_that_ru
     offer in orchestrated runs; the experiments keep the paper's rule. The soak has its own
     config, so it must follow the launch defaults' rule or it measures another product."""
     from benchmarks.chaos_soak import configs
-    from pipelines.config_layers import load_config
+    from pipelines.commands.config_layers import load_config
     from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
 
     assert load_config(None, [], base=ORCHESTRATED_DEFAULTS).sync.receive_rule == "rebase"
@@ -230,7 +230,7 @@ def test_status_of_a_bucket_without_credentials_is_one_line(tmp_path):
            if k not in ("GOOGLE_APPLICATION_CREDENTIALS", "STORAGE_EMULATOR_HOST",
                         "CLOUDSDK_CONFIG")}
     env.update(HOME=str(tmp_path), GCE_METADATA_HOST="127.0.0.1:9", GCE_METADATA_IP="127.0.0.1:9")
-    out = subprocess.run([sys.executable, "-m", "pipelines.cli", "status", "--store",
+    out = subprocess.run([sys.executable, "-m", "pipelines.commands.cli", "status", "--store",
                           "gs://no-such-bucket/diloco"], env=env, capture_output=True,
                          text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent)
     assert out.returncode == 2, out

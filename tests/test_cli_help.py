@@ -5,7 +5,7 @@ import argparse
 
 import pytest
 
-from pipelines.cli import build_parser
+from pipelines.commands.cli import build_parser
 
 
 def _commands() -> dict[str, argparse.ArgumentParser]:

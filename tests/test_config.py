@@ -93,7 +93,7 @@ def test_model_preset_with_overrides_and_infinite_grace_cap():
 def test_example_configs_are_valid():
     from pathlib import Path
 
-    from pipelines.cli import load_config
+    from pipelines.commands.cli import load_config
 
     examples = sorted((Path(__file__).parent.parent / "examples").glob("*.*"))
     assert examples

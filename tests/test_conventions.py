@@ -5,7 +5,7 @@ import tomllib
 from pathlib import Path
 
 from diloco_core.config import ExperimentConfig
-from pipelines.demo_command import Watch, _progress_line
+from pipelines.commands.demo import Watch, _progress_line
 
 ROOT = Path(__file__).resolve().parent.parent
 

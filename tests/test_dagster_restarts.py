@@ -9,9 +9,9 @@ import dagster as dg
 import pytest
 from test_end_to_end import E2E
 
-from pipelines.cli import load_config
-from pipelines.dagster_dev import reap_orphaned_runs
-from pipelines.demo_command import run_demo
+from pipelines.commands.cli import load_config
+from pipelines.commands.dagster_dev import reap_orphaned_runs
+from pipelines.commands.demo import run_demo
 from resources.store import layout
 from resources.store.artifact_store import ArtifactStore
 from resources.store.backends import open_blob_store

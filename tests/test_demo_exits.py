@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines import demo_command
-from pipelines.cli import main
+from pipelines.commands import demo as demo_command
+from pipelines.commands.cli import main
 
 FAST = ["--set", "model.preset=tiny"]
 
@@ -104,7 +104,7 @@ def test_ctrl_c_is_one_line_saying_how_to_resume(tmp_path, fake_dagster, capsys)
 
 
 def test_the_instance_gets_a_short_grace_on_ctrl_c(tmp_path):
-    from pipelines.dagster_dev import DagsterDev
+    from pipelines.commands.dagster_dev import DagsterDev
 
     graces = []
     dev = DagsterDev(tmp_path / "home")
@@ -117,7 +117,7 @@ def test_the_instance_gets_a_short_grace_on_ctrl_c(tmp_path):
 def test_a_finished_workdir_says_it_is_finished_and_starts_nothing(tmp_path, fake_dagster,
                                                                    capsys):
     from diloco_core.config_loading import config_to_mapping
-    from pipelines.cli import load_config
+    from pipelines.commands.cli import load_config
     from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
     from resources.store.artifact_store import ArtifactStore
     from resources.store.backends import open_blob_store
@@ -185,7 +185,7 @@ def test_a_read_only_workdir_is_one_line(tmp_path, fake_dagster, capsys, monkeyp
 
 
 def test_a_workdir_another_demo_holds_is_refused(tmp_path, fake_dagster, capsys):
-    from pipelines.workdir import held
+    from pipelines.commands.workdir import held
 
     workdir = tmp_path / "demo"
     workdir.mkdir()
@@ -193,7 +193,7 @@ def test_a_workdir_another_demo_holds_is_refused(tmp_path, fake_dagster, capsys)
     # process would be refused too, but the point is another demo).
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from pathlib import Path; "
-         "from pipelines.workdir import held\n"
+         "from pipelines.commands.workdir import held\n"
          f"with held(Path({str(workdir)!r})):\n    print('held', flush=True); time.sleep(60)"],
         stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent)
     try:

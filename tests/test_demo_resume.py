@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from test_end_to_end import E2E
 
-from pipelines.cli import main
+from pipelines.commands.cli import main
 from resources.store.artifact_store import ArtifactStore
 from resources.store.backends import open_blob_store
 
@@ -32,7 +32,8 @@ def _merges(runs: Path) -> int:
 
 
 def _cli(argv: list[str], cwd: Path, env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "pipelines.cli", *argv], cwd=cwd, env=env,
+    return subprocess.Popen([sys.executable, "-m", "pipelines.commands.cli", *argv], cwd=cwd,
+                            env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
 

@@ -15,8 +15,8 @@ from dagster_k8s import K8sRunLauncher
 from postgres_server import materialize_one_run
 
 from diloco_core.config_loading import config_from_mapping
-from pipelines.cli import CONTROL_MEMBER
-from pipelines.dagster_dev import instance_yaml
+from pipelines.commands.cli import CONTROL_MEMBER
+from pipelines.commands.dagster_dev import instance_yaml
 from resources.compute.k8s_schema import validate
 from resources.compute.manifests import JOBSET_API
 from resources.compute.placement import load_deployment

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from diloco_core.config import ConfigError
-from pipelines.cli import load_config
+from pipelines.commands.cli import load_config
 from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
 from resources.compute.gke import jobset_outcome
 from resources.compute.k8s_schema import (
@@ -214,7 +214,7 @@ def test_jobset_status_maps_to_an_exit_status():
 
 
 def test_the_manifests_command_prints_every_gke_learners_workload(capsys, monkeypatch):
-    from pipelines.cli import main
+    from pipelines.commands.cli import main
 
     monkeypatch.delenv("DILOCO_DEPLOYMENT", raising=False)
     assert main(["manifests", "--deployment", str(DEPLOYMENT), "--config", str(EXPERIMENT)]) == 0

@@ -23,9 +23,9 @@ import yaml
 from gcs_emulator import BUCKET
 from postgres_server import materialize_one_run
 
-from pipelines.cli import load_config
-from pipelines.dagster_dev import instance_yaml
-from pipelines.demo_command import run_demo
+from pipelines.commands.cli import load_config
+from pipelines.commands.dagster_dev import instance_yaml
+from pipelines.commands.demo import run_demo
 
 # The two daemon runs are slow-marked one by one; the PostgreSQL configuration tests are fast.
 
@@ -152,7 +152,7 @@ def test_an_instance_with_a_postgres_url_stores_runs_in_postgres(tmp_path, postg
 
 @pytest.mark.parametrize("url", ["sqlite:///x.db", "postgres://u@h/db", "postgresql://u@h:x/db"])
 def test_a_bad_postgres_url_is_refused_before_anything_starts(tmp_path, url, capsys):
-    from pipelines.cli import main
+    from pipelines.commands.cli import main
 
     assert main(["demo", "--workdir", str(tmp_path / "demo"), "--postgres-url", url]) == 2
     assert "invalid --postgres-url" in capsys.readouterr().err

@@ -11,7 +11,7 @@ from diloco_core.config_loading import config_to_mapping
 from diloco_core.fragments import plan_fragments, split_params
 from diloco_core.model import init_model
 from diloco_core.outer import outer_optimizer_for
-from pipelines.cli import load_config, main
+from pipelines.commands.cli import load_config, main
 from pipelines.round_eval import evaluate_global
 from resources.model_export import ExportError, export_global, load_exported
 from resources.store.resource import ArtifactStoreResource

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from pipelines.cli import main
+from pipelines.commands.cli import main
 from resources.extras import MissingExtra
 
 GCP = ("google.cloud", "google_crc32c", "gcsfs", "dagster_gcp")
@@ -68,7 +68,7 @@ def test_a_gs_store_without_the_gcp_extra_names_it(monkeypatch, capsys):
 
 
 def test_postgres_manifests_and_digits_name_their_extras(monkeypatch, capsys, tmp_path):
-    from pipelines.dagster_dev import check_postgres_url
+    from pipelines.commands.dagster_dev import check_postgres_url
     from resources.digits import load_digits_examples
 
     _hide(monkeypatch, [*POSTGRES, *K8S, *DIGITS])

@@ -422,7 +422,7 @@ def _store_with(tmp_path, chaos: bool, tape: bytes | None):
 ])
 def test_a_malformed_tape_in_the_store_is_refused_with_a_reason_never_raised(tmp_path, body,
                                                                              reason):
-    from resources.faults import load_tape
+    from resources.chaos.faults import load_tape
 
     store = _store_with(tmp_path, chaos=True, tape=body)
     said = []
@@ -434,7 +434,7 @@ def test_a_malformed_tape_in_the_store_is_refused_with_a_reason_never_raised(tmp
 def test_a_tape_is_honoured_only_in_an_experiment_launched_as_a_chaos_run(tmp_path):
     import json
 
-    from resources.faults import load_tape
+    from resources.chaos.faults import load_tape
 
     body = json.dumps(FULL).encode()
     production = _store_with(tmp_path / "p", chaos=False, tape=body)

@@ -14,10 +14,10 @@ import pytest
 from orchestration_harness import Harness
 
 from diloco_core.fault_tape import tape_from_mapping
-from pipelines.syncer_service import SyncerService
+from pipelines.syncer.service import SyncerService
 from pipelines.token_ledger import run_ledger
-from resources.faults import LearnerFaults
-from resources.hostile_records import (
+from resources.chaos.faults import LearnerFaults
+from resources.chaos.hostile_records import (
     HEARTBEAT_KINDS,
     KINDS,
     OFFER_KINDS,

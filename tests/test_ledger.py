@@ -349,7 +349,7 @@ def test_an_empty_run():
 def _store_run(tmp_path, extra, base_version=0):
     """Round 0 with two offers: learner-0's honest one, and learner-1's, whose manifest carries
     `extra` as given (the learner writes it: free-form JSON)."""
-    from pipelines.cli import load_config
+    from pipelines.commands.cli import load_config
     from resources.store import layout
     from resources.store.artifact_store import ArtifactStore
     from resources.store.blobs import LocalBlobStore

@@ -8,7 +8,7 @@ import pytest
 from orchestration_harness import Harness
 
 from pipelines.partition_keys import partition_key
-from resources.hostile_records import CONTRIBUTION_ATTACKS
+from resources.chaos.hostile_records import CONTRIBUTION_ATTACKS
 from resources.store import layout
 from resources.store.artifact_store import Conflict
 
@@ -180,7 +180,7 @@ def test_two_merges_of_one_fragment_never_delete_each_others_version(harness):
     version and skips its own older round; A's pointer move then finds its own version
     current. Before, B deleted A's version and A moved the pointer to B's content (or to a
     deleted version), both reporting success."""
-    from pipelines.store_merge import MergePlan, merge_from_store
+    from pipelines.syncer.store_merge import MergePlan, merge_from_store
 
     h = harness
     h.offer("learner-0", 0)

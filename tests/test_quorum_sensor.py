@@ -203,7 +203,7 @@ def test_a_cursor_behind_the_store_recovers_and_requests_the_missing_merge(harne
     stale = h.cursor                       # the cursor before the deciding tick
     # The deciding tick wrote its decision, then failed before returning: no merge requested,
     # cursor not saved. (Written here by hand: exactly what that tick committed.)
-    from pipelines.round_control import RoundController
+    from pipelines.syncer.round_control import RoundController
     RoundController(h.store).tick(h.state(), now=h.now + 1)
     assert h.store.get_decision(0) is not None and h.merged_rounds() == set()
     h.cursor = stale
@@ -217,7 +217,7 @@ def test_an_offer_is_described_once_even_when_another_decider_wrote_first(jumpin
     """A tick that loses a write to another decider (the syncer and the fallback during a
     hand-over) rebuilds its state from the store; the offers it had already described to
     Dagster are not described again on the next tick."""
-    from pipelines.round_control import RoundController
+    from pipelines.syncer.round_control import RoundController
 
     h = jumping
     controller = RoundController(h.store)
@@ -242,7 +242,7 @@ def test_a_round_opened_by_a_tick_that_failed_still_gets_its_partition(harness):
     h = harness
     _progress(h, ["learner-0", "learner-1"])
     stale = h.cursor
-    from pipelines.round_control import RoundController
+    from pipelines.syncer.round_control import RoundController
     opened = RoundController(h.store).tick(None, now=h.now + 1).opened   # the failed tick
     assert opened == [0] and h.instance.get_dynamic_partitions("rounds") == []
     h.cursor = stale

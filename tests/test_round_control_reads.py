@@ -8,8 +8,8 @@ import time
 import pytest
 from learner_store_setup import committed_experiment
 
-import pipelines.round_control as round_control
-from pipelines.round_control import RoundController
+import pipelines.syncer.round_control as round_control
+from pipelines.syncer.round_control import RoundController
 from resources.store import layout
 from resources.store.artifact_store import ArtifactStore
 from resources.store.blobs import LocalBlobStore

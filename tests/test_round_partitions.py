@@ -7,7 +7,7 @@ import pytest
 from orchestration_harness import Harness
 
 from diloco_core.config import ROUND_PARTITIONS_MAX
-from pipelines.cli import load_config
+from pipelines.commands.cli import load_config
 from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
 from pipelines.partition_keys import (
     learner_partition_key,

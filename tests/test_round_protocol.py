@@ -25,8 +25,8 @@ from diloco_core.round_protocol import (
     tokens_needed,
 )
 from diloco_core.round_records import Heartbeat, RecordError, RoundDecision, RoundOpen
-from pipelines.round_control import RoundController
-from pipelines.syncer_service import SyncerService
+from pipelines.syncer.round_control import RoundController
+from pipelines.syncer.service import SyncerService
 from resources.store import layout
 
 NAMES = ["learner-0", "learner-1", "learner-2"]

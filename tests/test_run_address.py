@@ -9,7 +9,7 @@ import time
 import pytest
 
 from diloco_core.config_loading import config_to_mapping
-from pipelines.cli import load_config, main
+from pipelines.commands.cli import load_config, main
 from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
 from pipelines.run_address import most_recent_store
 from resources.store.artifact_store import ArtifactStore, set_active_experiment

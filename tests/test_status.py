@@ -10,8 +10,8 @@ import pytest
 from orchestration_harness import Harness
 from rich.console import Console
 
-from pipelines.cli import main
-from pipelines.status_command import learner_state, print_status, run_status
+from pipelines.commands.cli import main
+from pipelines.commands.status import learner_state, print_status, run_status
 
 
 @pytest.fixture
@@ -89,7 +89,7 @@ def test_status_without_an_experiment_says_what_to_do(tmp_path, capsys):
 
 
 def test_capacity_shows_in_a_learners_state():
-    from pipelines.status_command import learner_state
+    from pipelines.commands.status import learner_state
 
     beat = {"status": "training", "time": 100.0, "attempt": 0}
     assert learner_state(None, [], "a", 15.0, 100.0, absent=True) == "standby"

@@ -14,7 +14,7 @@ import pytest
 from orchestration_harness import Harness, wait_until
 
 from diloco_core.config import ConfigError
-from pipelines.cli import main as cli
+from pipelines.commands.cli import main as cli
 from resources.learner.runtime import LearnerRuntime
 from resources.store.access import LearnerRules, bucket_bindings
 from resources.store.artifact_store import ArtifactStore
@@ -146,7 +146,7 @@ def test_names_the_store_layout_uses_are_refused_for_experiments_and_learners(tm
     with pytest.raises(InvalidName, match="experiment name 'syncer' is reserved"):
         ArtifactStore(LocalBlobStore(tmp_path), "syncer")
     assert LearnerRules("e1", "rounds-0").allows("experiments/e1/learners/rounds-0/x")
-    from pipelines.cli import load_config
+    from pipelines.commands.cli import load_config
 
     for overrides, field in ((["learners.names=[learner-0, learners, learner-2, learner-3]"],
                               "learners.names[1]"), (["name=faults"], "name")):

@@ -17,7 +17,7 @@ from diloco_core.config_loading import config_to_mapping  # noqa: E402
 from diloco_core.fragments import plan_fragments, split_params  # noqa: E402
 from diloco_core.model import init_model  # noqa: E402
 from diloco_core.outer import outer_optimizer_for  # noqa: E402
-from pipelines.cli import load_config  # noqa: E402
+from pipelines.commands.cli import load_config  # noqa: E402
 from resources.store.resource import ArtifactStoreResource  # noqa: E402
 from resources.task_data import load_task_data  # noqa: E402
 

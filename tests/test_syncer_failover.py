@@ -3,7 +3,7 @@ standby at once, not after the lease goes stale and a relaunch warms up; at most
 ever commits (the lease, fenced writes), and a syncer that ends cleanly is never taken over.
 
 Scripted learners (tests/orchestration_harness.py) write heartbeats and offers; the syncers are
-real processes (`python -m pipelines.syncer_entry`), each with its standby child.
+real processes (`python -m pipelines.syncer.entry`), each with its standby child.
 """
 
 import os
@@ -18,7 +18,7 @@ import dagster as dg
 import pytest
 from orchestration_harness import Harness, wait_until
 
-from pipelines.status_command import run_status
+from pipelines.commands.status import run_status
 from resources.store.lease import LeaseLost, LeaseRefused, SyncerLease
 
 NAMES = ["learner-0", "learner-1", "learner-2"]
@@ -84,7 +84,7 @@ def harness(tmp_path):
 
 def _spawn(store_uri: str, attempt: int, out: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "pipelines.syncer_entry", "--store", store_uri,
+        [sys.executable, "-m", "pipelines.syncer.entry", "--store", store_uri,
          "--experiment", "exp-test", "--attempt", str(attempt)],
         stdout=out.open("w"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         env={**os.environ, "JAX_PLATFORMS": "cpu", "DILOCO_SYNCER_STANDBY": "1"})

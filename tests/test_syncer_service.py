@@ -16,7 +16,7 @@ import dagster as dg
 import pytest
 from orchestration_harness import JUMPS, Harness, wait_until
 
-from pipelines.syncer_service import SyncerService
+from pipelines.syncer.service import SyncerService
 from resources.store.lease import LeaseLost, LeaseRefused, SyncerLease
 
 pytestmark = pytest.mark.timeout(300)
@@ -169,7 +169,7 @@ def test_a_zombie_syncer_is_fenced_before_it_writes(harness):
 def _spawn(store_uri: str, attempt: int, out_path) -> subprocess.Popen:
     out = open(out_path, "w")  # noqa: SIM115 - the process owns it until it exits
     return subprocess.Popen(
-        [sys.executable, "-m", "pipelines.syncer_entry", "--store", store_uri,
+        [sys.executable, "-m", "pipelines.syncer.entry", "--store", store_uri,
          "--experiment", "exp-test", "--attempt", str(attempt)],
         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         env={**os.environ, "JAX_PLATFORMS": "cpu"})
@@ -243,7 +243,7 @@ def test_an_operators_stop_ends_the_run_through_the_final_rounds_before_the_budg
                                                                                    capsys):
     """`diloco stop` / the `stop` job: the syncer writes STOP at its next tick, as at the
     budget, so the final rounds still merge every learner's last progress."""
-    from pipelines.cli import main
+    from pipelines.commands.cli import main
 
     h = harness
     service = _service_after_round_0(h)
@@ -259,7 +259,7 @@ def test_an_operators_stop_ends_the_run_through_the_final_rounds_before_the_budg
     assert main(["stop", "--store", h.resource.base_uri]) == 0
     assert "already requested" in capsys.readouterr().out
 
-    from pipelines.round_control import STOP_REQUEST_POLL_SECONDS
+    from pipelines.syncer.round_control import STOP_REQUEST_POLL_SECONDS
 
     h.now += STOP_REQUEST_POLL_SECONDS   # the syncer reads the request at most this often
     service.step(now=h.now)

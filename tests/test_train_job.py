@@ -5,7 +5,7 @@ import dagster as dg
 import pytest
 
 from diloco_core.config import ConfigError
-from pipelines.config_layers import load_config
+from pipelines.commands.config_layers import load_config
 from pipelines.definitions import defs as load_defs
 from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
 from resources.store.resource import ArtifactStoreResource

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from ui_driver import Browser, Page, browser_missing, copy_screenshots
 
-from pipelines.dagster_dev import REPO_ROOT, DagsterDev
+from pipelines.commands.dagster_dev import REPO_ROOT, DagsterDev
 from resources.store.artifact_store import ArtifactStore
 from resources.store.backends import open_blob_store
 

@@ -15,8 +15,8 @@ import pytest
 from orchestration_harness import Harness
 
 from diloco_core.compression import encode
-from pipelines.syncer_service import SyncerService
-from resources.hostile_records import damage_offer
+from pipelines.syncer.service import SyncerService
+from resources.chaos.hostile_records import damage_offer
 from resources.store.artifact_store import RejectedArtifact
 
 pytestmark = pytest.mark.timeout(300)
@@ -115,7 +115,7 @@ def test_an_undecodable_contribution_costs_only_its_own_learner_the_round(tmp_pa
 def test_a_merge_that_raises_records_the_round_and_the_syncer_moves_on(tmp_path, monkeypatch):
     """Whatever still raises inside a merge would raise again in every relaunched syncer: the
     round is recorded as not merged with the error, and the next rounds merge."""
-    import pipelines.store_merge as store_merge
+    import pipelines.syncer.store_merge as store_merge
 
     with dg.instance_for_test() as instance:
         h, service = _started(instance, tmp_path)
@@ -385,7 +385,7 @@ def test_an_offer_changed_after_the_decision_is_refused(tmp_path, monkeypatch):
     and the others merge."""
     import json
 
-    import pipelines.syncer_service as syncer_service
+    import pipelines.syncer.service as syncer_service
     from resources.store import layout
 
     with dg.instance_for_test() as instance:

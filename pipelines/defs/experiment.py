@@ -64,7 +64,7 @@ def start_experiment(context: dg.AssetExecutionContext, config: TrainingConfig,
                      store: ArtifactStoreResource, learner_compute: LearnerCompute):
     from diloco_core.config import ConfigError
     from diloco_core.config_loading import config_to_mapping
-    from pipelines.config_layers import load_config
+    from pipelines.commands.config_layers import load_config
 
     try:
         base = ORCHESTRATED_DEFAULTS if config.orchestrated_defaults else ()
@@ -201,7 +201,7 @@ def _load_tape(path: str | None, learner_names) -> dict | None:
     if not path:
         return None
     from diloco_core.fault_tape import TapeError
-    from resources.faults import read_tape_file
+    from resources.chaos.faults import read_tape_file
 
     try:
         return read_tape_file(path, list(learner_names)).to_mapping()

@@ -1,7 +1,7 @@
 """One tick of the quorum sensor: mirror the round records into Dagster (offers, decisions,
 merges) and, while no syncer holds the lease, decide rounds here with the syncer's own state
-machine (`pipelines/round_control.py`); the sensor's cursor carries the state between ticks and
-is rebuilt from the store if lost."""
+machine (`pipelines/syncer/round_control.py`); the sensor's cursor carries the state between
+ticks and is rebuilt from the store if lost."""
 
 import json
 import time
@@ -17,8 +17,8 @@ from pipelines.defs.partitions import (
 )
 from pipelines.experiment_context import EXPERIMENT_TAG
 from pipelines.partition_keys import learner_partition_key, partition_key
-from pipelines.round_control import RoundController
 from pipelines.round_mirror import fresh_mirror, mirror_tick
+from pipelines.syncer.round_control import RoundController
 from resources.store.resource import ArtifactStoreResource
 
 IN_PROGRESS = {dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED,

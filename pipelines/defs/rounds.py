@@ -74,10 +74,10 @@ def _to_metrics_sink(context: dg.AssetExecutionContext, artifacts, round_index: 
 
 def _merge_faults(artifacts, round_index: int, log):
     """A chaos run's faults for this merge (none unless the experiment has a fault tape)."""
-    from resources.faults import MergeFaults, load_tape
+    from resources.chaos.faults import syncer_faults
 
-    tape = load_tape(artifacts, log=log)
-    return None if tape is None else MergeFaults(artifacts, tape, round_index, log)
+    faults = syncer_faults(artifacts, log)
+    return None if faults is None else faults.merge(round_index)
 
 
 @dg.asset(
@@ -96,7 +96,7 @@ def _merge_faults(artifacts, round_index: int, log):
                 "new version, merged from the admitted contributions (token-weighted RDA, "
                 "outer Nesterov), committed atomically through the store.")
 def global_params(context: dg.AssetExecutionContext, store: ArtifactStoreResource):
-    from pipelines.store_merge import MergeInputError, merge_from_store
+    from pipelines.syncer.store_merge import MergeInputError, merge_from_store
 
     artifacts = run_store(context, store)
     round_index = run_round(context)

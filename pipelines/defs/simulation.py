@@ -19,7 +19,7 @@ class SimulationRunConfig(dg.Config):
 def reference_simulation(context: dg.AssetExecutionContext,
                          config: SimulationRunConfig) -> dg.MaterializeResult:
     from diloco_core.simulator import run_simulation
-    from pipelines.config_layers import load_config
+    from pipelines.commands.config_layers import load_config
     from resources.task_data import load_task_data
 
     cfg = load_config(config.config_path, list(config.overrides))

@@ -105,7 +105,7 @@ def _capacity(context: dg.SensorEvaluationContext, artifacts, cfg, notes: list[s
     stay in the asset's history."""
     from diloco_core.capacity import CapacityError
     from pipelines.capacity_control import apply_tape
-    from resources.faults import load_tape
+    from resources.chaos.faults import load_tape
     from resources.store.artifact_store import Conflict, RejectedArtifact
 
     roster = cfg.learners.learner_names

@@ -1,6 +1,6 @@
 """Syncer dispatch: one long-lived Dagster run for the experiment's syncer service.
 
-The `syncer` job's op hands the service (`pipelines/syncer_service.py`) to the compute
+The `syncer` job's op hands the service (`pipelines/syncer/service.py`) to the compute
 resource (a subprocess through Dagster Pipes, its log lines streamed into the run) and stays
 up while it decides and merges rounds. The learner supervisor sensor launches it, relaunches
 it with backoff when it fails, and ends it when its lease stops moving; the run queue's tag

@@ -19,7 +19,7 @@ import dagster as dg
 
 DEFAULT_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 LEARNER_MODULE = "pipelines.learner_entry"
-SYNCER_MODULE = "pipelines.syncer_entry"
+SYNCER_MODULE = "pipelines.syncer.entry"
 
 
 def local_env(xla_flags: str, extra_env: dict[str, str]) -> dict[str, str]:

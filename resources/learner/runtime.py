@@ -47,8 +47,8 @@ from diloco_core.shards import learner_data
 from diloco_core.spmd import host_value, shard_batch
 from resources.compile_cache import enable_compilation_cache
 from resources.corpus import load_corpus
-from resources.faults import LearnerFaults, corrupt_delta, tamper_payload
 from resources.learner.beacon import CompileBeacon
+from resources.learner.hooks import LearnerHooks
 from resources.learner.lockstep import Lockstep
 from resources.learner.model import LearnerModel
 from resources.learner.progress import (
@@ -70,7 +70,7 @@ PROGRESS_SECONDS = 30.0   # how often a progress line goes to the log (Dagster's
 class LearnerRuntime:
     def __init__(self, store: ArtifactStore, learner: str, attempt: int = 0,
                  log: Log = print, use_ocdbt: bool = True, max_steps: int | None = None,
-                 faults: LearnerFaults | None = None):
+                 hooks: LearnerHooks | None = None):
         config = store.get_config()
         if config is None:
             raise RuntimeError(f"experiment {store.experiment!r} has no config in the store")
@@ -78,16 +78,15 @@ class LearnerRuntime:
         names = self.cfg.learners.learner_names
         if learner not in names:
             raise ValueError(f"learner {learner!r} is not in the experiment ({', '.join(names)})")
-        # Injected faults (chaos runs) see the store through their error windows; the ledger's
-        # own record goes through the plain store.
-        self.faults = faults
+        # A driver's hooks (a chaos run's faults) see the store their way (error windows); the
+        # ledger's own record goes through the plain store.
+        self.hooks = LearnerHooks() if hooks is None else hooks
         self.plain_store = store
         # The processes of this learner (one unless it spans several hosts).
         self.lockstep = Lockstep()
-        if self.lockstep.multi and faults is not None:
+        if self.lockstep.multi and hooks is not None:
             raise ValueError("fault injection is not supported in a multi-process learner")
-        if faults is not None:
-            store = faults.wrap_store(store)
+        store = self.hooks.wrap_store(store)
         self.store, self.name, self.attempt, self.log = store, learner, attempt, log
         self.max_steps = max_steps
         self.use_ocdbt = use_ocdbt
@@ -297,8 +296,7 @@ class LearnerRuntime:
         return self.heartbeat_record()
 
     def _step(self) -> None:
-        if self.faults is not None:
-            self.faults.before_step(int(self.train.step), self._final_record)
+        self.hooks.before_step(int(self.train.step), self._final_record)
         batch = self.data.next()
         started = time.monotonic()
         # Host-to-device copy of the batch, split across the mesh: counted as compute, as it
@@ -315,7 +313,7 @@ class LearnerRuntime:
             loss = float(host_value(metrics["loss"]) if self.lockstep.multi else metrics["loss"])
         elapsed = time.monotonic() - started
         if self.progress.steps > 0:
-            slowdown = 1.0 if self.faults is None else self.faults.slowdown(int(self.train.step))
+            slowdown = self.hooks.slowdown(int(self.train.step))
             speed = self.cfg.learners.learner_speeds[self.index] / slowdown
             target = max(elapsed, self.cfg.orchestration.step_seconds_floor) / speed
             if target > elapsed:
@@ -397,15 +395,8 @@ class LearnerRuntime:
         self.book = self.book.offered(rnd["round"], p, self.sync.fragments[p].version,
                                       int(self.train.step), self._now())
         extra = {"train_loss": self.progress.last_loss, "attempt": self.attempt, "claim": claim}
-        after_put = None
-        bad = None if self.faults is None else self.faults.bad_contribution(rnd["round"])
-        if bad in ("nan", "absurd", "wrong_shape"):
-            contribution = corrupt_delta(contribution, bad)
-        elif bad is not None:
-            def after_put(store, r=rnd["round"], mode=bad):
-                tamper_payload(store, r, self.name, mode)
-        if bad is not None:
-            extra["fault"] = bad
+        contribution, after_put, marks = self.hooks.offer(contribution, rnd["round"])
+        extra.update(marks)
         self.link.offer(contribution, extra, after_put, record=self.attempt_record())
         return rnd
 
@@ -478,7 +469,7 @@ class LearnerRuntime:
         return heartbeat_record(self)
 
     def _clock(self) -> float:
-        return time.time() if self.faults is None else self.faults.clock()
+        return self.hooks.clock()
 
     def attempt_record(self, final: bool = False, status: str | None = None) -> dict:
         """This process's token ledger; `final` once nothing more can change it."""

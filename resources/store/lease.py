@@ -19,7 +19,7 @@ who holds it, as its records say. Older records lack the last two.)
   seconds (watched on the newcomer's own clock), the newcomer takes over. A newer attempt's
   lease is never taken by an older one.
 - A same-attempt holder *known to be dead* is taken over at once: the syncer's warm standby
-  (`pipelines/syncer_entry.py`) is its child and sees it end (its pipe from the holder
+  (`pipelines/syncer/entry.py`) is its child and sees it end (its pipe from the holder
   closes), so it names the holder's pid on this host as `dead_pid` instead of waiting for the
   lease to go stale. Only that pid on this host counts; anything else waits as above.
 - The holder renews it every second (a store write per second at most: GCS allows about one

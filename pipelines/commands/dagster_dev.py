@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 # Where Dagster's processes run: the checkout (relative paths as in the README), or, for an
 # installed package (no checkout around it), the directory the command was started from.
 SERVICE_DIR = REPO_ROOT if (REPO_ROOT / "pyproject.toml").exists() else Path.cwd()

@@ -30,8 +30,8 @@ from diloco_core.config_loading import (
     config_to_mapping,
 )
 from diloco_core.fault_tape import TapeError
-from pipelines.config_layers import load_config
-from pipelines.sizing_commands import add_sizing_commands
+from pipelines.commands.config_layers import load_config
+from pipelines.commands.sizing import add_sizing_commands
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -54,7 +54,7 @@ def _cmd_config(args) -> int:
 
 
 def _cmd_simulate(args) -> int:
-    from pipelines.simulate_command import simulate
+    from pipelines.commands.simulate import simulate
 
     cfg = load_config(args.config, args.overrides)
     return simulate(cfg, baselines=args.baselines, out_dir=Path(args.out), as_json=args.json)
@@ -63,10 +63,10 @@ def _cmd_simulate(args) -> int:
 def _cmd_demo(args) -> int:
     import time
 
-    from pipelines.dagster_dev import check_postgres_url
-    from pipelines.demo_command import run_demo
+    from pipelines.commands.dagster_dev import check_postgres_url
+    from pipelines.commands.demo import run_demo
+    from pipelines.commands.workdir import WorkdirError, previous_experiment
     from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS, require_orchestratable
-    from pipelines.workdir import WorkdirError, previous_experiment
 
     postgres_url = args.postgres_url or None  # an empty DILOCO_POSTGRES_URL means SQLite
     if postgres_url is not None:
@@ -120,7 +120,7 @@ def _cmd_manifests(args) -> int:
     from resources.extras import require_extra
 
     require_extra("k8s", "diloco manifests", ("kubernetes",))
-    from pipelines.manifests_command import print_manifests
+    from pipelines.commands.manifests import print_manifests
     from resources.compute.placement import load_deployment
 
     if not args.deployment:
@@ -204,7 +204,7 @@ def _add_store_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _cmd_list(args) -> int:
-    from pipelines.list_command import list_experiments, print_experiments
+    from pipelines.commands.listing import list_experiments, print_experiments
     from pipelines.run_address import AddressError, open_existing
 
     uri = _store_uri(args)
@@ -224,7 +224,7 @@ def _cmd_list(args) -> int:
 
 
 def _cmd_status(args) -> int:
-    from pipelines.status_command import print_status, run_status, status_json
+    from pipelines.commands.status import print_status, run_status, status_json
 
     store = _open_experiment(args)
     if store is None:

@@ -1,6 +1,6 @@
 """The syncer service's entry point, started by Dagster Pipes (or by hand, without Dagster).
 
-    python -m pipelines.syncer_entry --store runs/store --experiment diloco-demo --attempt 0
+    python -m pipelines.syncer.entry --store runs/store --experiment diloco-demo --attempt 0
 
 Under Pipes the same values come as extras, log lines stream into the Dagster run, and the
 final record comes back as a custom message.
@@ -24,7 +24,8 @@ import sys
 from dagster_pipes import PipesEnvVarParamsLoader, open_dagster_pipes
 
 from pipelines.learner_entry import honour_termination, pipes_channel
-from pipelines.syncer_service import SyncerService
+from pipelines.syncer.service import SyncerService
+from resources.chaos.faults import syncer_faults
 from resources.store.artifact_store import ArtifactStore
 from resources.store.backends import open_blob_store
 
@@ -33,7 +34,7 @@ class Standby:
     """The syncer's warm standby process (see the module docstring)."""
 
     def __init__(self, store: str, experiment: str, attempt: int, log):
-        self.argv = [sys.executable, "-m", "pipelines.syncer_entry", "--store", store,
+        self.argv = [sys.executable, "-m", "pipelines.syncer.entry", "--store", store,
                      "--experiment", experiment, "--attempt", str(attempt),
                      "--standby-for", str(os.getpid())]
         self.log, self.process = log, None
@@ -91,15 +92,17 @@ def main(argv: list[str] | None = None) -> int:
             def log(message: str) -> None:
                 print(message, flush=True)
         store = ArtifactStore(open_blob_store(params["store"]), params["experiment"])
+        # The driver boundary: a chaos run's fault tape, if it has one, hooks into the merges.
+        hooks = syncer_faults(store, log)
         parent = params.get("standby_for")
         if parent is not None:
             with contextlib.suppress(KeyboardInterrupt):    # ended by its syncer: not needed
-                SyncerService(store, int(params["attempt"]), log=log, standby=True
-                              ).stand_by(parent, _wait_for_parent)
+                SyncerService(store, int(params["attempt"]), log=log, standby=True,
+                              hooks=hooks).stand_by(parent, _wait_for_parent)
             return 0
         standby = (Standby(params["store"], params["experiment"], int(params["attempt"]), log)
                    if Standby.wanted() else None)
-        service = SyncerService(store, int(params["attempt"]), log=log,
+        service = SyncerService(store, int(params["attempt"]), log=log, hooks=hooks,
                                 on_warm=None if standby is None else standby.start)
         try:
             record = service.run()

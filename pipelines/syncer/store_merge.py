@@ -12,7 +12,6 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import jax.numpy as jnp
 import numpy as np
@@ -25,10 +24,8 @@ from diloco_core.fragments import FragmentPlan, plan_fragments
 from diloco_core.model import abstract_params, is_embedding
 from diloco_core.outer import outer_optimizer_for
 from diloco_core.syncer import FragmentState, all_finite, merge_fragment
+from pipelines.syncer.hooks import MergeHooks
 from resources.store.artifact_store import ArtifactStore, RejectedArtifact
-
-if TYPE_CHECKING:
-    from resources.faults import MergeFaults
 
 
 class MergeInputError(RuntimeError):
@@ -80,7 +77,7 @@ def _merge_of_a_decided_round(store: ArtifactStore, round_index, fragment: int) 
 
 
 def merge_from_store(store: ArtifactStore, round_index: int,
-                     faults: "MergeFaults | None" = None,
+                     hooks: MergeHooks | None = None,
                      merge_plan: MergePlan | None = None,
                      guard: Callable[[], None] | None = None,
                      merged_by: str = "run") -> MergeOutcome:
@@ -88,8 +85,8 @@ def merge_from_store(store: ArtifactStore, round_index: int,
     `merged_by` ("syncer" or "run") goes into the version's metadata."""
     started = time.monotonic()
     guard = guard or (lambda: None)
-    if faults is not None:
-        store = faults.wrap_store(store)
+    hooks = MergeHooks() if hooks is None else hooks     # a chaos run's: its merge faults
+    store = hooks.wrap_store(store)
     if merge_plan is None:
         merge_plan = MergePlan.of(config_from_mapping(store.get_config()))
     cfg, plan, tx = merge_plan.cfg, merge_plan.plan, merge_plan.tx
@@ -193,19 +190,16 @@ def merge_from_store(store: ArtifactStore, round_index: int,
     if new_params is not None and finite:
         meta["merge_seconds"] = time.monotonic() - started
         meta["published_at"] = time.time()
-        if faults is not None:
-            faults.at("before_commit")   # merged in memory, nothing written
+        hooks.at("before_commit")   # merged in memory, nothing written
         guard()
         store.commit_global(fragment, current.version + 1,
                             {k: np.asarray(v) for k, v in new_params.items()}, new_outer, meta,
                             move_pointer=False)
-        if faults is not None:
-            faults.at("during_commit")   # version written, pointer not yet moved
+        hooks.at("during_commit")   # version written, pointer not yet moved
         guard()
         store.adopt_version(fragment, current.version + 1)
         committed, version = True, current.version + 1
-        if faults is not None:
-            faults.at("after_commit")
+        hooks.at("after_commit")
     elif new_params is not None:
         meta["reason"] = f"{meta['reason']}; NOT committed: merged parameters are not finite"
     if not committed:

@@ -44,7 +44,7 @@ from diloco_core.syncer_machine import (
 )
 from diloco_core.syncer_state_codec import state_from_json, state_to_json
 from pipelines.offer_summary import describe_offer
-from pipelines.syncer_trace import SyncerTrace
+from pipelines.syncer.trace import SyncerTrace
 from resources.store.artifact_store import ArtifactStore, Conflict, RejectedArtifact
 
 # An operator's stop request (`diloco stop`) and the capacity and budget records are read at

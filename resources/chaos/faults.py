@@ -7,12 +7,14 @@
   moved) or after its commit, or see store errors; each fires on the round's first try only.
 - `FaultyBlobStore` wraps a blob store with seeded transient errors, timeouts and slow calls.
 Dagster restarts are executed by the driver that owns the instance
-(`pipelines.demo_command`, `diloco demo --fault-tape`).
+(`pipelines.commands.demo`, `diloco demo --fault-tape`).
 
 Every fault is recorded in the store (`faults/fired/{id}.json`, write-once) *before* it acts:
 that is the audit trail, and what keeps a fault from firing twice (a learner relaunched from a
 checkpoint taken before `at_step` reaches that step again).
 """
+
+from __future__ import annotations
 
 import json
 import logging
@@ -27,7 +29,8 @@ from typing import Any
 
 from diloco_core.contribution import Contribution
 from diloco_core.fault_tape import FaultTape, TapeError, tape_from_mapping
-from resources.hostile_records import HostileWriter
+from resources.chaos.hostile_records import HostileWriter
+from resources.learner.hooks import AfterPut, LearnerHooks
 from resources.store import layout
 from resources.store.artifact_store import ArtifactStore, RejectedArtifact
 from resources.store.blobs import BlobInfo, BlobStore
@@ -147,8 +150,8 @@ class FaultyBlobStore(BlobStore):
         return self.inner.uri
 
 
-class LearnerFaults:
-    """The tape's faults for one learner process."""
+class LearnerFaults(LearnerHooks):
+    """The tape's faults for one learner process: the hooks its runtime calls."""
 
     def __init__(self, store: ArtifactStore, tape: FaultTape, learner: str, attempt: int,
                  log: Log = print):
@@ -232,6 +235,20 @@ class LearnerFaults:
                 self.hostile.write_next()
             except Exception as err:  # noqa: BLE001 - the attack failing is not the learner's
                 self.log(f"fault {f.id}: a hostile write failed: {err!r}")
+
+    def offer(self, contribution: Contribution, round_index: int
+              ) -> tuple[Contribution, AfterPut | None, dict]:
+        """A bad contribution, if one is due at this offer: its delta corrupted before it is
+        written, or its payload tampered with after; marked `fault` in the offer's record."""
+        bad = self.bad_contribution(round_index)
+        if bad is None:
+            return contribution, None, {}
+        if bad in ("nan", "absurd", "wrong_shape"):
+            return corrupt_delta(contribution, bad), None, {"fault": bad}
+
+        def after_put(store: ArtifactStore) -> None:
+            tamper_payload(store, round_index, self.learner, bad)
+        return contribution, after_put, {"fault": bad}
 
     def bad_contribution(self, round_index: int) -> str | None:
         """The mode of a bad contribution due at this offer, if any: the learner's first offer
@@ -346,6 +363,9 @@ class SyncerFaults:
     def __init__(self, store: ArtifactStore, tape: FaultTape, log: Log = print):
         self.store, self.tape, self.log = store, tape, log
 
+    def merge(self, round_index: int) -> MergeFaults:
+        return MergeFaults(self.store, self.tape, round_index, self.log)
+
     def before_merge(self, round_index: int) -> None:
         for f in self.tape.at_round("syncer_kill", round_index):
             if self._fire(f, round_index):
@@ -363,6 +383,21 @@ class SyncerFaults:
         return self.store.mark_fault_fired(f.id, {"id": f.id, "kind": f.kind,
                                                   "round": round_index, "time": time.time(),
                                                   "pid": os.getpid()})
+
+
+def syncer_faults(store: ArtifactStore, log: Log = print) -> SyncerFaults | None:
+    """A chaos run's faults for its syncer (the hooks `SyncerService` takes); None when the
+    experiment has no fault tape."""
+    tape = load_tape(store, log=log)
+    return None if tape is None else SyncerFaults(store, tape, log)
+
+
+def learner_faults(store: ArtifactStore, learner: str, attempt: int, log: Log = print
+                   ) -> LearnerFaults | None:
+    """A chaos run's faults for one learner process (the hooks `LearnerRuntime` takes); None
+    when the experiment has no fault tape."""
+    tape = load_tape(store, log=log)
+    return None if tape is None else LearnerFaults(store, tape, learner, attempt, log)
 
 
 def _sleep(seconds: float) -> None:

@@ -2,7 +2,7 @@
 
 It needs no Dagster instance, only the store (a directory or `gs://…`), so it works from any
 machine that can read the bucket: the rounds, the syncer (who holds its lease, since when,
-last renewal; `pipelines/syncer_status.py`), every learner's state, and the last merge
+last renewal; `pipelines/syncer/status.py`), every learner's state, and the last merge
 decisions with their reasons.
 
 A learner is
@@ -26,7 +26,7 @@ from diloco_core.config import ExperimentConfig
 from diloco_core.config_loading import config_from_mapping
 from diloco_core.liveness import LIVE_STATUSES
 from pipelines.experiment_state import experiment_state
-from pipelines.syncer_status import syncer_line, syncer_status
+from pipelines.syncer.status import syncer_line, syncer_status
 from resources.store.artifact_store import ArtifactStore, active_experiment
 
 

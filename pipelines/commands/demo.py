@@ -35,8 +35,8 @@ import yaml
 
 from diloco_core.config import ExperimentConfig
 from diloco_core.config_loading import config_to_mapping
-from pipelines import workdir as workdirs
-from pipelines.dagster_dev import DagsterDev, check_postgres_url, redact_url
+from pipelines.commands import workdir as workdirs
+from pipelines.commands.dagster_dev import DagsterDev, check_postgres_url, redact_url
 from pipelines.run_address import run_commands
 from resources.store.artifact_store import ArtifactStore
 from resources.store.backends import open_blob_store
@@ -142,13 +142,13 @@ def run_demo(cfg: ExperimentConfig, *, chaos: bool, json_path: str | None, workd
     if postgres_url is not None:
         check_postgres_url(postgres_url)  # a ValueError before anything is created or started
     # Validate the tape here too: its Dagster faults are this command's to execute.
-    from resources.faults import read_tape_file
+    from resources.chaos.faults import read_tape_file
 
     tape = (read_tape_file(fault_tape_path, cfg.learners.learner_names)
             if fault_tape_path else None)
     if tape is not None or chaos:
         # Launched as a chaos run: the experiment's config says so, and only then do its
-        # processes honour the tape (`resources.faults.load_tape`).
+        # processes honour the tape (`resources.chaos.faults.load_tape`).
         cfg = cfg.replace(orchestration=replace(cfg.orchestration, chaos=True))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     root = Path(workdir or f"runs/demo-{stamp}").resolve()

@@ -36,21 +36,21 @@ from collections.abc import Callable
 
 from diloco_core.config_loading import config_from_mapping
 from pipelines.retention import Retention
-from pipelines.round_control import RoundController
 from pipelines.round_eval import evaluate_global
 from pipelines.round_metadata import global_params_metadata, round_scalars
 from pipelines.run_summary import build_summary, learners_ended
-from pipelines.store_merge import (
+from pipelines.syncer.hooks import SyncerHooks
+from pipelines.syncer.progress import SyncerProgress
+from pipelines.syncer.round_control import RoundController
+from pipelines.syncer.store_merge import (
     MergeInputError,
     MergeOutcome,
     MergePlan,
     merge_from_store,
     record_unmergeable,
 )
-from pipelines.syncer_progress import SyncerProgress
-from pipelines.syncer_trace import SyncerTrace
+from pipelines.syncer.trace import SyncerTrace
 from resources.compile_cache import enable_compilation_cache
-from resources.faults import MergeFaults, SyncerFaults, load_tape
 from resources.metrics_sink import open_sink
 from resources.store.artifact_store import ArtifactStore, Conflict, RejectedArtifact
 from resources.store.lease import LeaseLost, LeaseRefused, SyncerLease
@@ -61,7 +61,8 @@ PROGRESS_SECONDS = 30.0     # how often a progress line goes to the log (Dagster
 
 class SyncerService:
     def __init__(self, store: ArtifactStore, attempt: int = 0, log: Log = print,
-                 standby: bool = False, on_warm: Callable[[], None] | None = None):
+                 standby: bool = False, on_warm: Callable[[], None] | None = None,
+                 hooks: SyncerHooks | None = None):
         config = store.get_config()
         if config is None:
             raise RuntimeError(f"experiment {store.experiment!r} has no config in the store")
@@ -77,8 +78,8 @@ class SyncerService:
             describe_offers=False,
             trace=SyncerTrace.from_env(f"{store.experiment}-{self.name}", store.get_config()))
         self.merge_plan = MergePlan.of(self.cfg)
-        self.tape = load_tape(store)
-        self.faults = None if self.tape is None else SyncerFaults(store, self.tape, log)
+        # A driver's hooks: a chaos run's faults (`resources.chaos.faults.syncer_faults`).
+        self.hooks = SyncerHooks() if hooks is None else hooks
         self.status = "starting"
         self.progress = SyncerProgress()
         self.state: dict | None = None
@@ -243,13 +244,11 @@ class SyncerService:
 
     # ---- one round's merge --------------------------------------------------------------------
     def _merge(self, round_index: int) -> MergeOutcome | None:
-        if self.faults is not None:
-            self.faults.before_merge(round_index)
-        faults = (None if self.tape is None
-                  else MergeFaults(self.store, self.tape, round_index, self.log))
+        self.hooks.before_merge(round_index)
+        hooks = self.hooks.merge(round_index)
         for attempt in range(3):
             try:
-                outcome = merge_from_store(self.store, round_index, faults, self.merge_plan,
+                outcome = merge_from_store(self.store, round_index, hooks, self.merge_plan,
                                            guard=self.lease.check, merged_by=self.name)
                 break
             except Conflict as err:
