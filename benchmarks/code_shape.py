@@ -30,10 +30,20 @@ def _files(root: Path, packages) -> list[Path]:
     return sorted(p for pkg in packages for p in (root / pkg).rglob("*.py"))
 
 
+def _is_class_var(annotation: ast.expr) -> bool:
+    """`ClassVar[...]`: a constant of the class (a record's KIND, its field checks), not an
+    attribute its instances carry."""
+    node = annotation.value if isinstance(annotation, ast.Subscript) else annotation
+    return (isinstance(node, ast.Name) and node.id == "ClassVar") or (
+        isinstance(node, ast.Attribute) and node.attr == "ClassVar")
+
+
 def _attributes(cls: ast.ClassDef) -> set[str]:
-    """Annotated class fields plus every `self.x = ...` target in its methods."""
+    """Annotated class fields (not `ClassVar` constants) plus every `self.x = ...` target in
+    its methods."""
     names = {n.target.id for n in cls.body
-             if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+             if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+             and not _is_class_var(n.annotation)}
     for node in ast.walk(cls):
         targets = (node.targets if isinstance(node, ast.Assign) else
                    [node.target] if isinstance(node, ast.AnnAssign | ast.AugAssign) else [])

@@ -344,7 +344,7 @@ def test_dagster_resource_opens_the_store(tmp_path):
 
 
 def test_ledger_claims_are_sealed_in_segments_and_read_back_whole(store):
-    from resources.store.artifact_store import CLAIMS_PER_SEGMENT
+    from resources.store.learner_records import CLAIMS_PER_SEGMENT
 
     def record(claims):
         return {"learner": "learner-0", "attempt": 3, "status": "training", "final": False,
@@ -410,7 +410,7 @@ def test_claim_segments_beyond_what_the_opened_rounds_justify_are_refused_unread
     all were accepted, and every ledger build read them (~2.7 GiB). A learner offers at most
     once per opened round, so that bounds the segments an attempt can have: past it the
     record is refused before any segment is read."""
-    from resources.store.artifact_store import CLAIMS_PER_SEGMENT
+    from resources.store.learner_records import CLAIMS_PER_SEGMENT
 
     store.open_round(99, {"fragment": 0, "opened_at": 1.0})   # 100 rounds: 1 segment (+1)
     part = json.dumps({"claims": [[r, 0, 1] for r in range(CLAIMS_PER_SEGMENT)]}).encode()
@@ -431,7 +431,7 @@ def test_claim_segments_beyond_what_the_opened_rounds_justify_are_refused_unread
 
 
 def test_an_oversized_claim_segment_or_attempt_record_is_refused_unread(store):
-    from resources.store.artifact_store import (
+    from resources.store.learner_records import (
         CLAIMS_PER_SEGMENT,
         MAX_ATTEMPT_RECORD_BYTES,
         MAX_CLAIM_SEGMENT_BYTES,
@@ -494,7 +494,7 @@ def test_junk_under_a_learners_contributions_bounds_the_round_listing(store):
     ["learners.num_learners=2", "learners.names=[a, b]"]])
 def test_the_roster_that_bounds_the_round_listing_is_the_configs(overrides):
     from diloco_core.config_loading import config_from_mapping, config_to_mapping
-    from resources.store.artifact_store import _roster_of
+    from resources.store.store_base import _roster_of
 
     cfg = config_from_mapping({}, overrides)
     assert _roster_of(config_to_mapping(cfg)) == cfg.learners.learner_names
@@ -502,10 +502,10 @@ def test_the_roster_that_bounds_the_round_listing_is_the_configs(overrides):
 
 def test_junk_under_a_learners_attempts_or_the_fired_faults_bounds_their_listing(
         store, monkeypatch):
-    from resources.store import artifact_store
+    from resources.store import learner_records, run_records
 
-    monkeypatch.setattr(artifact_store, "MAX_ATTEMPTS_LISTED", 8)
-    monkeypatch.setattr(artifact_store, "MAX_FIRED_LISTED", 8)
+    monkeypatch.setattr(learner_records, "MAX_ATTEMPTS_LISTED", 8)
+    monkeypatch.setattr(run_records, "MAX_FIRED_LISTED", 8)
     good = {"learner": "learner-1", "attempt": 1, "status": "done", "final": True,
             "ledger": {"processed": 4, "unclaimed": [4], "superseded": [0], "claims": []}}
     store.put_attempt_record("learner-1", 1, good)

@@ -38,6 +38,17 @@ class Arrival:
     complete: bool = False
 
 
+@dataclass(frozen=True)
+class Polled:
+    """The control records the last poll read, replaced together (the loop never sees an open
+    round from one poll beside a STOP from another): the OPEN round, STOP, and a leave request
+    (once asked to leave, the learner leaves)."""
+
+    open_round: dict | None = None
+    stop: dict | None = None
+    leave: dict | None = None
+
+
 class StoreLink:
     def __init__(self, store: ArtifactStore, learner: str, num_fragments: int,
                  known_versions: list[int], poll_seconds: float, log: Log, attempt: int = 0,
@@ -47,16 +58,13 @@ class StoreLink:
         self._known = list(known_versions)
         self._lock = threading.Lock()
         self._merged: dict[int, tuple[int, dict, int | None]] = {}
-        self._open_round: dict | None = None
-        self._stop: dict | None = None
-        self._leave: dict | None = None
+        self._polled = Polled()
         self._standby = tuple(standby)   # absent at launch, until the capacity record says
         self._outbox: queue.Queue = queue.Queue()
         self._pending: list[tuple[str, Any]] = []
         self._beat: dict | None = None
         self._record: dict | None = None
         self._record_written_at = float("-inf")   # "time" of the newest attempt record stored
-        self._closing = threading.Event()
         self.attempt = attempt
         self.superseded_by: int | None = None   # a newer attempt of this learner is running
         self.bytes_up = 0
@@ -96,14 +104,14 @@ class StoreLink:
     @property
     def open_round(self) -> dict | None:
         with self._lock:
-            return self._open_round
+            return self._polled.open_round
 
     @property
     def stop(self) -> dict | None:
         """What ends this learner's training: STOP (the run ends), or a leave request (this
         learner's capacity is reclaimed; marked `"leave": True`). STOP wins if both."""
         with self._lock:
-            return self._stop or self._leave
+            return self._polled.stop or self._polled.leave
 
     def fenced(self) -> bool:
         """Whether a newer attempt of this learner has started (read from the store now, not
@@ -272,10 +280,9 @@ class StoreLink:
         for p, arrival in arrived.items():
             self._known[p] = arrival.version
         with self._lock:
-            self._open_round, self._stop = open_round, stop
             # Once asked to leave, the learner leaves: a join that follows is for a new attempt
             # (the supervisor launches it once this one has exited).
-            self._leave = self._leave or leave
+            self._polled = Polled(open_round, stop, self._polled.leave or leave)
             for p, arrival in arrived.items():
                 earlier = self._merged.get(p)
                 if earlier is not None:   # not taken yet: the merges it saw still count

@@ -1,0 +1,185 @@
+"""The global fragments: committed versions, the pointer to the current one (moved by
+compare-and-swap, only after the version is fully committed), and their retention.
+
+Part of `ArtifactStore` (`artifact_store.py`), which composes the record families; keys in
+`layout.py`.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from resources.store import layout
+from resources.store.blobs import PreconditionFailed
+from resources.store.store_base import (
+    FORMAT,
+    Conflict,
+    RejectedArtifact,
+    StoreBase,
+    _json_bytes,
+)
+
+
+@dataclass(frozen=True)
+class GlobalFragment:
+    fragment: int
+    version: int
+    params: dict[str, np.ndarray]
+    outer_state: Any                 # optax state in the template's structure, or a leaf list
+    meta: dict
+
+
+class GlobalVersions(StoreBase):
+    """Each fragment's committed versions and its current-version pointer."""
+
+    def current_version(self, fragment: int) -> int | None:
+        pointer = self._read_json(layout.pointer(self.experiment, fragment))
+        return None if pointer is None else int(pointer["version"])
+
+    def versions(self, fragment: int) -> list[int]:
+        prefix = layout.fragment_dir(self.experiment, fragment) + "/v"
+        return sorted(int(key[len(prefix):].split("/")[0]) for key in self.blobs.list(prefix)
+                      if key.endswith("/" + layout.MANIFEST))
+
+    def commit_global(self, fragment: int, version: int, params: Mapping[str, Any],
+                      outer_state: Any, meta: Mapping[str, Any] | None = None,
+                      move_pointer: bool = True) -> None:
+        """Commit version `version` of a fragment and move its pointer there.
+
+        Version 0 creates the pointer; version v > 0 requires the pointer at v - 1 (compare and
+        swap), so two syncers cannot both advance the same fragment. Re-committing an identical
+        version that is already current is a no-op (a retried merge run). With
+        `move_pointer=False` the version is written but not current until `adopt_version`.
+        """
+        import jax
+
+        directory = layout.version_dir(self.experiment, fragment, version)
+        leaves = {f"leaf{i:05d}": np.asarray(v)
+                  for i, v in enumerate(jax.tree_util.tree_leaves(outer_state))}
+        objects = {
+            "params": self._put_arrays(directory, "params",
+                                       {k: np.asarray(v) for k, v in params.items()}),
+            "outer": self._put_arrays(directory, "outer", leaves),
+        }
+        manifest = {"format": FORMAT, "kind": "global_fragment", "experiment": self.experiment,
+                    "fragment": fragment, "version": version, "objects": objects,
+                    "meta": dict(meta or {})}
+        self._write_once(f"{directory}/{layout.MANIFEST}", _json_bytes(manifest))
+        if move_pointer:
+            self._move_pointer(fragment, version)
+
+    def _move_pointer(self, fragment: int, version: int) -> None:
+        key = layout.pointer(self.experiment, fragment)
+        info = self.blobs.info(key)
+        current = None if info is None else self.current_version(fragment)
+        if current == version:
+            return
+        expected = -1 if current is None else current
+        if version != expected + 1:
+            raise Conflict(f"fragment {fragment}: cannot move the pointer from version "
+                           f"{current} to {version}")
+        manifest = f"{layout.version_dir(self.experiment, fragment, version)}/{layout.MANIFEST}"
+        if self.blobs.info(manifest) is None:
+            # Never point at a version that is not (or no longer) committed: every poll,
+            # restart and merge would fail from then on.
+            raise Conflict(f"fragment {fragment}: version {version} is not committed")
+        try:
+            self.blobs.write(key, _json_bytes({"version": version}),
+                             if_generation=0 if info is None else info.generation)
+        except PreconditionFailed:
+            # A retried request whose first attempt landed also ends here: check before failing.
+            if self.current_version(fragment) != version:
+                raise Conflict(f"fragment {fragment}: the pointer moved concurrently") from None
+
+    def version_meta(self, fragment: int, version: int | None = None) -> dict | None:
+        """The `meta` of a committed version (default: the current one) without reading its
+        arrays, or None if there is no such manifest."""
+        if version is None:
+            version = self.current_version(fragment)
+            if version is None:
+                return None
+        manifest = self._read_json(
+            f"{layout.version_dir(self.experiment, fragment, version)}/{layout.MANIFEST}")
+        return None if manifest is None else dict(manifest.get("meta") or {})
+
+    def find_round_commit(self, fragment: int, round_index: int, version: int, meta: dict
+                          ) -> tuple[int, dict] | None:
+        """The committed version of this round, searching back from `version` (whose meta is
+        `meta`) while the versions belong to this round or later ones (merges of a fragment
+        commit in round order). None when the fragment moved past the round without it."""
+        while version > 0:
+            committed = meta.get("round")
+            if committed == round_index:
+                return version, meta
+            if not isinstance(committed, int) or committed < round_index:
+                return None
+            version -= 1
+            meta = self.version_meta(fragment, version) or {}
+        return None
+
+    def adopt_version(self, fragment: int, version: int) -> None:
+        """Move the pointer to an already written version (a commit whose pointer move was
+        lost: the manifest is there, the pointer still at version - 1)."""
+        self._move_pointer(fragment, version)
+
+    def discard_unreferenced(self, fragment: int, version: int) -> None:
+        """Delete a version the pointer never reached (a failed commit of another attempt), so
+        that version number can be committed. Refuses if the pointer is at or past it."""
+        current = self.current_version(fragment)
+        if current is not None and current >= version:
+            raise Conflict(f"fragment {fragment} version {version} is referenced (current "
+                           f"{current})")
+        directory = layout.version_dir(self.experiment, fragment, version)
+        self.blobs.delete(f"{directory}/{layout.MANIFEST}")
+        for key in self.blobs.list(directory + "/"):
+            self.blobs.delete(key)
+
+    def load_global(self, fragment: int, version: int | None = None,
+                    outer_template: Any = None) -> GlobalFragment:
+        """A committed version (default: the current one), verified. With `outer_template`
+        (e.g. `tx.init(fragment)`) the outer state comes back in its optax structure."""
+        if version is None:
+            version = self.current_version(fragment)
+            if version is None:
+                raise KeyError(f"fragment {fragment} has no committed version")
+        directory = layout.version_dir(self.experiment, fragment, version)
+        manifest = self._read_json(f"{directory}/{layout.MANIFEST}")
+        if manifest is None:
+            raise KeyError(f"fragment {fragment} version {version} is not committed")
+        objects = manifest["objects"]
+        try:
+            params = self._read_object(f"{directory}/{objects['params']['name']}",
+                                       objects["params"])
+            outer = self._read_object(f"{directory}/{objects['outer']['name']}",
+                                      objects["outer"])
+        except RejectedArtifact:
+            self._raise_if_pruned(directory, f"fragment {fragment} version {version}")
+            raise
+        leaves = [outer[name] for name in sorted(outer)]
+        if outer_template is not None:
+            import jax
+
+            treedef = jax.tree_util.tree_structure(outer_template)
+            outer_state = jax.tree_util.tree_unflatten(treedef, leaves)
+        else:
+            outer_state = leaves
+        return GlobalFragment(fragment, version, params, outer_state, manifest["meta"])
+
+    # Retention deletes arrays only. Every manifest and record stays: the token ledger and the
+    # run summary read the meta of every version and the manifest of every offer, and they are
+    # kilobytes where the arrays are the model's size (a 12B model's fragment: gigabytes per
+    # version, and again per contribution).
+    def prune_version(self, fragment: int, version: int, reason: str) -> int:
+        """Delete the arrays of a committed version older than the current one, after writing
+        its PRUNED marker; returns how many objects went (0: nothing left to delete). Version
+        0 (the initial parameters) and the current version or newer ones are refused."""
+        if version < 1:
+            raise ValueError(f"version {version}: the initial parameters (version 0) are kept")
+        current = self.current_version(fragment)
+        if current is None or version >= current:
+            raise Conflict(f"fragment {fragment} version {version} is not older than the "
+                           f"current version ({current})")
+        return self._prune(layout.version_dir(self.experiment, fragment, version), reason)
+

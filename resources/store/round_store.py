@@ -1,0 +1,301 @@
+"""A round's records: the open record and pointer, the learners' contributions (verified before a
+byte is decoded), the decision, the not-merged record and the eval.
+
+Part of `ArtifactStore` (`artifact_store.py`), which composes the record families; keys in
+`layout.py`.
+"""
+
+import contextlib
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from diloco_core.config import ENCODINGS, MAX_LEARNERS
+from diloco_core.contribution import Contribution
+from diloco_core.round_records import MAX_INT, RoundDecision, RoundOpen
+from diloco_core.syncer_events import OfferDigest
+from resources.store import layout
+from resources.store.array_bundle import sha256
+from resources.store.blobs import BlobNotFound, ListingTooLong
+from resources.store.store_base import (
+    FORMAT,
+    Conflict,
+    RejectedArtifact,
+    StoreBase,
+    _json_bytes,
+)
+
+# Listings of prefixes that learners write are bounded (`BlobStore.list(limit=)`), generously
+# for honest runs: a round's contributions hold 2 objects per learner (manifest, payload); a
+# learner's attempt records, one per process; the fired faults, one per fault of the tape.
+LISTED_PER_LEARNER = 4           # objects per learner of the config under a round's contributions
+
+
+class RoundStore(StoreBase):
+    """The records of each round, from its opening to its eval."""
+
+    def put_contribution(self, c: Contribution, extra: Mapping[str, Any] | None = None) -> int:
+        """Commit a learner's contribution to a round; returns the payload bytes written.
+        `extra` is free-form JSON for observers (e.g. the learner's recent train loss)."""
+        directory = layout.contribution_dir(self.experiment, c.round, c.learner)
+        names = sorted(c.delta)
+        arrays: dict[str, np.ndarray] = {}
+        tensors = []
+        for i, name in enumerate(names):
+            enc = c.delta[name]
+            arrays[f"t{i:04d}.payload"] = np.asarray(enc.payload)
+            if enc.scales is not None:
+                arrays[f"t{i:04d}.scales"] = np.asarray(enc.scales)
+            tensors.append({"name": name, "shape": list(enc.shape), "encoding": enc.encoding,
+                            "block_size": enc.block_size, "scales": enc.scales is not None})
+        delta = self._put_arrays(directory, "delta", arrays)
+        manifest = {"format": FORMAT, "kind": "contribution", "experiment": self.experiment,
+                    "learner": c.learner, "round": c.round, "fragment": c.fragment,
+                    "base_version": c.base_version, "tokens": c.tokens, "steps": c.steps,
+                    "learner_step": c.learner_step, "clock": c.clock,
+                    "encoding": sorted({t["encoding"] for t in tensors}),
+                    "nbytes": c.nbytes, "tensors": tensors, "objects": {"delta": delta},
+                    "extra": dict(extra or {})}
+        self._write_once(f"{directory}/{layout.MANIFEST}", _json_bytes(manifest))
+        return delta["size"]
+
+    def contribution_manifest(self, round_index: int, learner: str) -> dict | None:
+        """The committed manifest (metadata only, no payload), or None if not committed."""
+        return self._read_json(
+            f"{layout.contribution_dir(self.experiment, round_index, learner)}/{layout.MANIFEST}")
+
+    def list_contributions(self, round_index: int) -> list[str]:
+        """Learners with a committed contribution to the round (a prefix listing). Learners
+        write under that prefix, so the listing is bounded (`LISTED_PER_LEARNER` objects per
+        learner of the config): past it, each learner of the experiment is looked up on its
+        own instead, and the reason is logged (`listing_refusals`)."""
+        prefix = layout.contributions_prefix(self.experiment, round_index)
+        if prefix not in self.listing_refusals:
+            count = len(self.roster() or ()) or MAX_LEARNERS   # no config: the most
+            limit = LISTED_PER_LEARNER * count + 64
+            try:
+                keys = self.blobs.list(prefix, limit=limit)
+            except ListingTooLong:
+                self._refuse_listing(prefix, (
+                    f"more than {limit} objects ({LISTED_PER_LEARNER} per learner of "
+                    f"{count}): a learner wrote junk there; each learner's manifest is "
+                    "looked up on its own instead"))
+            else:
+                learners = []
+                for key in keys:
+                    parts = key[len(prefix):].split("/")
+                    if len(parts) == 2 and parts[1] == layout.MANIFEST:
+                        learners.append(parts[0])
+                return sorted(learners)
+        return sorted(name for name in self.roster() or () if self.blobs.info(
+            f"{layout.contribution_dir(self.experiment, round_index, name)}/{layout.MANIFEST}"
+        ) is not None)
+
+    def contribution_digest(self, round_index: int, learner: str) -> OfferDigest | None:
+        """What the store vouches for of a committed offer (the SHA-256 of its manifest and of
+        its payload as the manifest states it, its base version, its counters), or None if
+        nothing is committed; `RejectedArtifact` for a manifest that is no offer of this
+        learner to this round. A decision commits to the first; the second tells a replayed
+        or copied payload, the third a replayed base."""
+        directory = layout.contribution_dir(self.experiment, round_index, learner)
+        key = f"{directory}/{layout.MANIFEST}"
+        found = self._read_json_with_digest(key)
+        if found is None:
+            return None
+        manifest, digest = found
+        _check_contribution_manifest(key, manifest, round_index, learner)
+        return OfferDigest(digest, manifest["objects"]["delta"]["sha256"],
+                           manifest["base_version"], manifest["tokens"], manifest["steps"])
+
+    def contribution_created(self, round_index: int, learner: str) -> float | None:
+        """When the store created the payload of the learner's committed offer (its own clock,
+        never the learner's), or None if unknown. Of two byte-identical payloads the copy was
+        created after the original, since a copier must read the original first."""
+        manifest = self.contribution_manifest(round_index, learner)
+        objects = (manifest or {}).get("objects")
+        entry = objects.get("delta") if isinstance(objects, Mapping) else None
+        name = entry.get("name") if isinstance(entry, Mapping) else None
+        if not isinstance(name, str) or "/" in name:
+            return None
+        key = f"{layout.contribution_dir(self.experiment, round_index, learner)}/{name}"
+        # The bytes first, then the time: a file made early and filled with the original's
+        # bytes later must not pass for the original. Only the bytes the manifest claims
+        # count, and an overwrite after they were read has a later creation time.
+        try:
+            data = self.blobs.read(key)
+        except BlobNotFound:
+            return None
+        if sha256(data) != entry.get("sha256"):
+            return None
+        info = self.blobs.info(key)
+        return None if info is None else info.created
+
+    def load_contribution(self, round_index: int, learner: str,
+                          digest: str | None = None) -> Contribution:
+        """A committed contribution, verified; `RejectedArtifact` with the reason otherwise.
+        `digest` (the decision's record of the manifest it admitted): anything else in its
+        place now is refused, so the merge uses exactly what was decided."""
+        from diloco_core.compression import Encoded, wire_problem
+
+        directory = layout.contribution_dir(self.experiment, round_index, learner)
+        key = f"{directory}/{layout.MANIFEST}"
+        found = self._read_json_with_digest(key)
+        if found is None:
+            raise KeyError(f"no committed contribution from {learner} to round {round_index}")
+        manifest, actual = found
+        if digest is not None and actual != digest:
+            raise RejectedArtifact(key, f"changed after the decision: manifest digest "
+                                        f"{actual[:12]}, the decision admitted {digest[:12]}")
+        _check_contribution_manifest(key, manifest, round_index, learner)
+        entry = manifest["objects"]["delta"]
+        try:
+            arrays = self._read_object(f"{directory}/{entry['name']}", entry)
+        except RejectedArtifact:
+            self._raise_if_pruned(layout.round_dir(self.experiment, round_index),
+                                  f"the contribution of {learner} to round {round_index}")
+            raise
+        delta = {}
+        for i, t in enumerate(manifest["tensors"]):
+            payload = arrays.get(f"t{i:04d}.payload")
+            scales = arrays.get(f"t{i:04d}.scales") if t["scales"] else None
+            if payload is None or (t["scales"] and scales is None):
+                raise RejectedArtifact(key, f"tensor {t['name']} is missing from the payload")
+            # Dtype and element count, not only bytes: float64 in place of float32 values, or
+            # float codes in place of int8 ones, has the right size and the wrong meaning.
+            problem = wire_problem(t["encoding"], tuple(t["shape"]), t["block_size"],
+                                   payload.dtype.name, payload.shape,
+                                   None if scales is None else scales.dtype.name,
+                                   None if scales is None else scales.shape)
+            if problem is not None:
+                raise RejectedArtifact(key, f"tensor {t['name']}: {problem}")
+            delta[t["name"]] = Encoded(t["encoding"], tuple(t["shape"]), t["block_size"],
+                                       payload, scales)
+        return Contribution(manifest["learner"], manifest["fragment"], manifest["round"],
+                            manifest["base_version"], manifest["tokens"], manifest["steps"],
+                            manifest["learner_step"], manifest["clock"], delta)
+
+    def put_decision(self, round_index: int, record: RoundDecision | Mapping[str, Any]) -> None:
+        if not isinstance(record, RoundDecision):
+            record = RoundDecision.from_json(record)
+        self._write_once(layout.decision(self.experiment, round_index),
+                         _json_bytes(record.to_json()))
+
+    def get_decision(self, round_index: int) -> dict | None:
+        """The decision record (validated: `RejectedArtifact` names the field otherwise)."""
+        return self._read_record(layout.decision(self.experiment, round_index), RoundDecision)
+
+    def decision_record(self, round_index: int) -> RoundDecision | None:
+        """`get_decision` as the typed record."""
+        return self._read_typed(layout.decision(self.experiment, round_index), RoundDecision)
+
+    def put_round_not_merged(self, round_index: int, record: Mapping[str, Any]) -> None:
+        """The merge record of a round that committed nothing (write-once: a retry finds it;
+        the reasons of its rejections must outlive the merge run for the token ledger)."""
+        # Conflict: an earlier try of the same merge recorded it.
+        with contextlib.suppress(Conflict):
+            self._write_once(layout.round_outcome(self.experiment, round_index),
+                             _json_bytes(dict(record)))
+
+    def get_round_not_merged(self, round_index: int) -> dict | None:
+        return self._read_json(layout.round_outcome(self.experiment, round_index))
+
+    def put_eval(self, round_index: int, result: Mapping[str, Any]) -> None:
+        self._write_once(layout.evaluation(self.experiment, round_index), _json_bytes(dict(result)))
+
+    def get_eval(self, round_index: int) -> dict | None:
+        return self._read_json(layout.evaluation(self.experiment, round_index))
+
+    def open_round(self, round_index: int, record: RoundOpen | Mapping[str, Any]) -> None:
+        """Open a round: its record is write-once; then the OPEN pointer moves to it (learners
+        read only the pointer, one small object per poll)."""
+        if isinstance(record, RoundOpen):
+            record = record.to_json()
+        body = RoundOpen.from_json({**dict(record), "round": round_index}).to_json()
+        self._write_once(layout.round_open(self.experiment, round_index), _json_bytes(body))
+        latest = self.latest_open_round()
+        if latest is None or latest["round"] < round_index:
+            self.blobs.write(layout.open_pointer(self.experiment), _json_bytes(body))
+
+    def latest_open_round(self) -> dict | None:
+        return self._read_record(layout.open_pointer(self.experiment), RoundOpen)
+
+    def get_round_open(self, round_index: int) -> dict | None:
+        return self._read_record(layout.round_open(self.experiment, round_index), RoundOpen)
+
+    def latest_open_record(self) -> RoundOpen | None:
+        """`latest_open_round` as the typed record."""
+        return self._read_typed(layout.open_pointer(self.experiment), RoundOpen)
+
+    def round_open_record(self, round_index: int) -> RoundOpen | None:
+        """`get_round_open` as the typed record."""
+        return self._read_typed(layout.round_open(self.experiment, round_index), RoundOpen)
+
+    def prune_round(self, round_index: int, reason: str) -> int:
+        """Delete the arrays of every contribution to a decided round, after writing the
+        round's PRUNED marker; returns how many objects went. An undecided round is refused
+        (its contributions may still be merged)."""
+        if self.get_decision(round_index) is None:
+            raise Conflict(f"round {round_index} is not decided: its contributions may still "
+                           "be merged")
+        return self._prune(layout.round_dir(self.experiment, round_index), reason)
+
+
+MAX_TENSORS = 100_000
+MAX_TENSOR_RANK = 16     # dimensions of one tensor (models here have at most 4)
+_OBJECT_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")
+
+
+def _check_contribution_manifest(key: str, m: Mapping[str, Any], round_index: int,
+                                 learner: str) -> None:
+    """Refuse manifests that lie about who and what they are, before reading any payload."""
+    def bad(reason: str) -> RejectedArtifact:
+        return RejectedArtifact(key, reason)
+
+    if m.get("format") != FORMAT or m.get("kind") != "contribution":
+        raise bad(f"unknown format/kind {m.get('format')!r}/{m.get('kind')!r}")
+    if m.get("learner") != learner or m.get("round") != round_index:
+        raise bad(f"manifest says learner {m.get('learner')!r} round {m.get('round')!r}")
+    for field in ("fragment", "base_version", "tokens", "steps", "learner_step"):
+        value = m.get(field)
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_INT:
+            shown = value if not isinstance(value, int) or value.bit_length() < 64 else (
+                f"an integer of {value.bit_length()} bits")
+            raise bad(f"{field} must be an integer in [0, {MAX_INT}], got {shown!r}")
+    clock = m.get("clock")
+    if (not isinstance(clock, int | float) or isinstance(clock, bool)
+            or not math.isfinite(clock)):
+        # json.loads reads NaN, Infinity and 1e400 (inf) as floats.
+        raise bad(f"clock must be a finite number, got {str(clock)[:40]}")
+    tensors = m.get("tensors")
+    if not isinstance(tensors, list) or not tensors:
+        raise bad("no tensors")
+    if len(tensors) > MAX_TENSORS:
+        raise bad(f"{len(tensors)} tensors (at most {MAX_TENSORS})")
+    objects = m.get("objects")
+    entry = objects.get("delta") if isinstance(objects, Mapping) else None
+    if not isinstance(entry, Mapping):
+        raise bad("objects.delta must describe the payload object")
+    name = entry.get("name")
+    if (not isinstance(name, str) or not _OBJECT_NAME.fullmatch(name)):
+        raise bad(f"objects.delta.name must be a plain file name, got {str(name)[:80]!r}")
+    if not isinstance(entry.get("size"), int) or not isinstance(entry.get("sha256"), str):
+        raise bad("objects.delta needs an integer size and a sha256")
+    for t in tensors:
+        if not isinstance(t, Mapping) or not isinstance(t.get("name"), str):
+            raise bad("every tensor must be an object with a name")
+        if t.get("encoding") not in ENCODINGS:
+            raise bad(f"tensor {t.get('name')!r} has unknown encoding {t.get('encoding')!r}")
+        shape = t.get("shape")
+        if (not isinstance(shape, list) or len(shape) > MAX_TENSOR_RANK
+                or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_INT
+                           for d in shape)):
+            raise bad(f"tensor {str(t.get('name'))[:80]!r} has a bad shape {str(shape)[:80]}")
+        block_size = t.get("block_size")
+        if (not isinstance(block_size, int) or isinstance(block_size, bool)
+                or not 1 <= block_size <= MAX_INT):
+            raise bad(f"tensor {str(t.get('name'))[:80]!r} has a bad block size")
+        if not isinstance(t.get("scales"), bool):
+            raise bad(f"tensor {str(t.get('name'))[:80]!r}: scales must be true or false")
