@@ -260,6 +260,12 @@ class SyncConfig:
     # the other live learners' median; 4 leaves room for learners 2.5x apart in speed (the
     # heterogeneous-speed experiment). inf trusts every claim.
     max_speed_ratio: float = 4.0
+    # The most tokens a second any learner's hardware can process, if the deployment declares
+    # it: a heartbeat's total then counts toward the budget and the opening of rounds at most
+    # its total when the syncer's account of it began plus this x the seconds since, by the
+    # syncer's clock (plus one sync period). The one bound that does not lean on the other
+    # learners: with M = 2 a liar gains at most this rate. inf: not declared.
+    max_learner_tokens_per_second: float = math.inf
     # No member's merge weight above max(this, 1 / members), or the share its configured batch
     # gives it if larger: one learner, whatever it claims, weighs at most 3x the rest of its
     # round together. 0.75 keeps honest token weighting between two members 3x apart in steps
@@ -298,6 +304,10 @@ class SyncConfig:
         _require(isinstance(self.max_speed_ratio, int | float) and self.max_speed_ratio >= 1,
                  "max_speed_ratio", f"must be a number >= 1 (inf disables), "
                                     f"got {self.max_speed_ratio!r}")
+        _require(isinstance(self.max_learner_tokens_per_second, int | float)
+                 and self.max_learner_tokens_per_second > 0, "max_learner_tokens_per_second",
+                 f"must be a number > 0 (inf: not declared), "
+                 f"got {self.max_learner_tokens_per_second!r}")
         _require(isinstance(self.max_weight_share, int | float)
                  and 0 < self.max_weight_share <= 1, "max_weight_share",
                  f"must be a number in (0, 1], got {self.max_weight_share!r}")

@@ -48,7 +48,8 @@ def offered_bound(account: Mapping[int, int], base: int, slack: int) -> int:
 
 def credited(accounts: Mapping[str, Mapping[int, int]], bases: Mapping[str, int],
              at_open: Mapping[str, int], beats: Mapping[str, Heartbeat | None],
-             live: Sequence[str], cfg: ExperimentConfig
+             live: Sequence[str], cfg: ExperimentConfig,
+             seconds: Mapping[str, float] | None = None
              ) -> tuple[dict[str, int], dict[str, int], dict[str, str]]:
     """(totals for the budget, totals for opening rounds, why claims were clipped).
 
@@ -61,7 +62,9 @@ def credited(accounts: Mapping[str, Mapping[int, int]], bases: Mapping[str, int]
     up to `max_speed_ratio` (the syncer cannot tell it from an honest learner that fast).
     Toward opening rounds, `max_speed_ratio` times the largest other. With fewer than two
     others live (M = 2, or the others down) nobody can compare, and the syncer's own account
-    bounds it (`account_bound`)."""
+    bounds it (`account_bound`). Where the deployment declares its hardware's fastest rate
+    (`sync.max_learner_tokens_per_second`), every total is also held to what that rate allows
+    in the `seconds` since the learner's account began (`rate_bound`)."""
     claimed = {n: b.tokens_total for n, b in beats.items() if b}
     needed = tokens_needed(cfg)
     slack = max(needed.values()) * cfg.sync.num_fragments
@@ -79,8 +82,19 @@ def credited(accounts: Mapping[str, Mapping[int, int]], bases: Mapping[str, int]
         elif own > budget_tokens[name]:
             budget_tokens[name] = own
             clipped[name] += f"; its offers corroborate {own}"
-    if math.isinf(ratio):
-        return budget_tokens, opening, clipped
+    if not math.isinf(ratio):
+        _hold_to_account(accounts, bases, at_open, claimed, live, needed, slack,
+                         budget_tokens, opening, clipped)
+    _hold_to_rate(claimed, bases, seconds or {}, slack, cfg, budget_tokens, opening, clipped)
+    return budget_tokens, opening, clipped
+
+
+def _hold_to_account(accounts: Mapping[str, Mapping[int, int]], bases: Mapping[str, int],
+                     at_open: Mapping[str, int], claimed: Mapping[str, int],
+                     live: Sequence[str], needed: Mapping[str, int], slack: int,
+                     budget_tokens: dict[str, int], opening: dict[str, int],
+                     clipped: dict[str, str]) -> None:
+    """With fewer than two others live, the syncer's own account bounds a total."""
     live_set = set(live)
     for name in claimed:
         if len(live_set - {name}) >= 2:
@@ -94,4 +108,32 @@ def credited(accounts: Mapping[str, Mapping[int, int]], bases: Mapping[str, int]
         clipped[name] = (f"claims {claimed[name]} tokens, credited {bound}: what it had when "
                          f"the syncer's account of it began, {ACCOUNT_RATIO:g}x what its offers "
                          f"carried on one fragment since, plus {slack}")
-    return budget_tokens, opening, clipped
+
+
+def rate_bound(base: int, seconds: float, rate: float, slack: int) -> int:
+    """The most total tokens a learner can have processed `seconds` after its account began
+    with `base`, at no more than `rate` tokens a second, plus `slack` (one sync period: what
+    it may have had in flight when the account began)."""
+    return base + int(rate * max(0.0, seconds)) + slack
+
+
+def _hold_to_rate(claimed: Mapping[str, int], bases: Mapping[str, int],
+                  seconds: Mapping[str, float], slack: int, cfg: ExperimentConfig,
+                  budget_tokens: dict[str, int], opening: dict[str, int],
+                  clipped: dict[str, str]) -> None:
+    rate = cfg.sync.max_learner_tokens_per_second
+    if math.isinf(rate):
+        return
+    for name, total in claimed.items():
+        if name not in seconds:
+            continue
+        bound = rate_bound(bases.get(name, 0), seconds[name], rate, slack)
+        if total <= bound:
+            continue
+        opening[name] = min(opening[name], bound)
+        if budget_tokens[name] <= bound:
+            continue        # a tighter bound holds it toward the budget already
+        budget_tokens[name] = bound
+        clipped[name] = (f"claims {total} tokens, credited {bound}: more than "
+                         f"max_learner_tokens_per_second ({rate:g}) allows in the "
+                         f"{seconds[name]:.0f} s the syncer has known it")

@@ -82,10 +82,13 @@ class Accounts:
     """The syncer's account of each learner: the credited tokens of the offers it saw since
     the account began, per fragment (`offered`), and each learner's credited total when it
     began (`base`: 0 at the start of the run; the last round's record when the state was
-    rebuilt from the store)."""
+    rebuilt from the store), and when (`began`)."""
 
     offered: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
     base: Mapping[str, int] = field(default_factory=dict)
+    # When each learner's account began, by the syncer's clock: the first tick that read its
+    # heartbeat (since the start of the run, or since the state was rebuilt).
+    began: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,8 @@ class _Tick:
         self.refused = dict(state.refused)
         self.bases = dict(state.bases)
         self.accounts = dict(state.accounts.offered)
+        self.began = {**{n: obs.now for n, b in obs.beats.items() if b is not None},
+                      **state.accounts.began}
         self.estimates = state.estimates
         self.decided_by = "sensor"
         self.actions: list[Action] = []
@@ -156,7 +161,9 @@ class _Tick:
                        watch={k: tuple(sorted(self.watch[k])) for k in keep},
                        pending=tuple(self.pending[-4 * self.cfg.sync.num_fragments:]),
                        digests=self.digests, payloads=self.payloads, refused=self.refused,
-                       bases=self.bases, accounts=replace(self.s.accounts, offered=self.accounts),
+                       bases=self.bases,
+                       accounts=replace(self.s.accounts, offered=self.accounts,
+                                        began=self.began),
                        estimates=self.estimates,
                        **self.fields)
 
@@ -182,7 +189,8 @@ def step(state: SyncerState, obs: Observed, cfg: ExperimentConfig, decided_by: s
     _watch_published(t, now)
     _collect_offers(t, now)
     budget_tokens, tokens, clipped = credited(t.accounts, state.accounts.base,
-                                              t.get("tokens_at_open"), obs.beats, live, cfg)
+                                              t.get("tokens_at_open"), obs.beats, live, cfg,
+                                              {n: now - at for n, at in t.began.items()})
     _maybe_stop(t, budget_tokens, now)
     if not t.get("decided"):
         _decide(t, live, estimates, now)

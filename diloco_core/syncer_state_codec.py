@@ -52,6 +52,7 @@ def state_to_json(s: SyncerState) -> dict:
         "accounts": {n: {str(f): t for f, t in a.items()}
                      for n, a in s.accounts.offered.items()},
         "account_base": dict(s.accounts.base),
+        "account_began": dict(s.accounts.began),
     }
 
 
@@ -104,7 +105,9 @@ def state_from_json(raw: Any) -> SyncerState:
             offered={str(n): {int(f): int(t) for f, t in _map(a, "accounts").items()}
                      for n, a in _map(raw.get("accounts"), "accounts").items()},
             base={str(n): int(t)
-                  for n, t in _map(raw.get("account_base"), "account_base").items()}))
+                  for n, t in _map(raw.get("account_base"), "account_base").items()},
+            began={str(n): float(t)
+                   for n, t in _map(raw.get("account_began"), "account_began").items()}))
 
 
 def _digest_to_json(d: OfferDigest | None) -> list | None:

@@ -168,9 +168,38 @@ def test_a_liar_with_no_one_to_compare_to_ends_the_run_no_sooner_than_a_few_hone
                   + ([_offer("learner-1", r, cfg, steps=steps, base=base)] if offers else []))
         assert liar.state.round < 1000, "the run never stopped"
     trained, alone = liar.tokens["learner-0"], honest.tokens["learner-0"]
-    # Measured: 1,998,848 of 2,002,944 tokens without offers; 446,464 offering at the cap.
+    # Measured: 1,998,848 of 2,002,944 tokens without offers; 450,560 offering at the cap.
     least = 0.9 * alone if not offers else alone / (2 * cfg.sync.max_speed_ratio + 1)
     assert trained >= least, (trained, alone)
+
+
+def test_a_declared_rate_holds_a_liar_with_no_one_to_compare_to_to_that_rate():
+    """M = 2, K = 1, the liar claiming 2^62 tokens and offering at the credit cap every round
+    (without a declared rate it counts as about 2 x max_speed_ratio honest learners). With
+    `sync.max_learner_tokens_per_second` at twice the honest learner's real rate, it counts as
+    at most two: the honest learner trains a third of the budget (measured: 1,335,296 of
+    4,000,000), against 450,560 (about a ninth) without the declared rate."""
+    cfg = _cfg("token_budget=4000000")
+    per_second = cfg.learner_step_tokens[0]   # the honest learner: 2 steps every 2 ticks of 1 s
+    declared = _cfg("token_budget=4000000",
+                    f"sync.max_learner_tokens_per_second={2 * per_second}")
+    trained = {}
+    for name, c in (("undeclared", cfg), ("declared", declared)):
+        liar = Script(c, liar_claim=2 ** 62)
+        while not liar.state.stop:
+            for n in NAMES:
+                liar.tokens[n] += 2 * c.learner_step_tokens[0]
+            liar.tick()
+            r = liar.state.round
+            base = liar.store.base(r)
+            liar.tick([_offer("learner-0", r, c, base=base),
+                       _offer("learner-1", r, c, steps=4 * c.sync.sync_period, base=base)])
+            assert liar.state.round < 5000, "the run never stopped"
+        trained[name] = liar.tokens["learner-0"]
+    assert trained["undeclared"] < c.token_budget / 6, trained       # measured: 450,560
+    assert trained["declared"] >= c.token_budget / 3 * 0.95, trained
+    reason = liar.tick().reason
+    assert "max_learner_tokens_per_second" in reason, reason
 
 
 def test_a_late_offers_payload_offered_again_is_a_replay():
