@@ -62,3 +62,34 @@ def test_only_the_drivers_import_fault_injection():
                 importers.add(rel)
     assert importers <= CHAOS_DRIVERS, sorted(importers - CHAOS_DRIVERS)
     assert importers, "the drivers select the chaos hooks somewhere"
+
+
+def _store_attributes(path: Path) -> set[str]:
+    """The attributes the module uses on a store: `store.x`, `self.store.x`,
+    `self.plain_store.x`."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Attribute):
+            continue
+        owner = node.value
+        if (isinstance(owner, ast.Name) and owner.id == "store") or (
+                isinstance(owner, ast.Attribute) and isinstance(owner.value, ast.Name)
+                and owner.value.id == "self" and owner.attr in ("store", "plain_store")):
+            found.add(node.attr)
+    return found
+
+
+def test_the_learner_uses_only_its_view_of_the_store(tmp_path):
+    """"What may a learner read and write?" has one answer in code, `LearnerView`: the learner
+    process calls nothing else on the store, and the artifact store provides all of it."""
+    from resources.store.artifact_store import ArtifactStore
+    from resources.store.backends import open_blob_store
+    from resources.store.learner_view import LearnerView
+
+    allowed = {name for name in dir(LearnerView) if not name.startswith("_")} | {"experiment"}
+    used = {}
+    for path in sorted((ROOT / "resources" / "learner").rglob("*.py")):
+        for attr in _store_attributes(path) - allowed:
+            used.setdefault(attr, []).append(str(path.relative_to(ROOT)))
+    assert not used, used
+    assert isinstance(ArtifactStore(open_blob_store(str(tmp_path)), "exp"), LearnerView)

@@ -41,8 +41,8 @@ import optax
 
 from diloco_core.config import InnerOptConfig
 from diloco_core.spmd import host_value
-from resources.store.artifact_store import ArtifactStore
 from resources.store.checkpoints import LearnerCheckpoints, abstract_target
+from resources.store.learner_view import LearnerView
 
 REASON_CHARS = 240      # one peer's reason, at most
 SKIPPED_CHARS = 2400    # every skipped peer's, together (the heartbeat's `rejoined_from` < 4096)
@@ -133,7 +133,7 @@ def state_problem(state: Any, target: Any, step: int,
     return None
 
 
-def plan_restore(store: ArtifactStore, learner: str, peers: Sequence[str], template: Any,
+def plan_restore(store: LearnerView, learner: str, peers: Sequence[str], template: Any,
                  current_versions: Sequence[int], max_behind: int, use_ocdbt: bool,
                  target: Any = None, agree: Callable[[int | None], int | None] | None = None,
                  inner_opt: InnerOptConfig | None = None, leader: bool = True) -> RestorePlan:
@@ -190,7 +190,7 @@ def plan_restore(store: ArtifactStore, learner: str, peers: Sequence[str], templ
                        f"{_describe(skipped)}", skipped)
 
 
-def _corroborated_step(store: ArtifactStore, peer: str, use_ocdbt: bool, leader: bool
+def _corroborated_step(store: LearnerView, peer: str, use_ocdbt: bool, leader: bool
                        ) -> tuple[int | None, str | None]:
     """(the newest of the peer's checkpoint steps its heartbeat vouches for, None) or
     (None, why there is none). Reads the checkpoint listing and the heartbeat only. Every
@@ -220,7 +220,7 @@ def _corroborated_step(store: ArtifactStore, peer: str, use_ocdbt: bool, leader:
     return vouched[-1], None
 
 
-def _restore_sound(store: ArtifactStore, peer: str, step: int, target: Any, num_fragments: int,
+def _restore_sound(store: LearnerView, peer: str, step: int, target: Any, num_fragments: int,
                    inner_opt: InnerOptConfig | None, use_ocdbt: bool
                    ) -> tuple[Any, Any, str | None]:
     """(state, meta, None) for a sound checkpoint, or (None, None, why not)."""

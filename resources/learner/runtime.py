@@ -60,15 +60,15 @@ from resources.learner.progress import (
 from resources.learner.restore import plan_restore
 from resources.learner.shared_link import SharedLink
 from resources.learner.store_link import StoreLink
-from resources.store.artifact_store import ArtifactStore
 from resources.store.checkpoints import LearnerCheckpoints
+from resources.store.learner_view import LearnerView
 
 Log = Callable[[str], None]
 PROGRESS_SECONDS = 30.0   # how often a progress line goes to the log (Dagster's run log)
 
 
 class LearnerRuntime:
-    def __init__(self, store: ArtifactStore, learner: str, attempt: int = 0,
+    def __init__(self, store: LearnerView, learner: str, attempt: int = 0,
                  log: Log = print, use_ocdbt: bool = True, max_steps: int | None = None,
                  hooks: LearnerHooks | None = None):
         config = store.get_config()

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from diloco_core.contribution import Contribution
-from resources.store.artifact_store import ArtifactStore, Conflict, RejectedArtifact
+from resources.store.artifact_store import Conflict, RejectedArtifact
+from resources.store.learner_view import LearnerView
 
 Log = Callable[[str], None]
 # Versions skipped between two polls whose metadata is read to learn which merges took this
@@ -50,7 +51,7 @@ class Polled:
 
 
 class StoreLink:
-    def __init__(self, store: ArtifactStore, learner: str, num_fragments: int,
+    def __init__(self, store: LearnerView, learner: str, num_fragments: int,
                  known_versions: list[int], poll_seconds: float, log: Log, attempt: int = 0,
                  standby: tuple[str, ...] = ()):
         self.store, self.learner, self.poll_seconds, self.log = store, learner, poll_seconds, log
@@ -75,7 +76,7 @@ class StoreLink:
 
     # ---- called from the training loop (never blocks on the store) ----------------------------
     def offer(self, contribution: Contribution, extra: Mapping[str, Any],
-              after_put: Callable[[ArtifactStore], None] | None = None,
+              after_put: Callable[[LearnerView], None] | None = None,
               record: Mapping[str, Any] | None = None) -> None:
         """Queue an upload; `after_put` runs once it is committed (fault injection only).
 
