@@ -31,7 +31,7 @@ from diloco_core.quorum import Estimates
 from diloco_core.round_records import Heartbeat
 from diloco_core.syncer import MergeRecord
 from diloco_core.syncer_events import Observed, OfferDigest, OfferSeen, OpenRound, VersionSeen
-from diloco_core.syncer_machine import Stepped, SyncerState, step
+from diloco_core.syncer_machine import Accounts, Stepped, SyncerState, step
 
 DECIDED_BY = "simulator"
 
@@ -68,7 +68,11 @@ def start_state(experiment: str, estimates: Estimates,
     """The machine's state at the start of a simulated run: the simulator's configured step
     and sync times as the first estimates, and (after a warm start) the tokens the learners
     already had, so that round 0 waits for H/P steps of progress past the fork."""
-    return SyncerState(experiment, estimates=estimates, tokens_at_open=tokens_at_start or {})
+    tokens = dict(tokens_at_start or {})
+    # As a syncer rebuilt from the store credits them: its account of each learner begins at
+    # the tokens it had (the M = 2 and declared-rate bounds count from there, not from 0).
+    return SyncerState(experiment, estimates=estimates, tokens_at_open=tokens,
+                       accounts=Accounts(base=tokens))
 
 
 def offer_seen(contribution: Contribution) -> OfferSeen:

@@ -85,7 +85,8 @@ def credited(accounts: Mapping[str, Mapping[int, int]], bases: Mapping[str, int]
     if not math.isinf(ratio):
         _hold_to_account(accounts, bases, at_open, claimed, live, needed, slack,
                          budget_tokens, opening, clipped)
-    _hold_to_rate(claimed, bases, seconds or {}, slack, cfg, budget_tokens, opening, clipped)
+    _hold_to_rate(claimed, bases, seconds or {}, at_open, needed, slack, cfg, budget_tokens,
+                  opening, clipped)
     return budget_tokens, opening, clipped
 
 
@@ -118,7 +119,8 @@ def rate_bound(base: int, seconds: float, rate: float, slack: int) -> int:
 
 
 def _hold_to_rate(claimed: Mapping[str, int], bases: Mapping[str, int],
-                  seconds: Mapping[str, float], slack: int, cfg: ExperimentConfig,
+                  seconds: Mapping[str, float], at_open: Mapping[str, int],
+                  needed: Mapping[str, int], slack: int, cfg: ExperimentConfig,
                   budget_tokens: dict[str, int], opening: dict[str, int],
                   clipped: dict[str, str]) -> None:
     rate = cfg.sync.max_learner_tokens_per_second
@@ -130,7 +132,10 @@ def _hold_to_rate(claimed: Mapping[str, int], bases: Mapping[str, int],
         bound = rate_bound(bases.get(name, 0), seconds[name], rate, slack)
         if total <= bound:
             continue
-        opening[name] = min(opening[name], bound)
+        # Never below one round's worth past its total at the open round: rounds always open
+        # (as `account_bound`).
+        opening[name] = min(opening[name], max(bound, at_open.get(name, 0)
+                                               + needed.get(name, 0)))
         if budget_tokens[name] <= bound:
             continue        # a tighter bound holds it toward the budget already
         budget_tokens[name] = bound

@@ -59,7 +59,9 @@ class Observed:
     marks absent; `budget`: the token budget in force; `stop_request`: an operator's, if read
     this tick; `versions`: current versions of fragments with merges pending; `offers`: offers
     listed for the first time, in listing order; `current_versions`: of the fragments new
-    offers are for (an offer's staleness bounds its credit)."""
+    offers are for (an offer's staleness bounds its credit); `merged`: for a pending merge
+    whose fragment a later round's version has passed before a tick saw it, the members of the
+    version that merged it (an empty tuple: it was not merged)."""
 
     now: float
     beats: Mapping[str, Heartbeat | None] = field(default_factory=dict)
@@ -70,6 +72,7 @@ class Observed:
     versions: Mapping[int, VersionSeen] = field(default_factory=dict)
     offers: tuple[OfferSeen, ...] = ()
     current_versions: Mapping[int, int] = field(default_factory=dict)
+    merged: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
 
 
 # ---- what it decides --------------------------------------------------------------------------

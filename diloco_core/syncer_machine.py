@@ -252,9 +252,10 @@ def _watch_published(t: _Tick, now: float) -> None:
             still.append(p)
             continue
         _observe(t, sync=now - p.decided_at)
-        if seen.round != p.round:
-            continue     # a later round's version is current: this one's members are unknown
-        for member in seen.members:
+        # A later round's version is current already: the driver looked up the version that
+        # merged this one, if any (its members are unknown otherwise: nothing is booked).
+        members = seen.members if seen.round == p.round else t.obs.merged.get(p.round, ())
+        for member in members:
             if member in p.credits:
                 account = dict(t.accounts.get(member, {}))
                 account[p.fragment] = account.get(p.fragment, 0) + p.credits[member]

@@ -125,6 +125,7 @@ def observed_to_json(o: Observed) -> dict:
         "offers": [[x.round, x.learner, _digest_to_json(x.digest), x.rejected, x.created]
                    for x in o.offers],
         "current_versions": {str(f): v for f, v in o.current_versions.items()},
+        "merged": {str(r): list(m) for r, m in o.merged.items()},
     }
 
 
@@ -142,7 +143,8 @@ def observed_from_json(raw: Mapping) -> Observed:
         offers=tuple(OfferSeen(int(r), str(n), None if d is None else OfferDigest(*d),
                                rejected, created)
                      for r, n, d, rejected, created in raw["offers"]),
-        current_versions={int(f): int(v) for f, v in raw["current_versions"].items()})
+        current_versions={int(f): int(v) for f, v in raw["current_versions"].items()},
+        merged={int(r): tuple(m) for r, m in (raw.get("merged") or {}).items()})
 
 
 def action_to_json(a: Action) -> dict:

@@ -204,3 +204,24 @@ def test_fan_out_keeps_the_order_asked_bounds_the_reads_in_flight_and_raises():
     with pytest.raises(KeyError) as err:
         fan_out(fails, range(10), workers=4)
     assert err.value.args == (4,)        # the first in the order asked
+
+
+def test_a_merge_passed_before_a_tick_saw_it_is_found_by_walking_back(store):
+    """Two merges of one fragment published between two ticks: the machine sees only the
+    later version, so the driver finds the version that merged each pending round (its
+    members: whose offers vouch for tokens), or none for a round that was not merged."""
+    from diloco_core.syncer_events import VersionSeen
+    from diloco_core.syncer_machine import Pending
+
+    current = store.load_global(0)
+    for version, merged_round, members in ((1, 2, ["learner-0", "learner-1"]),
+                                           (2, 6, ["learner-1"])):
+        store.commit_global(0, version, current.params, current.outer_state,
+                            {"round": merged_round, "members": members})
+    controller = RoundController(store)
+    pending = (Pending(2, 0, 1.0), Pending(4, 0, 2.0), Pending(6, 0, 3.0), Pending(3, 1, 4.0))
+    passed = controller._passed(pending, {0: VersionSeen(6, ("learner-1",))})
+    # Round 6 is the current version's own (seen directly); round 4 was not merged; fragment
+    # 1 has not moved.
+    assert passed == {2: ("learner-0", "learner-1"), 4: ()}
+

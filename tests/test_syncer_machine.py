@@ -18,7 +18,7 @@ from diloco_core.syncer_events import (
     StopRun,
     VersionSeen,
 )
-from diloco_core.syncer_machine import SyncerState, planted, step
+from diloco_core.syncer_machine import Pending, SyncerState, planted, step
 from diloco_core.syncer_state_codec import state_from_json, state_to_json
 
 NAMES = ["learner-0", "learner-1"]
@@ -200,6 +200,37 @@ def test_a_declared_rate_holds_a_liar_with_no_one_to_compare_to_to_that_rate():
     assert trained["declared"] >= c.token_budget / 3 * 0.95, trained
     reason = liar.tick().reason
     assert "max_learner_tokens_per_second" in reason, reason
+
+
+def test_a_merge_the_machine_saw_only_passed_books_the_members_the_driver_found():
+    """Two merges of a fragment published between ticks: the machine sees the later version
+    only; the members of the earlier one (found by the driver, `Observed.merged`) are booked,
+    and nobody when the driver found none (the round was not merged)."""
+    cfg = _cfg()
+    pending = (Pending(2, 0, 1.0, credits={"learner-0": 100, "learner-1": 200}),
+               Pending(4, 0, 2.0, credits={"learner-0": 300, "learner-1": 400}))
+    state = SyncerState("exp", round=6, fragment=0, pending=pending)
+    beats = {n: _beat(0, cfg, t=10.0) for n in NAMES}
+    later = {0: VersionSeen(6, ("learner-1",))}
+    booked = step(state, Observed(10.0, beats, budget=cfg.token_budget, versions=later,
+                                  merged={2: ("learner-1",), 4: ()}), cfg).state
+    assert booked.accounts.offered == {"learner-1": {0: 200}}
+    assert booked.pending == ()
+    unknown = step(state, Observed(10.0, beats, budget=cfg.token_budget, versions=later), cfg)
+    assert unknown.state.accounts.offered == {}
+
+
+def test_a_declared_rate_never_keeps_the_next_round_from_opening():
+    """Learners that had 2M tokens when the syncer's account of them began with nothing (a
+    warm start): the declared rate clips their totals toward the budget, but toward opening
+    rounds never below one round's worth past their totals at the open round."""
+    cfg = _cfg("sync.max_learner_tokens_per_second=100")
+    needed = 2 * cfg.sync.sync_period // cfg.sync.num_fragments * cfg.learner_step_tokens[0]
+    state = SyncerState("exp", tokens_at_open=dict.fromkeys(NAMES, 2_000_000))
+    beats = {n: _beat(2_000_000 + needed, cfg, t=10.0) for n in NAMES}
+    stepped = step(state, Observed(10.0, beats, budget=cfg.token_budget), cfg)
+    assert any(isinstance(a, OpenRound) for a in stepped.actions), stepped.reason
+    assert "max_learner_tokens_per_second" in stepped.reason
 
 
 def test_a_late_offers_payload_offered_again_is_a_replay():

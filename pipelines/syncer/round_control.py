@@ -168,10 +168,11 @@ class RoundController:
         fragments = {o.round % cfg.sync.num_fragments for o in offers if o.digest is not None}
         current = {f: v for f in sorted(fragments)
                    if (v := store.current_version(f)) is not None}
+        versions = self._versions(state.pending)
         return Observed(now=now, beats=beats, refused_beats=refused, absent=self._absent,
                         budget=self._budget, stop_request=self._stop_request(state, now),
-                        versions=self._versions(state.pending), offers=tuple(offers),
-                        current_versions=current)
+                        versions=versions, offers=tuple(offers), current_versions=current,
+                        merged=self._passed(state.pending, versions))
 
     def _new_offers(self, state: SyncerState, result: TickResult,
                     reported: set[tuple[int, str]]) -> list[OfferSeen]:
@@ -229,6 +230,25 @@ class RoundController:
     def _versions(self, pending: tuple[Pending, ...]) -> dict[int, VersionSeen]:
         """Current versions of the fragments with merges pending (their publication)."""
         return self._versions_of(sorted({p.fragment for p in pending}))
+
+    def _passed(self, pending: tuple[Pending, ...], versions: Mapping[int, VersionSeen]
+                ) -> dict[int, tuple[str, ...]]:
+        """For each pending merge whose fragment a later round's version has passed (two
+        merges of it published between ticks, or one that was not merged): the members of the
+        version that merged it, found by walking back from the current one; () if none did."""
+        out: dict[int, tuple[str, ...]] = {}
+        for p in pending:
+            seen = versions.get(p.fragment)
+            if seen is None or seen.round <= p.round:
+                continue
+            version = self.store.current_version(p.fragment)
+            meta = self.store.version_meta(p.fragment, version) if version is not None else None
+            found = (None if meta is None else
+                     self.store.find_round_commit(p.fragment, p.round, version, meta))
+            members = [] if found is None else found[1].get("members")
+            out[p.round] = tuple(m for m in (members if isinstance(members, list) else ())
+                                 if isinstance(m, str))
+        return out
 
     def _versions_of(self, fragments) -> dict[int, VersionSeen]:
         out = {}
@@ -360,8 +380,10 @@ class RoundController:
             experiment=state.experiment, estimates=state.estimates, seen=state.seen,
             round=r, fragment=latest.fragment, decided=decided, final=latest.final,
             opened_at=latest.opened_at, tokens_at_open=dict(latest.learner_tokens),
-            # The account of each learner starts again from what the record credited it.
-            accounts=Accounts(base=dict(latest.learner_tokens)),
+            # The account of each learner starts again from what the record credited it, when
+            # that round opened (a declared rate bound counts the seconds from then).
+            accounts=Accounts(base=dict(latest.learner_tokens),
+                              began=dict.fromkeys(latest.learner_tokens, latest.opened_at)),
             # An undecided round's offers are listed again by this tick: they arrive now.
             watch={r: tuple(offered)} if decided else {}, pending=tuple(pending),
             payloads=payloads, bases=bases, stop=stop is not None, final_left=final_left,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from diloco_core.contribution import Contribution
+from resources.learner.hooks import AfterPut
 from resources.store.artifact_store import Conflict, RejectedArtifact
 from resources.store.learner_view import LearnerView
 
@@ -76,7 +77,7 @@ class StoreLink:
 
     # ---- called from the training loop (never blocks on the store) ----------------------------
     def offer(self, contribution: Contribution, extra: Mapping[str, Any],
-              after_put: Callable[[LearnerView], None] | None = None,
+              after_put: AfterPut | None = None,
               record: Mapping[str, Any] | None = None) -> None:
         """Queue an upload; `after_put` runs once it is committed (fault injection only).
 
