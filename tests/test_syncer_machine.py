@@ -156,21 +156,29 @@ def test_a_liar_with_no_one_to_compare_to_ends_the_run_no_sooner_than_a_few_hone
     honest = Script(cfg)
     while not honest.state.stop:
         honest.train_and_offer()
+    liar = _with_a_liar(cfg, liar_steps=4 * cfg.sync.sync_period if offers else None)
+    trained, alone = liar.tokens["learner-0"], honest.tokens["learner-0"]
+    # Measured: 1,998,848 of 2,002,944 tokens without offers; 450,560 offering at the cap.
+    least = 0.9 * alone if not offers else alone / (2 * cfg.sync.max_speed_ratio + 1)
+    assert trained >= least, (trained, alone)
+
+
+def _with_a_liar(cfg, liar_steps: int | None) -> Script:
+    """M = 2 to STOP: learner-0 honest (2 steps a round), learner-1 claiming 2^62 tokens and,
+    unless `liar_steps` is None, offering that many steps to every round."""
     liar = Script(cfg, liar_claim=2 ** 62)
     while not liar.state.stop:
         for n in NAMES:
             liar.tokens[n] += 2 * cfg.learner_step_tokens[0]
         liar.tick()
         r = liar.state.round
-        steps = 4 * cfg.sync.sync_period if offers else 2
         base = liar.store.base(r)
-        liar.tick([_offer("learner-0", r, cfg, base=base)]
-                  + ([_offer("learner-1", r, cfg, steps=steps, base=base)] if offers else []))
-        assert liar.state.round < 1000, "the run never stopped"
-    trained, alone = liar.tokens["learner-0"], honest.tokens["learner-0"]
-    # Measured: 1,998,848 of 2,002,944 tokens without offers; 450,560 offering at the cap.
-    least = 0.9 * alone if not offers else alone / (2 * cfg.sync.max_speed_ratio + 1)
-    assert trained >= least, (trained, alone)
+        offers = [_offer("learner-0", r, cfg, base=base)]
+        if liar_steps is not None:
+            offers.append(_offer("learner-1", r, cfg, steps=liar_steps, base=base))
+        liar.tick(offers)
+        assert liar.state.round < 5000, "the run never stopped"
+    return liar
 
 
 def test_a_declared_rate_holds_a_liar_with_no_one_to_compare_to_to_that_rate():
@@ -185,19 +193,10 @@ def test_a_declared_rate_holds_a_liar_with_no_one_to_compare_to_to_that_rate():
                     f"sync.max_learner_tokens_per_second={2 * per_second}")
     trained = {}
     for name, c in (("undeclared", cfg), ("declared", declared)):
-        liar = Script(c, liar_claim=2 ** 62)
-        while not liar.state.stop:
-            for n in NAMES:
-                liar.tokens[n] += 2 * c.learner_step_tokens[0]
-            liar.tick()
-            r = liar.state.round
-            base = liar.store.base(r)
-            liar.tick([_offer("learner-0", r, c, base=base),
-                       _offer("learner-1", r, c, steps=4 * c.sync.sync_period, base=base)])
-            assert liar.state.round < 5000, "the run never stopped"
+        liar = _with_a_liar(c, liar_steps=4 * c.sync.sync_period)
         trained[name] = liar.tokens["learner-0"]
-    assert trained["undeclared"] < c.token_budget / 6, trained       # measured: 450,560
-    assert trained["declared"] >= c.token_budget / 3 * 0.95, trained
+    assert trained["undeclared"] < cfg.token_budget / 6, trained       # measured: 450,560
+    assert trained["declared"] >= cfg.token_budget / 3 * 0.95, trained
     reason = liar.tick().reason
     assert "max_learner_tokens_per_second" in reason, reason
 
