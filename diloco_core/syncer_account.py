@@ -64,7 +64,8 @@ def credited(accounts: Mapping[str, Mapping[int, int]], bases: Mapping[str, int]
     others live (M = 2, or the others down) nobody can compare, and the syncer's own account
     bounds it (`account_bound`). Where the deployment declares its hardware's fastest rate
     (`sync.max_learner_tokens_per_second`), every total is also held to what that rate allows
-    in the `seconds` since the learner's account began (`rate_bound`)."""
+    in the `seconds` since the learner's account began (`rate_bound`); toward opening rounds
+    never below one round's worth past its total at the open round."""
     claimed = {n: b.tokens_total for n, b in beats.items() if b}
     needed = tokens_needed(cfg)
     slack = max(needed.values()) * cfg.sync.num_fragments

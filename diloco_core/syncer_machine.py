@@ -87,7 +87,8 @@ class Accounts:
     offered: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
     base: Mapping[str, int] = field(default_factory=dict)
     # When each learner's account began, by the syncer's clock: the first tick that read its
-    # heartbeat (since the start of the run, or since the state was rebuilt).
+    # heartbeat, or, for a state rebuilt from the store, when the latest open round opened
+    # (no earlier than one round timeout before the rebuild).
     began: Mapping[str, float] = field(default_factory=dict)
 
 

@@ -225,3 +225,22 @@ def test_a_merge_passed_before_a_tick_saw_it_is_found_by_walking_back(store):
     # 1 has not moved.
     assert passed == {2: ("learner-0", "learner-1"), 4: ()}
 
+
+
+def test_a_rebuilt_accounts_clock_starts_no_earlier_than_one_round_timeout_ago(store):
+    """A state rebuilt from the store starts each learner's account at the latest open
+    record, timed from when that round opened, but never earlier than one round timeout
+    before the rebuild: after a pause of days, a declared rate must not grant a liar the rate
+    times the pause."""
+    from diloco_core.round_records import RoundOpen
+    from diloco_core.syncer_state_codec import state_from_json
+
+    tokens = dict.fromkeys(NAMES, 4096)
+    store.open_round(0, RoundOpen(round=0, fragment=0, opened_at=1000.0, learner_tokens=tokens))
+    controller = RoundController(store)
+    timeout = controller.cfg.orchestration.round_timeout_seconds
+    soon = state_from_json(controller.tick(None, now=1010.0).state)
+    assert soon.accounts.base == tokens
+    assert set(soon.accounts.began.values()) == {1000.0}     # mid-round: from its opening
+    later = state_from_json(RoundController(store).tick(None, now=1_000_000.0).state)
+    assert set(later.accounts.began.values()) == {1_000_000.0 - timeout}

@@ -19,7 +19,12 @@ from diloco_core.syncer_events import (
     VersionSeen,
 )
 from diloco_core.syncer_machine import Pending, SyncerState, planted, step
-from diloco_core.syncer_state_codec import state_from_json, state_to_json
+from diloco_core.syncer_state_codec import (
+    observed_from_json,
+    observed_to_json,
+    state_from_json,
+    state_to_json,
+)
 
 NAMES = ["learner-0", "learner-1"]
 
@@ -230,6 +235,18 @@ def test_a_declared_rate_never_keeps_the_next_round_from_opening():
     stepped = step(state, Observed(10.0, beats, budget=cfg.token_budget), cfg)
     assert any(isinstance(a, OpenRound) for a in stepped.actions), stepped.reason
     assert "max_learner_tokens_per_second" in stepped.reason
+
+
+def test_an_observation_reads_back_from_its_json_with_the_merges_the_driver_found():
+    """A trace replays what the driver saw, `merged` included (an older trace without it
+    reads as none found)."""
+    cfg = _cfg()
+    observed = Observed(5.0, {n: _beat(0, cfg, t=5.0) for n in NAMES}, budget=100,
+                        versions={0: VersionSeen(6, ("learner-1",))},
+                        merged={2: ("learner-0", "learner-1"), 4: ()})
+    assert observed_from_json(observed_to_json(observed)) == observed
+    old = {k: v for k, v in observed_to_json(observed).items() if k != "merged"}
+    assert observed_from_json(old).merged == {}
 
 
 def test_a_late_offers_payload_offered_again_is_a_replay():

@@ -381,9 +381,12 @@ class RoundController:
             round=r, fragment=latest.fragment, decided=decided, final=latest.final,
             opened_at=latest.opened_at, tokens_at_open=dict(latest.learner_tokens),
             # The account of each learner starts again from what the record credited it, when
-            # that round opened (a declared rate bound counts the seconds from then).
-            accounts=Accounts(base=dict(latest.learner_tokens),
-                              began=dict.fromkeys(latest.learner_tokens, latest.opened_at)),
+            # that round opened (a declared rate bound counts the seconds from then), but no
+            # earlier than one round timeout ago: a run resumed after a long pause must not
+            # grant a liar the rate times the pause.
+            accounts=Accounts(base=dict(latest.learner_tokens), began=dict.fromkeys(
+                latest.learner_tokens,
+                max(latest.opened_at, now - self.cfg.orchestration.round_timeout_seconds))),
             # An undecided round's offers are listed again by this tick: they arrive now.
             watch={r: tuple(offered)} if decided else {}, pending=tuple(pending),
             payloads=payloads, bases=bases, stop=stop is not None, final_left=final_left,
