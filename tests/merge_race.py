@@ -17,6 +17,7 @@ with this version pending) or says "finished" (at most 60 s).
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -54,7 +55,7 @@ class HoldMidCommit:
 parser = argparse.ArgumentParser()
 parser.add_argument("uri")
 parser.add_argument("experiment")
-parser.add_argument("start_at", type=float)
+parser.add_argument("barrier", type=Path, help="a folder: write ready-<pid>, wait for go")
 parser.add_argument("rounds", type=int, nargs="+")
 parser.add_argument("--progress", type=Path)
 parser.add_argument("--hold-for", type=Path)
@@ -62,7 +63,11 @@ args = parser.parse_args()
 store = ArtifactStore(open_blob_store(args.uri), args.experiment)
 plan = MergePlan.of(config_from_mapping(store.get_config()))
 hold = HoldMidCommit(args.hold_for) if args.hold_for else None
-time.sleep(max(0.0, args.start_at - time.time()))
+# Past the imports and the plan: tell the parent, and start when every process is (a start
+# time fixed in advance lost the race to slow imports on a loaded machine).
+(args.barrier / f"ready-{os.getpid()}").touch()
+while not (args.barrier / "go").exists():
+    time.sleep(0.01)
 done = {}
 for r in args.rounds:
     for attempt in range(5):

@@ -46,13 +46,21 @@ def _store_uri(backend: str, tmp_path, request) -> str:
     return str(tmp_path / "store")
 
 
-def _race(h: Harness, uri: str, *runs: list[str]) -> list[dict]:
-    """One merge process per entry of `runs` (its rounds and options), all started at once."""
-    start_at = str(time.time() + 12)   # all past their imports, then at once
+def _race(h: Harness, uri: str, barrier: Path, *runs: list[str]) -> list[dict]:
+    """One merge process per entry of `runs` (its rounds and options), all started at once:
+    each says it is ready in `barrier` once past its imports, then all go together."""
+    barrier.mkdir()
     procs = [subprocess.Popen(
         [sys.executable, str(REPO / "tests" / "merge_race.py"), uri, h.store.experiment,
-         start_at, *run], cwd=REPO, stdout=subprocess.PIPE,
+         str(barrier), *run], cwd=REPO, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True) for run in runs]
+    deadline = time.monotonic() + 240
+    while len(list(barrier.glob("ready-*"))) < len(procs):
+        assert time.monotonic() < deadline, "the merge processes never got ready"
+        assert all(p.poll() is None for p in procs), [p.communicate()[1][-3000:]
+                                                      for p in procs if p.poll() is not None]
+        time.sleep(0.05)
+    (barrier / "go").touch()
     outs = []
     for proc in procs:
         out, err = proc.communicate(timeout=300)
@@ -76,7 +84,8 @@ def test_two_merge_processes_racing_commit_every_round_exactly_once(backend, tmp
     uri = _store_uri(backend, tmp_path, request)
     with dg.instance_for_test() as instance:
         h = _harness(instance, uri)
-        outs = _race(h, uri, list(map(str, range(ROUNDS))), list(map(str, range(ROUNDS))))
+        outs = _race(h, uri, tmp_path / "barrier", list(map(str, range(ROUNDS))),
+                     list(map(str, range(ROUNDS))))
         for r in range(ROUNDS):
             done = [o[str(r)] for o in outs]
             assert not any(d.get("gave_up") for d in done), done
@@ -104,7 +113,8 @@ def test_a_merge_adopts_a_later_rounds_version_pending_under_it(backend, tmp_pat
     progress = tmp_path / "a-progress"
     with dg.instance_for_test() as instance:
         h = _harness(instance, uri)
-        a, b = _race(h, uri, [*map(str, range(ROUNDS)), "--progress", str(progress)],
+        a, b = _race(h, uri, tmp_path / "barrier",
+                     [*map(str, range(ROUNDS)), "--progress", str(progress)],
                      [*map(str, reversed(range(ROUNDS))), "--hold-for", str(progress)])
         assert b["holds"] and "timed out" not in b["holds"], b["holds"]
         stored = {}
