@@ -229,7 +229,7 @@ def _child(args) -> dict:
             for n in names:
                 beats[n] += steps
             list(pool.map(beat, names))
-            open_round = learners_store.latest_open_record()
+            open_round = learners_store.latest_open_round()
             if open_round is not None and open_round.round > offered:
                 r = offered = open_round.round
                 version = learners_store.current_version(r % P)

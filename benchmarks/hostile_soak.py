@@ -59,25 +59,27 @@ def hostile_tape(budget: int, every_steps: int) -> dict:
 
 def planted_outcomes(store, planted: list[dict]) -> list[dict]:
     """What became of each planted contribution whose round was decided."""
+    from diloco_core.stored_merge import StoredMerge
+
     out = []
     for t in planted:
         decision = store.get_decision(t["round"])
         if decision is None:
             out.append({**t, "outcome": "round never came"})
             continue
-        fragment = decision["fragment"]
+        fragment = decision.fragment
         current = store.current_version(fragment)
         found = store.find_round_commit(fragment, t["round"], current,
-                                        store.version_meta(fragment, current) or {})
-        meta = found[1] if found else (store.get_round_not_merged(t["round"]) or {})
-        rejected = (meta.get("rejected") or {}).get(HOSTILE)
-        if HOSTILE in (meta.get("members") or []):
+                                        store.version_meta(fragment, current) or StoredMerge())
+        meta = found[1] if found else (store.get_round_not_merged(t["round"]) or StoredMerge())
+        rejected = meta.rejected.get(HOSTILE)
+        if HOSTILE in meta.members:
             outcome = "MERGED"
         elif rejected:
             outcome = f"refused by the merge: {rejected}"
-        elif HOSTILE in (decision.get("late") or []):
+        elif HOSTILE in decision.late:
             outcome = "late (not merged)"
-        elif HOSTILE not in decision.get("members", []):
+        elif HOSTILE not in decision.members:
             outcome = "not admitted by the quorum"
         else:
             outcome = "admitted, not merged, no reason recorded"

@@ -85,14 +85,15 @@ def _standby_ready(syncer_pid: int) -> bool:
     return False
 
 
-def _published(store, fragments: int) -> dict[tuple[int, int], dict]:
+def _published(store, fragments: int) -> dict[tuple[int, int], object]:
     """(fragment, version) -> the version's metadata, for every current version."""
     out = {}
     for p in range(fragments):
         v = store.current_version(p)
         if v:
-            meta = store.version_meta(p, v) or {}
-            out[(p, v)] = meta
+            meta = store.version_meta(p, v)
+            if meta is not None:
+                out[(p, v)] = meta
     return out
 
 
@@ -130,7 +131,7 @@ def run(args) -> dict:
                 raise RuntimeError("the demo ended before every kill was made")
             lease = store.get_syncer_lease() or {}
             merged_by_holder = [m for m in _published(store, fragments).values()
-                                if str(m.get("merged_by", "")).startswith(
+                                if m.merged_by.startswith(
                                     f"syncer-a{lease.get('attempt')}")]
             if (lease.get("status") != "syncing" or not isinstance(lease.get("pid"), int)
                     or len(merged_by_holder) < min(args.settle_merges, fragments)
@@ -160,7 +161,7 @@ def run(args) -> dict:
                     record["lease_taken"] = round(now - kill_at, 2)
                     record["new_attempt"] = current.get("attempt")
                 if "first_publish" not in record:
-                    fresh = [(m.get("published_at") or now, m.get("merged_by"), m.get("round"))
+                    fresh = [(m.published_at or now, m.merged_by, m.round)
                              for key, m in _published(store, fragments).items()
                              if key not in before]
                     if fresh:
@@ -218,15 +219,15 @@ def add_round_times(store, kills: list[dict]) -> None:
     for kill in kills:
         if not isinstance(kill.get("first_publish_round"), int):
             continue
-        decision = store.get_decision(kill["first_publish_round"]) or {}
+        decision = store.get_decision(kill["first_publish_round"])
+        if decision is None:
+            continue
         at, published = kill["at"], kill["at"] + kill["first_publish"]
-        for key, field in (("round_opened", "opened_at"), ("round_quorum", "quorum_at"),
-                           ("round_decided", "decided_at")):
-            if isinstance(decision.get(field), int | float):
-                kill[key] = round(decision[field] - at, 2)
-        if isinstance(decision.get("quorum_at"), int | float):
-            kill["quorum_to_publish"] = round(published - decision["quorum_at"], 2)
-        kill["round_decided_by"] = decision.get("decided_by")
+        kill["round_opened"] = round(decision.opened_at - at, 2)
+        kill["round_quorum"] = round(decision.quorum_at - at, 2)
+        kill["round_decided"] = round(decision.decided_at - at, 2)
+        kill["quorum_to_publish"] = round(published - decision.quorum_at, 2)
+        kill["round_decided_by"] = decision.decided_by
 
 
 def summarize(kills: list[dict]) -> dict:

@@ -41,7 +41,8 @@ def change_capacity(store: ArtifactStore, cfg: ExperimentConfig, *, join: Sequen
         raise CapacityError(f"experiment {store.experiment} is stopping (its final rounds are "
                             "under way)")
     roster = cfg.learners.learner_names
-    opened = (store.latest_open_round() or {}).get("round")
+    latest = store.latest_open_round()
+    opened = None if latest is None else latest.round
     for _ in retries():
         record, generation = store.capacity(cfg.learners.standby_names)
         at = time.time() if now is None else now

@@ -15,13 +15,14 @@ import math
 from diloco_core.config import ExperimentConfig
 from diloco_core.fault_tape import FAULT_KINDS
 from diloco_core.ledger import Ledger
+from diloco_core.stored_merge import StoredMerge
 from resources.store.artifact_store import ArtifactStore
 
 OUTAGES = ("learner_kill", "learner_hang")
 EVERY_LEARNER_DOWN = ("instance_restart",)  # the learner processes died with the instance
 
 
-def resilience_report(store: ArtifactStore, cfg: ExperimentConfig, merges: list[dict],
+def resilience_report(store: ArtifactStore, cfg: ExperimentConfig, merges: list[StoredMerge],
                       ledger: Ledger) -> dict:
     names = cfg.learners.learner_names
     P = cfg.sync.num_fragments
@@ -38,16 +39,16 @@ def resilience_report(store: ArtifactStore, cfg: ExperimentConfig, merges: list[
         at = float(fault["time"])
         later = [a for a in attempts.get(name, []) if a.get("started_at", 0.0) > at]
         relaunched = min((a["started_at"] for a in later), default=None)
-        back = next((m for m in merges if name in m.get("members", [])
+        back = next((m for m in merges if name in m.members
                      and relaunched is not None
-                     and (m.get("published_at") or 0.0) > relaunched), None)
-        missed = [m for m in merges if at < (m.get("published_at") or 0.0)
-                  and (back is None or m["published_at"] < back["published_at"])]
+                     and (m.published_at or 0.0) > relaunched), None)
+        missed = [m for m in merges if at < (m.published_at or 0.0)
+                  and (back is None or (m.published_at or 0.0) < (back.published_at or 0.0))]
         rejoins.append({
             "fault": fault["id"], "kind": fault["kind"], "learner": name, "at": at,
             "step": fault.get("step"), "relaunched_at": relaunched,
-            "back_in_round": None if back is None else back["round"],
-            "rejoin_seconds": None if back is None else back["published_at"] - at,
+            "back_in_round": None if back is None else back.round,
+            "rejoin_seconds": None if back is None else (back.published_at or at) - at,
             "rounds_missed": len(missed) if back is not None else None})
     stop = store.stop_requested() or {}
     starts = [a["started_at"] for recs in attempts.values() for a in recs

@@ -8,7 +8,8 @@ materializations and check evaluations with the same metadata.
 
 import dagster as dg
 
-from diloco_core.round_records import MAX_INT, finite_float
+from diloco_core.round_records import RoundDecision, finite_float
+from diloco_core.stored_merge import StoredMerge
 from resources.store.artifact_store import ArtifactStore, RejectedArtifact
 
 WHY_NOT = {"late": "offered after the grace window closed", "missing": "did not offer",
@@ -16,28 +17,27 @@ WHY_NOT = {"late": "offered after the grace window closed", "missing": "did not 
            "not live": "no live heartbeat when the round was decided"}
 
 
-def _decision_table(record: dict, decision: dict, names: list[str]) -> dg.TableMetadataValue:
+def _decision_table(record: StoredMerge, decision: RoundDecision,
+                    names: list[str]) -> dg.TableMetadataValue:
     """One row per learner of the experiment: merged (weight, tokens, steps, norm), or why
     not (rejected, late, missing, declined, not live)."""
-    members = list(record.get("members", []))
     rows = []
-    for i, name in enumerate(members):
+    for name, weight, tokens, steps, norm in zip(
+            record.members, record.weights, record.tokens, record.steps,
+            record.outer_grad_norms, strict=False):
         rows.append(dg.TableRecord({
-            "learner": name, "status": "merged",
-            "weight": round(float(record["weights"][i]), 4),
-            "tokens": int(record["tokens"][i]), "steps": int(record["steps"][i]),
-            "outer_grad_norm": round(float(record["outer_grad_norms"][i]), 5), "reason": ""}))
-    for name, why in sorted(record.get("rejected", {}).items()):
+            "learner": name, "status": "merged", "weight": round(weight, 4),
+            "tokens": tokens, "steps": steps, "outer_grad_norm": round(norm, 5),
+            "reason": ""}))
+    for name, why in sorted(record.rejected.items()):
         rows.append(dg.TableRecord({"learner": name, "status": "rejected", "weight": 0.0,
                                     "tokens": 0, "steps": 0, "outer_grad_norm": 0.0,
                                     "reason": why}))
-    listed = set(members) | set(record.get("rejected", {}))
-    unlisted = [n for n in names if n not in listed and not any(
-        n in decision.get(s, []) for s in ("late", "missing", "declined"))]
-    for status, who in (("late", decision.get("late", [])),
-                        ("missing", decision.get("missing", [])),
-                        ("declined", decision.get("declined", [])),
-                        ("not live", unlisted)):
+    listed = set(record.members) | set(record.rejected)
+    accounted = set(decision.late) | set(decision.missing) | set(decision.declined)
+    unlisted = [n for n in names if n not in listed and n not in accounted]
+    for status, who in (("late", decision.late), ("missing", decision.missing),
+                        ("declined", decision.declined), ("not live", unlisted)):
         for name in who:
             if name in listed:
                 continue
@@ -53,73 +53,70 @@ def _decision_table(record: dict, decision: dict, names: list[str]) -> dg.TableM
     return dg.MetadataValue.table(rows, schema)
 
 
-def _per_learner_series(artifacts, names: list[str], record: dict, round_index: int,
+def _per_learner_series(artifacts, names: list[str], record: StoredMerge, round_index: int,
                         parent_version: int) -> dict[str, float]:
     """Numeric metadata with one stable key per learner, so that the asset page plots each
     learner over rounds: its merge weight (0 when it was not admitted), and for members the
     train loss it reported with its offer and its staleness (merged fragment versions it
     missed since its base)."""
-    members = list(record.get("members", []))
-    weights = dict(zip(members, record.get("weights", []), strict=False))
-    series = {f"weight/{n}": round(float(weights.get(n, 0.0)), 4) for n in names}
-    for name in members:
+    weights = dict(zip(record.members, record.weights, strict=False))
+    series = {f"weight/{n}": round(weights.get(n, 0.0), 4) for n in names}
+    for name in record.members:
         # The learner wrote its manifest, `extra` (free-form JSON) and all: every field is
         # checked here, and one that is not what it should be is left out of the plots.
         try:
-            manifest = artifacts.contribution_manifest(round_index, name) or {}
+            manifest = artifacts.contribution_manifest(round_index, name)
         except RejectedArtifact:
             continue
-        extra = manifest.get("extra")
-        loss = finite_float(extra.get("train_loss")) if isinstance(extra, dict) else None
+        if manifest is None:
+            continue
+        loss = finite_float(manifest.extra.get("train_loss"))
         if loss is not None:
             series[f"train_loss/{name}"] = loss
-        base = manifest.get("base_version")
-        if isinstance(base, int) and not isinstance(base, bool) and 0 <= base <= MAX_INT:
-            series[f"staleness/{name}"] = max(0, parent_version - base)
+        series[f"staleness/{name}"] = max(0, parent_version - manifest.base_version)
     return series
 
 
-def global_params_metadata(artifacts: ArtifactStore, record: dict, decision: dict,
-                           version: int, finite: bool, seconds: float) -> dict:
+def global_params_metadata(artifacts: ArtifactStore, record: StoredMerge,
+                           decision: RoundDecision, version: int, finite: bool,
+                           seconds: float) -> dict:
     """The metadata of one round's `global_params` materialization."""
-    latency = decision_latency = None
-    if record.get("published_at") and decision.get("quorum_at"):
-        latency = record["published_at"] - decision["quorum_at"]
-    if record.get("published_at") and decision.get("decided_at"):
-        decision_latency = record["published_at"] - decision["decided_at"]
-    round_index = int(record.get("round", decision.get("round", 0)))
+    latency = record.latency(decision.quorum_at)
+    decision_latency = record.latency(decision.decided_at)
+    round_index = decision.round if record.round is None else record.round
     # Learners' outer gradients near-orthogonal (cosine ~0) is why the merge uses RDA; only
     # defined with two or more members.
-    cosine = ({"mean_pairwise_cosine": float(record["mean_cosine"])}
-              if record.get("mean_cosine") is not None else {})
-    parent_version = version - 1 if record.get("merged") else version
+    cosine = ({"mean_pairwise_cosine": record.mean_cosine}
+              if record.mean_cosine is not None else {})
+    parent_version = version - 1 if record.merged else version
     from diloco_core.config_loading import config_from_mapping
 
     names = list(config_from_mapping(artifacts.get_config()).learners.learner_names)
+    # Norms of a merge that came out not finite are recorded as unknown (None) and left out.
+    norms = {k: v for k, v in (("merged_norm", record.merged_norm),
+                               ("update_norm", record.update_norm)) if v is not None}
     return {
-        **cosine,
+        **cosine, **norms,
         **_per_learner_series(artifacts, names, record, round_index, parent_version),
         "experiment": artifacts.experiment,
         # A partition may hold several rounds (orchestration.rounds_per_partition): each
         # materialization names its own.
         "round": round_index,
-        "fragment": int(decision["fragment"]), "version": version,
+        "fragment": decision.fragment, "version": version,
         "parent_version": parent_version,
-        "merged": bool(record.get("merged")) and finite,
-        "admitted": len(record.get("members", [])),
-        "members": ", ".join(record.get("members", [])) or "none",
-        "late": ", ".join(decision.get("late", [])) or "none",
-        "rejected": len(record.get("rejected", {})),
-        "weights": dg.MetadataValue.json(dict(zip(record.get("members", []),
-                                                  record.get("weights", []), strict=True))),
-        "decision_reason": dg.MetadataValue.text(record.get("reason", "")),
+        "merged": record.merged and finite,
+        "admitted": len(record.members),
+        "members": ", ".join(record.members) or "none",
+        "late": ", ".join(decision.late) or "none",
+        "rejected": len(record.rejected),
+        "weights": dg.MetadataValue.json(dict(zip(record.members, record.weights,
+                                                  strict=True))),
+        "decision_reason": dg.MetadataValue.text(record.reason),
         "decisions": _decision_table(record, decision, names),
-        "decided_by": str(decision.get("decided_by", "sensor")),
-        "merged_by": str(record.get("merged_by", "run")),
-        "grace_seconds": float(decision.get("grace_seconds") or 0.0),
-        "merged_norm": float(record.get("merged_norm", 0.0)),
-        "update_norm": float(record.get("update_norm", 0.0)),
-        "bytes_in": int(record.get("bytes_in", 0)),
+        "decided_by": decision.decided_by,
+        "merged_by": record.merged_by,
+        "grace_seconds": decision.grace_seconds or 0.0,
+        "bytes_in": record.bytes_in,
         "merge_seconds": float(seconds),
         "quorum_to_publish_seconds": float(latency) if latency is not None else 0.0,
         "decision_to_publish_seconds": (float(decision_latency)
@@ -135,8 +132,8 @@ def round_scalars(metadata: dict) -> dict[str, float]:
             if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
-def global_params_checks(record: dict, version: int, finite: bool) -> list[dict]:
-    outliers = {n: why for n, why in record.get("rejected", {}).items() if "norm" in why}
+def global_params_checks(record: StoredMerge, version: int, finite: bool) -> list[dict]:
+    outliers = {n: why for n, why in record.rejected.items() if "norm" in why}
     return [
         {"check_name": "params_finite", "passed": bool(finite),
          "severity": dg.AssetCheckSeverity.ERROR, "metadata": {"version": version}},
@@ -146,8 +143,8 @@ def global_params_checks(record: dict, version: int, finite: bool) -> list[dict]
     ]
 
 
-def global_params_events(artifacts: ArtifactStore, record: dict, decision: dict, version: int,
-                         finite: bool, seconds: float):
+def global_params_events(artifacts: ArtifactStore, record: StoredMerge,
+                         decision: RoundDecision, version: int, finite: bool, seconds: float):
     """A merge run's results for its `global_params` partition."""
     yield dg.MaterializeResult(metadata=global_params_metadata(
         artifacts, record, decision, version, finite, seconds))
@@ -155,17 +152,18 @@ def global_params_events(artifacts: ArtifactStore, record: dict, decision: dict,
         yield dg.AssetCheckResult(**check)
 
 
-def mirrored_global_params(artifacts: ArtifactStore, partition: str, record: dict,
-                           decision: dict, version: int, with_checks: bool = True) -> list:
+def mirrored_global_params(artifacts: ArtifactStore, partition: str, record: StoredMerge,
+                           decision: RoundDecision, version: int,
+                           with_checks: bool = True) -> list:
     """The same, as runless events for a round the syncer service merged. Without
     `with_checks` the caller holds the checks for its partition (`hold_checks`)."""
-    finite = bool(record.get("finite", True))
+    finite = record.finite
     key = dg.AssetKey("global_params")
     events: list = [dg.AssetMaterialization(
         asset_key=key, partition=partition,
-        description=f"merged by the syncer service: {record.get('reason', '')}"[:500],
+        description=f"merged by the syncer service: {record.reason}"[:500],
         metadata=global_params_metadata(artifacts, record, decision, version, finite,
-                                        float(record.get("merge_seconds") or 0.0)))]
+                                        record.merge_seconds or 0.0))]
     for check in global_params_checks(record, version, finite) if with_checks else []:
         events.append(dg.AssetCheckEvaluation(
             asset_key=key, check_name=check["check_name"], passed=check["passed"],

@@ -15,8 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from diloco_core.config import ExperimentConfig
+from diloco_core.round_records import RoundDecision
+from diloco_core.stored_merge import StoredMerge
 from diloco_core.syncer_machine import LATE_WINDOW
-from pipelines.offer_summary import describe_offer
+from pipelines.offer_summary import OfferSummary, describe_offer
 from resources.store.artifact_store import ArtifactStore
 
 MAX_ROUNDS_PER_TICK = 64
@@ -26,9 +28,9 @@ MAX_ROUNDS_PER_TICK = 64
 class MirrorResult:
     state: dict
     opened: list[int] = field(default_factory=list)
-    offers: list[dict] = field(default_factory=list)
+    offers: list[OfferSummary] = field(default_factory=list)
     # (round, merge record, decision, version) of rounds the syncer merged or refused
-    merges: list[tuple[int, dict, dict, int]] = field(default_factory=list)
+    merges: list[tuple[int, StoredMerge, RoundDecision, int]] = field(default_factory=list)
     # (round, eval, the eval before it) of evals the syncer stored
     evals: list[tuple[int, dict, dict | None]] = field(default_factory=list)
     finished: bool = False
@@ -39,17 +41,15 @@ def fresh_mirror() -> dict:
             "last_eval": None}
 
 
-def round_fate(store: ArtifactStore, round_index: int, decision: dict
-               ) -> tuple[str, dict | None, int | None]:
+def round_fate(store: ArtifactStore, round_index: int, decision: RoundDecision
+               ) -> tuple[str, StoredMerge | None, int | None]:
     """("merged", version meta, version), ("not_merged", record, None), ("skipped", None,
     None) for a round whose fragment moved past it without it, or ("pending", None, None)."""
-    fragment = decision.get("fragment")
-    if not isinstance(fragment, int):
-        return "skipped", None, None
+    fragment = decision.fragment
     current = store.current_version(fragment)
     if current is None:
         return "pending", None, None
-    meta = store.version_meta(fragment, current) or {}
+    meta = store.version_meta(fragment, current) or StoredMerge()
     found = store.find_round_commit(fragment, round_index, current, meta)
     if found is not None:
         version, meta = found
@@ -57,8 +57,7 @@ def round_fate(store: ArtifactStore, round_index: int, decision: dict
     refused = store.get_round_not_merged(round_index)
     if refused is not None:
         return "not_merged", refused, None
-    committed = meta.get("round")
-    if isinstance(committed, int) and committed > round_index:
+    if meta.round is not None and meta.round > round_index:
         return "skipped", None, None
     return "pending", None, None
 
@@ -69,7 +68,7 @@ def mirror_tick(store: ArtifactStore, cfg: ExperimentConfig, state: dict | None)
     # One read per round and tick: offers, fates and evals all ask whether a round is decided.
     decision_of = functools.cache(store.get_decision)
     latest = store.latest_open_round()
-    last = latest["round"] if latest else -1
+    last = latest.round if latest else -1
     if last > state["opened"]:
         first = max(state["opened"] + 1, last - MAX_ROUNDS_PER_TICK + 1)
         result.opened = list(range(first, last + 1))
@@ -82,7 +81,7 @@ def mirror_tick(store: ArtifactStore, cfg: ExperimentConfig, state: dict | None)
 
 
 def _offers(store: ArtifactStore, cfg: ExperimentConfig, state: dict, result: MirrorResult,
-            last: int, decision_of: Callable[[int], dict | None]) -> None:
+            last: int, decision_of: Callable[[int], RoundDecision | None]) -> None:
     """Offers of every round not yet closed to offers: a round is closed once it is decided
     and LATE_WINDOW rounds older than the newest (later offers to it are not reported, as
     with the sensor's own watch window)."""
@@ -103,7 +102,7 @@ def _offers(store: ArtifactStore, cfg: ExperimentConfig, state: dict, result: Mi
 
 
 def _fates(store: ArtifactStore, state: dict, result: MirrorResult, last: int,
-           decision_of: Callable[[int], dict | None]) -> None:
+           decision_of: Callable[[int], RoundDecision | None]) -> None:
     k = state["fates"]
     for _ in range(MAX_ROUNDS_PER_TICK):
         if k > last:
@@ -111,22 +110,22 @@ def _fates(store: ArtifactStore, state: dict, result: MirrorResult, last: int,
         decision = decision_of(k)
         if decision is None:
             break
-        if not decision.get("members"):
+        if not decision.members:
             k += 1   # nobody to merge (a final round nobody offered to)
             continue
         fate, record, version = round_fate(store, k, decision)
         if fate == "pending":
             break
-        if record is not None and str(record.get("merged_by", "")).startswith("syncer"):
+        if record is not None and record.merged_by.startswith("syncer"):
             if version is None:
-                version = store.current_version(int(decision["fragment"])) or 0
+                version = store.current_version(decision.fragment) or 0
             result.merges.append((k, record, decision, version))
         k += 1
     state["fates"] = k
 
 
 def _evals(store: ArtifactStore, state: dict, result: MirrorResult, last: int,
-           decision_of: Callable[[int], dict | None]) -> None:
+           decision_of: Callable[[int], RoundDecision | None]) -> None:
     # The syncer stores an eval once, under the newest round it knows of, after that tick's
     # merges: every round before the newest decided one has its eval by now, or never will.
     decided = last if last >= 0 and decision_of(last) is not None else last - 1

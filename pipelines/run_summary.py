@@ -25,26 +25,28 @@ last process has ended (its ledger records are final then); the `summarize` run 
 sensor requests then records it as the `run_summary` asset, reusing those evals.
 """
 
+import dataclasses
 import statistics
 
 from diloco_core.config_loading import config_from_mapping
 from diloco_core.liveness import ENDED_STATUSES
+from diloco_core.stored_merge import StoredMerge
 from pipelines.resilience import resilience_report
 from pipelines.round_eval import evaluate_global
 from pipelines.token_ledger import run_ledger
 from resources.store.artifact_store import ArtifactStore
 
 
-def merge_records(store: ArtifactStore, num_fragments: int) -> list[dict]:
+def merge_records(store: ArtifactStore, num_fragments: int) -> list[StoredMerge]:
     """Every committed merge (fragment version > 0), oldest first, with its metadata."""
     records = []
     for p in range(num_fragments):
         for version in store.versions(p):
-            if version == 0:
-                continue
-            meta = store.version_meta(p, version) or {}
-            records.append({**meta, "fragment": p, "version": version})
-    return sorted(records, key=lambda m: m.get("published_at") or 0.0)
+            if version > 0:
+                meta = store.version_meta(p, version)
+                records.append(StoredMerge(fragment=p) if meta is None
+                               else dataclasses.replace(meta, fragment=p))
+    return sorted(records, key=lambda m: m.published_at or 0.0)
 
 
 def uptime(publish_times: list[float], median_gap: float | None = None) -> float:
@@ -66,7 +68,7 @@ def learners_ended(store: ArtifactStore, cfg) -> bool:
     never compared with the reader's."""
     for name in cfg.learners.learner_names:
         beat = store.get_heartbeat(name)
-        if beat is not None and beat.get("status") not in ENDED_STATUSES:
+        if beat is not None and beat.status not in ENDED_STATUSES:
             return False
     return True
 
@@ -91,51 +93,44 @@ def build_summary(store: ArtifactStore, eval_batches: int | None = None,
     names = cfg.learners.learner_names
     merges = merge_records(store, cfg.sync.num_fragments)
     rounds = []
-    last_round = (store.latest_open_round() or {}).get("round", -1)
+    latest = store.latest_open_round()
+    last_round = -1 if latest is None else latest.round
+    merged_rounds = {m.round: m for m in merges}
+    latencies, decision_latencies = [], []
     for r in range(last_round + 1):
         decision = store.get_decision(r)
         if decision is None:
             continue
-        rounds.append({"round": r, "fragment": decision["fragment"],
-                       "decided_by": decision.get("decided_by", "sensor"),
-                       "admitted": decision["members"], "late": decision["late"],
-                       "missing": decision["missing"], "final": decision.get("final", False),
-                       "decided_at": decision.get("decided_at"),
-                       "reason": decision["reason"]})
-    merged_rounds = {m["round"]: m for m in merges}
-    for entry in rounds:
-        merge = merged_rounds.get(entry["round"])
-        entry["merged"] = merge is not None
+        merge = merged_rounds.get(r)
+        # A round that committed nothing may still have refused contributions (all of them).
+        not_merged = store.get_round_not_merged(r) if merge is None else None
+        entry = {"round": r, "fragment": decision.fragment, "decided_by": decision.decided_by,
+                 "admitted": list(decision.members), "late": list(decision.late),
+                 "missing": list(decision.missing), "final": decision.final,
+                 "decided_at": decision.decided_at, "reason": decision.reason,
+                 "merged": merge is not None}
         if merge is None:
-            # A round that committed nothing may still have refused contributions (all of them).
-            merge_record = store.get_round_not_merged(entry["round"]) or {}
-            entry["not_merged_reason"] = merge_record.get("reason")
-        else:
-            merge_record = merge
-        entry["rejected"] = merge_record.get("rejected", {})
-        entry["published_at"] = (merge or {}).get("published_at")
+            entry["not_merged_reason"] = None if not_merged is None else not_merged.reason
+        record = merge or not_merged
+        entry["rejected"] = {} if record is None else dict(record.rejected)
+        entry["published_at"] = None if merge is None else merge.published_at
         if merge is not None:
             # Who merged it and how long it took, per round: a latency percentile is only
             # explained by the rounds behind it (e.g. merge runs while no syncer held a lease).
-            entry["merged_by"] = merge.get("merged_by")
-            for name, since in (("quorum_to_publish_seconds", "quorum_at"),
-                                ("decision_to_publish_seconds", "decided_at")):
-                if merge.get("published_at") and merge.get(since):
-                    entry[name] = merge["published_at"] - merge[since]
-    beats = {n: store.get_heartbeat(n) or {} for n in names}
-    training = sum(b.get("training_seconds", 0.0) for b in beats.values())
-    compute = sum(b.get("compute_seconds", 0.0) for b in beats.values())
-    latencies = [m["published_at"] - m["quorum_at"] for m in merges
-                 if m.get("published_at") and m.get("quorum_at")]
-    decision_latencies = [m["published_at"] - m["decided_at"] for m in merges
-                          if m.get("published_at") and m.get("decided_at")]
-    rejoined = []
-    for n, b in beats.items():
-        started = b.get("started_at", 0.0)
-        if b.get("attempt", 0) > 0 and any(
-                n in m.get("members", []) and (m.get("published_at") or 0) > started
-                for m in merges):
-            rejoined.append(n)
+            entry["merged_by"] = merge.merged_by
+            for name, since, series in (
+                    ("quorum_to_publish_seconds", decision.quorum_at, latencies),
+                    ("decision_to_publish_seconds", decision.decided_at, decision_latencies)):
+                latency = merge.latency(since)
+                if latency is not None:
+                    entry[name] = latency
+                    series.append(latency)
+        rounds.append(entry)
+    beats = {n: b for n in names if (b := store.get_heartbeat(n)) is not None}
+    training = sum(b.training_seconds for b in beats.values())
+    compute = sum(b.compute_seconds for b in beats.values())
+    rejoined = [n for n, b in beats.items() if b.attempt > 0 and any(
+        n in m.members and (m.published_at or 0) > (b.started_at or 0.0) for m in merges)]
     ledger, rejections = run_ledger(store, cfg)
     batches = eval_batches or cfg.orchestration.eval_batches
     evals = evals if isinstance(evals, dict) else {}
@@ -143,7 +138,7 @@ def build_summary(store: ArtifactStore, eval_batches: int | None = None,
                     version=0)
     final = _eval(store, evals.get("final"), batches, cfg.sync.num_fragments,
                   version=None)
-    publish = [m["published_at"] for m in merges if m.get("published_at")]
+    publish = [m.published_at for m in merges if m.published_at]
     return {
         "experiment": store.experiment,
         "rounds_opened": last_round + 1,
@@ -152,26 +147,26 @@ def build_summary(store: ArtifactStore, eval_batches: int | None = None,
         "final_eval_loss": final["loss"],
         "final_bits_per_byte": final["bits_per_byte"],
         "final_sample": final["sample"],
-        "tokens": sum(int(b.get("tokens_total", 0)) for b in beats.values()),
+        "tokens": sum(b.tokens_total for b in beats.values()),
         "token_budget": store.token_budget(cfg.token_budget),   # raised on resume, if it was
         "uptime": uptime(publish),
         "learner_idle_fraction": (training - compute) / training if training > 0 else 0.0,
         "learners_rejoined": sorted(rejoined),
-        "learner_attempts": {n: b.get("attempt", 0) + 1 for n, b in beats.items()},
-        "learner_restarted_at": {n: b.get("started_at") for n, b in beats.items()
-                                 if b.get("attempt", 0) > 0},
+        "learner_attempts": {n: (beats[n].attempt + 1 if n in beats else 1) for n in names},
+        "learner_restarted_at": {n: b.started_at for n, b in beats.items() if b.attempt > 0},
         "merge_latency_seconds": _distribution(latencies),
         "decision_to_publish_seconds": _distribution(decision_latencies),
-        "merged_by": _counts(str(m.get("merged_by", "run")) for m in merges),
+        "merged_by": _counts(m.merged_by for m in merges),
         "decided_by": _counts(str(r.get("decided_by", "sensor")) for r in rounds),
-        "bytes_up": sum(int(b.get("bytes_up", 0)) for b in beats.values()),
+        "bytes_up": sum(b.bytes_up for b in beats.values()),
         "ledger": {**ledger.summary(), "rejections": rejections},
         # Scavenged capacity: who was absent at the end, and every join and leave in order.
         "capacity": store.capacity(cfg.learners.standby_names)[0].to_json(),
-        "learner_status": {n: b.get("status") for n, b in beats.items()},
+        "learner_status": {n: (beats[n].status if n in beats else None) for n in names},
         # Where each learner's latest process took its state from (own checkpoint, a peer's
         # AdamW state and the global parameters, or fresh).
-        "learner_started_from": {n: b.get("rejoined_from") for n, b in beats.items()},
+        "learner_started_from": {n: (beats[n].rejoined_from if n in beats else None)
+                                 for n in names},
         **resilience_report(store, cfg, merges, ledger),
         "evals": {"initial": initial, "final": final},
         "rounds": rounds,

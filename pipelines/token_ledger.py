@@ -42,27 +42,29 @@ def offer_fates(store: ArtifactStore, num_fragments: int, learners: Sequence[str
     merged = {}
     for p in range(num_fragments):
         for version in store.versions(p):
-            meta = store.version_meta(p, version) or {}
-            if version > 0 and isinstance(meta.get("round"), int):
-                merged[meta["round"]] = meta
+            meta = store.version_meta(p, version) if version > 0 else None
+            if meta is not None and meta.round is not None:
+                merged[meta.round] = meta
     offers, fates, rejections = {}, {}, []
-    last_round = (store.latest_open_round() or {}).get("round", -1)
+    latest = store.latest_open_round()
+    last_round = -1 if latest is None else latest.round
     for r in range(last_round + 1):
         decision = store.get_decision(r)
         merge = merged.get(r)
-        refused = ((store.get_round_not_merged(r) or {}).get("rejected", {})
-                   if merge is None and decision is not None else {})
+        not_merged = (store.get_round_not_merged(r)
+                      if merge is None and decision is not None else None)
+        refused = {} if not_merged is None else not_merged.rejected
         for learner in store.list_contributions(r):
             if learner not in learners:
                 continue
             key = f"{layout.contribution_dir(store.experiment, r, learner)}/{layout.MANIFEST}"
             try:
-                manifest = store.contribution_manifest(r, learner) or {}
+                manifest = store.contribution_manifest(r, learner)
             except RejectedArtifact as err:  # the learner's claim counts as offer_not_stored
                 if refusals is not None:
                     refusals.append({"key": key, "reason": err.reason})
                 continue
-            offer, why = offer_claim(manifest.get("extra"))
+            offer, why = offer_claim(None if manifest is None else manifest.extra)
             if offer is None:
                 if refusals is not None:
                     refusals.append({"key": key, "reason": why})
@@ -70,19 +72,19 @@ def offer_fates(store: ArtifactStore, num_fragments: int, learners: Sequence[str
             offers[(r, learner)] = offer
             if decision is None:
                 fate = "undecided"
-            elif learner not in decision.get("members", []):
+            elif learner not in decision.members:
                 fate = "late"
             elif learner in refused:
                 fate = "rejected"   # refused, and so was everyone else: nothing committed
                 rejections.append({"round": r, "learner": learner, "reason": refused[learner]})
             elif merge is None:
                 fate = "round_not_merged"
-            elif learner in merge.get("members", []):
+            elif learner in merge.members:
                 fate = "merged"
             else:
                 fate = "rejected"
                 rejections.append({"round": r, "learner": learner,
-                                   "reason": merge.get("rejected", {}).get(
+                                   "reason": merge.rejected.get(
                                        learner, "admitted but not in the merge")})
             fates[(r, learner)] = fate
     return offers, fates, rejections

@@ -67,7 +67,7 @@ def export_global(store: ArtifactStore, out_dir: str | os.PathLike,
             raise ExportError(f"fragment {p}: {err.args[0]}") from None
         params.update({k: np.asarray(v) for k, v in fragment.params.items()})
         fragments.append({"fragment": p, "version": fragment.version,
-                          "round": fragment.meta.get("round")})
+                          "round": fragment.meta.round})
     _check_params(cfg, params, "the store")
 
     out.mkdir(parents=True, exist_ok=True)

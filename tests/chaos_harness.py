@@ -53,13 +53,14 @@ class ChaosRun:
         now = time.time()
         stopping = self.h.store.stop_requested() is not None
         beats = {n: self.h.store.get_heartbeat(n) for n in self.procs}
-        self.seen = observe(self.seen, beats, now)
+        self.seen = observe(self.seen, {n: b and b.to_json() for n, b in beats.items()}, now)
         for name, proc in self.procs.items():
             code = proc.poll()
             if code is None:
-                beat = beats[name] or {}
+                beat = beats[name]
                 silent = silent_for(self.seen, name, now)
-                if (beat.get("attempt") == self.attempts[name] and silent is not None
+                if (beat is not None and beat.attempt == self.attempts[name]
+                        and silent is not None
                         and silent > self.hang_timeout):
                     proc.send_signal(signal.SIGINT)
                     self.events.append({"event": "terminated", "learner": name,

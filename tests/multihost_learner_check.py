@@ -41,6 +41,7 @@ from learner_store_setup import committed_experiment  # noqa: E402
 from learner_store_setup import wait as wait_until  # noqa: E402
 
 from diloco_core.compression import decode  # noqa: E402
+from diloco_core.round_records import Heartbeat  # noqa: E402
 from diloco_core.spmd import host_value  # noqa: E402
 from resources.learner.runtime import LearnerRuntime  # noqa: E402
 from resources.store.artifact_store import ArtifactStore  # noqa: E402
@@ -86,14 +87,14 @@ def watched(store: ArtifactStore) -> tuple[ArtifactStore, dict]:
 
 def play_syncer(store: ArtifactStore, errors: list) -> None:
     try:
-        beat = lambda: store.get_heartbeat("learner-0") or {}  # noqa: E731
-        wait(lambda: beat().get("step", 0) >= 4, "4 steps")
+        beat = lambda: (store.get_heartbeat("learner-0") or Heartbeat("none", 0.0))  # noqa: E731
+        wait(lambda: beat().step >= 4, "4 steps")
         store.open_round(0, {"fragment": 0, "opened_at": time.time(), "final": False})
         wait(lambda: store.list_contributions(0) == ["learner-0"], "an offer")
         g = store.load_global(1)
         store.commit_global(1, 1, {k: v + np.float32(0.001) for k, v in g.params.items()},
-                            g.outer_state, {"round": -1})
-        wait(lambda: beat().get("versions") == [0, 1] and beat().get("step", 0) >= 8,
+                            g.outer_state, {"round": 1})
+        wait(lambda: beat().versions == (0, 1) and beat().step >= 8,
              "the merged fragment and 8 steps")
         store.request_stop({"reason": "test"})
     except BaseException as err:  # noqa: BLE001 - reported by the main thread
@@ -134,10 +135,10 @@ def run() -> dict:
         out.update(contributions=store.list_contributions(0),
                    offer={"steps": offer.steps, "tokens": offer.tokens,
                           "learner_step": offer.learner_step,
-                          "attempt": manifest["extra"].get("attempt"),
+                          "attempt": manifest.extra.get("attempt"),
                           "delta": {k: np.asarray(decode(e)).ravel().tolist()
                                     for k, e in sorted(offer.delta.items())}},
-                   heartbeat=(store.get_heartbeat("learner-0") or {}),
+                   heartbeat=(store.get_heartbeat("learner-0") or Heartbeat("none", 0.0)).to_json(),
                    tokens_per_step=runtime.cfg.tokens_per_learner_step,
                    checkpoint_steps=runtime.checkpoints.all_steps())
     return out

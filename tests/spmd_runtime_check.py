@@ -26,6 +26,7 @@ import numpy as np  # noqa: E402
 from learner_store_setup import committed_experiment, wait  # noqa: E402
 
 from diloco_core.config import ConfigError  # noqa: E402
+from diloco_core.round_records import Heartbeat  # noqa: E402
 from diloco_core.spmd import fsdp_spec  # noqa: E402
 from resources.learner.runtime import LearnerRuntime  # noqa: E402
 from resources.store import layout  # noqa: E402
@@ -69,14 +70,14 @@ def train_offer_merge_restore(root: str) -> dict:
     result: dict = {}
     thread = threading.Thread(target=lambda: result.update(runtime.run()), daemon=True)
     thread.start()
-    beat = lambda: store.get_heartbeat("learner-0") or {}  # noqa: E731
-    wait(lambda: beat().get("step", 0) >= 4, "4 steps")
+    beat = lambda: (store.get_heartbeat("learner-0") or Heartbeat("none", 0.0))  # noqa: E731
+    wait(lambda: beat().step >= 4, "4 steps")
     store.open_round(0, {"fragment": 0, "opened_at": time.time(), "final": False})
     wait(lambda: store.list_contributions(0) == ["learner-0"], "an offer")
     g = store.load_global(1)   # a merge of fragment 1 commits version 1
     store.commit_global(1, 1, {k: v + np.float32(0.001) for k, v in g.params.items()},
-                        g.outer_state, {"round": -1})
-    wait(lambda: beat().get("versions") == [0, 1] and beat().get("step", 0) >= 8,
+                        g.outer_state, {"round": 1})
+    wait(lambda: beat().versions == (0, 1) and beat().step >= 8,
          "the merged fragment and 8 steps")
     store.request_stop({"reason": "test"})
     thread.join(60)
@@ -119,8 +120,8 @@ def continue_on_fewer_devices(root: str) -> dict:
     result: dict = {}
     thread = threading.Thread(target=lambda: result.update(runtime.run()), daemon=True)
     thread.start()
-    beat = lambda: store.get_heartbeat("learner-0") or {}  # noqa: E731
-    wait(lambda: beat().get("step", 0) >= 12, "4 more steps")
+    beat = lambda: (store.get_heartbeat("learner-0") or Heartbeat("none", 0.0))  # noqa: E731
+    wait(lambda: beat().step >= 12, "4 more steps")
     store.open_round(1, {"fragment": 1, "opened_at": time.time(), "final": False})
     wait(lambda: store.list_contributions(1) == ["learner-0"], "an offer")
     store.request_stop({"reason": "test"})

@@ -17,6 +17,7 @@ from diloco_core.config import OuterOptConfig
 from diloco_core.fragments import plan_fragments, split_params
 from diloco_core.learner import LearnerSync
 from diloco_core.outer import build_outer_optimizer
+from diloco_core.stored_merge import StoredMerge
 from resources.store import layout
 from resources.store.artifact_store import ArtifactStore, Conflict, Pruned, RejectedArtifact
 from resources.store.backends import open_blob_store
@@ -65,7 +66,7 @@ def test_global_versions_pointer_and_outer_state(store):
     store.commit_global(0, 1, moved, state, {"round": 0, "members": ["learner-0"]})  # retry
     assert store.current_version(0) == 1 and store.versions(0) == [0, 1]
     got = store.load_global(0, outer_template=state)
-    assert got.version == 1 and got.meta["members"] == ["learner-0"]
+    assert got.version == 1 and list(got.meta.members) == ["learner-0"]
     for k in frag:
         np.testing.assert_array_equal(got.params[k], np.asarray(moved[k]))
     assert type(got.outer_state) is type(state)
@@ -214,7 +215,7 @@ def test_decisions_evals_summary_and_checkpoint_location(store):
     store.put_decision(3, decision)             # the same record again: a retry, accepted
     with pytest.raises(Conflict):
         store.put_decision(3, {**decision, "members": []})
-    assert store.get_decision(3)["reason"] == "quorum"
+    assert store.get_decision(3).reason == "quorum"
     store.put_eval(3, {"loss": 2.5})
     assert store.get_eval(3) == {"loss": 2.5} and store.get_eval(4) is None
     store.put_summary({"rounds": 3})
@@ -234,7 +235,7 @@ def test_retention_deletes_old_arrays_and_keeps_every_manifest(store):
     assert store.prune_version(0, 1, "keep 2") == 2          # params and outer state
     assert store.prune_version(0, 1, "keep 2") == 0          # nothing left: a no-op
     assert store.versions(0) == [0, 1, 2, 3]                 # every manifest stays
-    assert store.version_meta(0, 1) == {"round": 0}
+    assert store.version_meta(0, 1) == StoredMerge(round=0)
     with pytest.raises(Pruned, match="fragment 0 version 1 was deleted by retention .keep 2."):
         store.load_global(0, 1)
     assert store.load_global(0, 0).params["a/kernel"][0, 0] == pytest.approx(
@@ -260,8 +261,8 @@ def test_retention_of_a_round_needs_its_decision_and_keeps_the_manifests(store):
                            "reason": "quorum", "decided_at": 10.0})
     assert store.prune_round(3, "keep 64 rounds") == 2
     assert store.list_contributions(3) == ["learner-0", "learner-1"]
-    assert store.contribution_manifest(3, "learner-1")["tokens"] > 0
-    assert store.get_decision(3)["members"] == ["learner-0"]
+    assert store.contribution_manifest(3, "learner-1").tokens > 0
+    assert list(store.get_decision(3).members) == ["learner-0"]
     with pytest.raises(Pruned, match="contribution of learner-0 to round 3 was deleted"):
         store.load_contribution(3, "learner-0")
     assert store.get_retention() is None

@@ -130,8 +130,8 @@ def test_a_departed_learner_is_not_relaunched_and_no_round_waits_for_it(harness,
     h.tick(advance=3.0)   # past the capacity record's read interval
     h.tick()
     decision = h.store.get_decision(0)
-    assert decision["members"] == ["learner-0", "learner-2"]
-    assert "learner-1" not in decision["missing"] and "learner-1" not in decision["live"]
+    assert list(decision.members) == ["learner-0", "learner-2"]
+    assert "learner-1" not in decision.missing and "learner-1" not in decision.live
     assert "learner-1" not in _launched(_supervise(h))
     # Refused with a reason, nothing written: unknown learner, already absent.
     assert main(["capacity", "--store", h.resource.base_uri, "--leave", "learner-7"]) == 2

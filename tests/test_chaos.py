@@ -14,6 +14,7 @@ from chaos_harness import ChaosRun
 from orchestration_harness import Harness
 
 from diloco_core.fault_tape import tape_from_mapping
+from diloco_core.stored_merge import StoredMerge
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -106,7 +107,7 @@ def test_a_killed_learner_rejoins_and_merges_never_stop(chaos):
     # learner is back before a round opened after the kill is merged is a race; CI lost it).
     for r in between:
         if "learner-1" in r["admitted"]:
-            assert store.get_round_open(r["round"])["opened_at"] < kill["time"], r
+            assert store.get_round_open(r["round"]).opened_at < kill["time"], r
 
 
 def test_a_hung_learner_is_ended_relaunched_and_rejoins(chaos):
@@ -128,7 +129,7 @@ def test_a_slowed_learner_only_costs_its_own_contribution(chaos):
     assert len(during) >= 2
     # Its own steps were 3x slower inside the window (offers carry its step and clock).
     store = chaos["store"]
-    offers = sorted((m["learner_step"], m["clock"]) for r in range(len(s["rounds"]) + 2)
+    offers = sorted((m.learner_step, m.clock) for r in range(len(s["rounds"]) + 2)
                     if (m := store.contribution_manifest(r, "learner-2")) is not None)
 
     def rate(*spans):
@@ -170,8 +171,8 @@ def test_bad_contributions_are_rejected_with_a_reason(chaos, round_index):
         # way the merge never loaded it, so it cannot reach the model.
         store, p = chaos["store"], rnd["fragment"]
         found = store.find_round_commit(p, round_index, store.current_version(p),
-                                        store.version_meta(p) or {})
-        assert found is None or learner not in found[1]["members"], (rnd, found)
+                                        store.version_meta(p) or StoredMerge())
+        assert found is None or learner not in found[1].members, (rnd, found)
         return
     expected = {"nan": "NaN", "truncated": "refused by the store", "absurd": "norm per step",
                 "pickle": "not a plain array bundle", "wrong_shape": "has shape"}[mode]
@@ -199,7 +200,7 @@ def test_merge_crashes_lose_no_round_and_apply_none_twice(chaos):
     for p in range(2):
         versions = store.versions(p)
         assert versions == list(range(len(versions)))           # contiguous, none orphaned
-        rounds = [store.version_meta(p, v)["round"] for v in versions[1:]]
+        rounds = [store.version_meta(p, v).round for v in versions[1:]]
         assert rounds == sorted(set(rounds))                    # each round at most once
         committed += rounds
     for r in s["rounds"]:
@@ -212,7 +213,7 @@ def test_merge_crashes_lose_no_round_and_apply_none_twice(chaos):
 def test_a_skewed_clock_does_not_make_a_learner_look_dead(chaos):
     store = chaos["store"]
     beat = store.get_heartbeat("learner-0")
-    assert beat["time"] < beat.get("started_at", 0) - 3000      # its clock is an hour behind
+    assert beat.time < (beat.started_at or 0) - 3000      # its clock is an hour behind
     skew = chaos["fired"]["skew-0"]
     merged = [r for r in _merges(chaos["summary"]) if r["published_at"] > skew["time"]]
     assert sum("learner-0" in r["admitted"] for r in merged) >= len(merged) // 3

@@ -5,6 +5,7 @@ import tomllib
 from pathlib import Path
 
 from diloco_core.config import ExperimentConfig
+from diloco_core.round_records import Heartbeat, RoundOpen
 from pipelines.commands.demo import Watch, _progress_line
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,7 +29,7 @@ class _Store:
         return self.beats.get(name)
 
     def latest_open_round(self):
-        return {"round": 3}
+        return RoundOpen(3, 1, 0.0)
 
     def current_version(self, fragment):
         return 1
@@ -40,7 +41,7 @@ class _Store:
 def test_progress_lines_spell_statuses_out():
     cfg = ExperimentConfig()
     names = cfg.learners.learner_names
-    beats = {names[0]: {"status": "stopping", "step": 9}, names[1]: {"status": "failed"}}
+    beats = {names[0]: Heartbeat("stopping", 0.0, step=9), names[1]: Heartbeat("failed", 0.0)}
     line = _progress_line(_Store(beats), cfg, Watch())
     assert "0:stopping@9" in line and "1:failed@0" in line and "2:down@0" in line
 

@@ -9,6 +9,8 @@ import dagster as dg
 import pytest
 from test_end_to_end import E2E
 
+from diloco_core.round_records import RoundDecision
+from diloco_core.stored_merge import StoredMerge
 from pipelines.commands.cli import load_config
 from pipelines.commands.dagster_dev import reap_orphaned_runs
 from pipelines.commands.demo import run_demo
@@ -76,7 +78,7 @@ def test_daemon_webserver_and_instance_restarts_lose_nothing(tmp_path, monkeypat
     for p in range(cfg.sync.num_fragments):
         versions = store.versions(p)
         assert versions == list(range(len(versions)))          # contiguous, none orphaned
-        commits[p] = [store.version_meta(p, v)["round"] for v in versions[1:]]
+        commits[p] = [store.version_meta(p, v).round for v in versions[1:]]
         assert commits[p] == sorted(commits[p])                 # in round order
     # No decided round lost, none merged twice, none without a decision: checked against the
     # decision records the deciders wrote (not the summary, which reads the same manifests).
@@ -93,7 +95,8 @@ def test_daemon_webserver_and_instance_restarts_lose_nothing(tmp_path, monkeypat
     assert s["final_eval_loss"] < s["initial_eval_loss"] - 0.2
 
 
-def _decision_records(store: ArtifactStore) -> tuple[dict[int, dict], dict[int, dict]]:
+def _decision_records(store: ArtifactStore
+                      ) -> tuple[dict[int, RoundDecision], dict[int, StoredMerge]]:
     """Every round's decision record in the store, found by listing (not by the summary's
     walk of the opened rounds), and the not-merged record of those that have one."""
     prefix = f"{layout.experiment(store.experiment)}/rounds/r"
@@ -104,7 +107,7 @@ def _decision_records(store: ArtifactStore) -> tuple[dict[int, dict], dict[int, 
     return decisions, not_merged
 
 
-def _lost_or_foreign_rounds(decisions: dict[int, dict], not_merged: dict[int, dict],
+def _lost_or_foreign_rounds(decisions: dict[int, RoundDecision], not_merged: dict[int, StoredMerge],
                             commits: dict[int, list[int]]) -> list[str]:
     """What breaks "every round decided with members is committed exactly once, in its
     fragment, unless a record says why not; and every committed round was decided with
@@ -116,13 +119,13 @@ def _lost_or_foreign_rounds(decisions: dict[int, dict], not_merged: dict[int, di
             committed.setdefault(r, []).append(fragment)
     for r, decision in decisions.items():
         where = committed.get(r, [])
-        if decision["members"] and r in not_merged:
+        if decision.members and r in not_merged:
             if where:
                 problems.append(f"round {r} is committed ({where}) and recorded not merged")
-        elif decision["members"] and where != [decision["fragment"]]:
-            problems.append(f"round {r} (decided, fragment {decision['fragment']}, members "
-                            f"{list(decision['members'])}) is committed in fragments {where}")
-        elif not decision["members"] and where:
+        elif decision.members and where != [decision.fragment]:
+            problems.append(f"round {r} (decided, fragment {decision.fragment}, members "
+                            f"{list(decision.members)}) is committed in fragments {where}")
+        elif not decision.members and where:
             problems.append(f"round {r} was decided with no members but committed in {where}")
     for r, where in sorted(committed.items()):
         if r not in decisions:
@@ -132,8 +135,8 @@ def _lost_or_foreign_rounds(decisions: dict[int, dict], not_merged: dict[int, di
 
 def test_the_round_check_fails_on_a_lost_double_or_undecided_commit():
     """The restart test's check is not a tautology: each way of breaking it is reported."""
-    decisions = {0: {"fragment": 0, "members": ["a"]}, 1: {"fragment": 1, "members": ["a"]},
-                 2: {"fragment": 0, "members": []}, 3: {"fragment": 1, "members": ["b"]}}
+    decisions = {r: RoundDecision(r, fragment, members, "", 0.0) for r, fragment, members in
+                 ((0, 0, ("a",)), (1, 1, ("a",)), (2, 0, ()), (3, 1, ("b",)))}
     fine = {0: [0], 1: [1, 3]}
     assert _lost_or_foreign_rounds(decisions, {}, fine) == []
     assert _lost_or_foreign_rounds(decisions, {3: {"reason": "all refused"}}, {0: [0], 1: [1]}

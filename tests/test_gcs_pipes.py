@@ -49,7 +49,7 @@ def test_a_learner_over_the_gcs_channel_reports_back_through_the_bucket(tmp_path
 
         thread = threading.Thread(target=dispatch, daemon=True)
         thread.start()
-        _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("step", 0) >= 4, 300,
+        _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "step", 0) >= 4, 300,
               "the remote learner's first steps")
         h.store.open_round(0, {"fragment": 0, "opened_at": time.time(), "final": False})
         _wait(lambda: h.store.list_contributions(0) == ["learner-0"], 60, "its contribution")

@@ -14,6 +14,7 @@ import pytest
 from orchestration_harness import Harness
 
 from diloco_core.fault_tape import tape_from_mapping
+from diloco_core.stored_merge import StoredMerge
 from pipelines.syncer.service import SyncerService
 from pipelines.token_ledger import run_ledger
 from resources.chaos.faults import LearnerFaults
@@ -38,8 +39,8 @@ HOSTILE = "learner-2"
 # decision (refused on arrival) or the merge record (refused by the store or the merge).
 STORE = "refused by the store"
 EXPECTED = {
-    "tensors is a string": ("no tensors",), "objects is a list": ("objects.delta must",),
-    "object name climbs": ("plain file name",), "tokens of 400 digits": ("tokens must be",),
+    "tensors is a string": ("no tensors",), "objects is a list": ("objects: must be",),
+    "object name climbs": ("plain file name",), "tokens of 400 digits": ("tokens: must be",),
     # Padded to the declared size: each reaches the check meant for it.
     "npy header of 10^13 values": ("declares shape",),
     "manifest declares 10^13 values": ("array bytes in a",),
@@ -50,8 +51,8 @@ EXPECTED = {
     "a trillion steps and a huge delta": ("outer-gradient norm per step",),
     "fresh payload on version 0": ("base version 0",),
     "replay of its own old offer": ("a replay",),
-    "train loss of 400 digits": ("a replay",), "extra is a list": ("a replay",),
-    "fragment -1": ("fragment must be",), "fragment 10^300": ("fragment must be",),
+    "train loss of 400 digits": ("a replay",), "extra is a list": ("extra: must be",),
+    "fragment -1": ("fragment: must be",), "fragment 10^300": ("fragment: must be",),
     "copy of a peer's offer": ("a copy",),
 }
 
@@ -82,11 +83,10 @@ def _why_not_merged(h: Harness, r: int) -> str:
     decision = h.store.get_decision(r)
     fragment = r % 2
     found = h.store.find_round_commit(fragment, r, h.store.current_version(fragment),
-                                      h.store.version_meta(fragment) or {})
-    meta = found[1] if found else (h.store.get_round_not_merged(r) or {})
-    assert HOSTILE not in (meta.get("members") or []), (r, meta)
-    return str((decision.get("refused") or {}).get(HOSTILE)
-               or (meta.get("rejected") or {}).get(HOSTILE))
+                                      h.store.version_meta(fragment) or StoredMerge())
+    meta = found[1] if found else (h.store.get_round_not_merged(r) or StoredMerge())
+    assert HOSTILE not in meta.members, (r, meta)
+    return str(decision.refused.get(HOSTILE) or meta.rejected.get(HOSTILE))
 
 
 def test_every_hostile_record_is_refused_and_the_honest_rounds_merge(tmp_path):
@@ -139,8 +139,8 @@ def test_every_hostile_record_is_refused_and_the_honest_rounds_merge(tmp_path):
         for k in range(r):
             fragment = k % 2
             found = h.store.find_round_commit(fragment, k, h.store.current_version(fragment),
-                                              h.store.version_meta(fragment) or {})
-            assert found is not None and found[1]["members"], f"round {k} was not merged"
+                                              h.store.version_meta(fragment) or StoredMerge())
+            assert found is not None and found[1].members, f"round {k} was not merged"
             if k in planted:
                 why = _why_not_merged(h, k)
                 assert any(e in why for e in EXPECTED[planted[k]]), (k, planted[k], why)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from orchestration_harness import Harness, wait_until
 
+from diloco_core.round_records import Heartbeat
 from resources.learner.runtime import LearnerRuntime
 
 pytestmark = pytest.mark.timeout(300)
@@ -52,15 +53,16 @@ def _offered_round_0(h: Harness):
     """learner-0 trains 8 steps and holds there (max_steps); round 0 (fragment 0) opens and
     it offers."""
     started = _start(h, "learner-0", max_steps=8)
-    _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("step", 0) >= 8,
+    _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "step", 0) >= 8,
           what="8 steps")
     h.store.open_round(0, {"fragment": 0, "opened_at": time.time(), "final": False})
     _wait(lambda: h.store.list_contributions(0) == ["learner-0"], what="the first offer")
     return started
 
 
-def _bump(h: Harness, fragment: int, times: int, round_index: int = -1) -> None:
-    """Commit `times` new versions of a fragment (as merges of `round_index` would)."""
+def _bump(h: Harness, fragment: int, times: int, round_index: int | None = None) -> None:
+    """Commit `times` new versions of a fragment (as merges of `round_index` would; None: a
+    version whose round the learner cannot know, which it takes as merging its offer)."""
     for _ in range(times):
         g = h.store.load_global(fragment)
         params = {k: v + np.float32(0.001) for k, v in g.params.items()}
@@ -71,7 +73,7 @@ def _bump(h: Harness, fragment: int, times: int, round_index: int = -1) -> None:
 def test_a_learner_offers_receives_checkpoints_stops_and_resumes(harness):
     h = harness
     runtime, thread, result = _start(h, "learner-0")
-    _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("step", 0) >= 8,
+    _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "step", 0) >= 8,
           what="8 steps")
     # Round 0 opens: the learner offers fragment 0 without being asked twice.
     h.store.open_round(0, {"fragment": 0, "opened_at": time.time(), "final": False})
@@ -86,7 +88,7 @@ def test_a_learner_offers_receives_checkpoints_stops_and_resumes(harness):
     assert h.store.load_contribution(0, "learner-0").steps == 8
     # A merged fragment 1 arrives: the learner takes it (its anchor and version move).
     _bump(h, 1, 1)
-    _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("versions") == [0, 1],
+    _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "versions", None) == (0, 1),
           what="the merged fragment")
     h.store.request_stop({"reason": "test"})
     thread.join(30)
@@ -108,10 +110,10 @@ def _hold_at_8_steps_with_fragment_1_merged(h: Harness):
     """learner-0 trains 8 steps and holds there (max_steps), then takes a merged fragment 1:
     it has nothing new on fragment 1 until it steps again."""
     started = _start(h, "learner-0", max_steps=8)
-    _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("step", 0) >= 8,
+    _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "step", 0) >= 8,
           what="8 steps")
     _bump(h, 1, 1)
-    _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("versions") == [0, 1],
+    _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "versions", None) == (0, 1),
           what="the merged fragment")
     return started
 
@@ -141,7 +143,7 @@ def test_a_final_round_with_nothing_new_is_declined_in_the_heartbeat(harness):
     h = harness
     runtime, thread, result = _hold_at_8_steps_with_fragment_1_merged(h)
     h.store.open_round(1, {"fragment": 1, "opened_at": time.time(), "final": True})
-    _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("declined_rounds") == [1],
+    _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "declined_rounds", None) == (1,),
           what="the declined final round")
     assert h.store.list_contributions(1) == []
     h.store.request_stop({"reason": "test"})
@@ -163,15 +165,15 @@ def test_the_round_open_at_stop_is_declined_when_there_is_nothing_new(harness):
     opened = time.time()
     h.store.open_round(1, {"fragment": 1, "opened_at": opened, "final": False})
     time.sleep(0.5)   # still training (held at max_steps): the round waits for its next step
-    assert not (h.store.get_heartbeat("learner-0") or {}).get("declined_rounds")
+    assert not getattr(h.store.get_heartbeat("learner-0"), "declined_rounds", None)
     h.store.request_stop({"reason": "test"})
-    _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("declined_rounds") == [1],
+    _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "declined_rounds", None) == (1,),
           what="the declined round open at STOP")
     assert h.store.list_contributions(1) == []
     # The syncer's rule then decides the round at once, not after the round timeout (300 s).
     cfg = dc.replace(h.cfg, orchestration=dc.replace(h.cfg.orchestration,
                                                      round_timeout_seconds=300.0))
-    declined = h.store.get_heartbeat("learner-0")["declined_rounds"]
+    declined = h.store.get_heartbeat("learner-0").declined_rounds
     decision = decide_round(opened + 1, {}, ["learner-0"], Estimates(1.0), cfg, stopping=True,
                             opened_at=opened, declined=[n for n in ["learner-0"]
                                                         if 1 in declined])
@@ -188,12 +190,12 @@ def test_a_stale_learner_rejoins_from_a_peers_adamw_state_and_the_global_params(
     started = []
     for name, steps in (("learner-0", 4), ("learner-1", 8)):
         started.append(_start(h, name, max_steps=steps))
-        _wait(lambda n=name, s=steps: (h.store.get_heartbeat(n) or {}).get(
-            "checkpoint_step") == s, what=f"{name}'s checkpoint")
+        _wait(lambda n=name, s=steps: getattr(h.store.get_heartbeat(n), "checkpoint_step",
+                                              None) == s, what=f"{name}'s checkpoint")
     # End both with the fencing path (a newer attempt appears), not STOP: at STOP both would
     # checkpoint at once, which two Orbax managers in one process do not survive reliably.
     for (_, thread, _), name in zip(started, ("learner-0", "learner-1"), strict=True):
-        h.store.put_heartbeat(name, dict(h.store.get_heartbeat(name), attempt=1))
+        h.store.put_heartbeat(name, dataclasses.replace(h.store.get_heartbeat(name), attempt=1))
         thread.join(30)
         assert not thread.is_alive()
     _bump(h, 0, 3)                       # learner-0's fragment 0 is now 3 versions behind
@@ -211,14 +213,15 @@ def test_a_stale_learner_rejoins_from_a_peers_adamw_state_and_the_global_params(
 def test_an_orphaned_learner_steps_aside_when_a_newer_attempt_starts(harness):
     h = harness
     runtime, thread, result = _start(h, "learner-2", attempt=0, max_steps=1000)
-    _wait(lambda: (h.store.get_heartbeat("learner-2") or {}).get("step", 0) >= 2,
+    _wait(lambda: getattr(h.store.get_heartbeat("learner-2"), "step", 0) >= 2,
           what="training")
-    newer = dict(h.store.get_heartbeat("learner-2"), attempt=1, pid=os.getpid() + 1)
+    newer = dataclasses.replace(h.store.get_heartbeat("learner-2"), attempt=1,
+                                pid=os.getpid() + 1)
     h.store.put_heartbeat("learner-2", newer)           # what attempt 1's first beat looks like
     thread.join(30)
     assert not thread.is_alive()
     assert result["status"] == "superseded"
-    assert h.store.get_heartbeat("learner-2")["attempt"] == 1     # never overwritten
+    assert h.store.get_heartbeat("learner-2").attempt == 1     # never overwritten
 
 
 def test_block_on_overlap_makes_a_barrier_at_every_sync(tmp_path):
@@ -231,23 +234,23 @@ def test_block_on_overlap_makes_a_barrier_at_every_sync(tmp_path):
         h.start()
         interval = h.cfg.sync.round_interval_steps
         runtime, thread, result = _start(h, "learner-0", max_steps=10 * interval)
-        _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("step", 0) >= interval,
+        _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "step", 0) >= interval,
               what="the first H/P steps")
         time.sleep(1.0)
-        assert h.store.get_heartbeat("learner-0")["step"] == interval   # no round: it waits
+        assert h.store.get_heartbeat("learner-0").step == interval   # no round: it waits
         h.store.open_round(0, {"fragment": 0, "opened_at": time.time()})
         _wait(lambda: h.store.contribution_manifest(0, "learner-0") is not None,
               what="the offer")
         time.sleep(1.0)
-        assert h.store.get_heartbeat("learner-0")["step"] == interval   # waits for the merge
+        assert h.store.get_heartbeat("learner-0").step == interval   # waits for the merge
         _bump(h, 0, 1)
-        _wait(lambda: h.store.get_heartbeat("learner-0")["step"] > interval,
+        _wait(lambda: h.store.get_heartbeat("learner-0").step > interval,
               what="training to resume after the merged fragment arrived")
         assert runtime.ledger.superseded[0] == 0    # nothing computed between offer and merge
         h.store.request_stop({"reason": "test", "final_left": 0})
         thread.join(60)
         beat = h.store.get_heartbeat("learner-0")
-        assert beat["training_seconds"] - beat["compute_seconds"] > 1.5  # the waits are idle
+        assert beat.training_seconds - beat.compute_seconds > 1.5  # the waits are idle
 
 
 def test_a_learner_started_from_a_peers_state_waits_on_its_own_tokens(tmp_path):
@@ -262,17 +265,17 @@ def test_a_learner_started_from_a_peers_state_waits_on_its_own_tokens(tmp_path):
         h.start()
         interval = h.cfg.sync.round_interval_steps
         _, first, _ = _start(h, "learner-1", max_steps=2 * interval)
-        _wait(lambda: (h.store.get_heartbeat("learner-1") or {}).get("checkpoint_step") or 0,
+        _wait(lambda: getattr(h.store.get_heartbeat("learner-1"), "checkpoint_step", None) or 0,
               what="learner-1's first checkpoint")
         runtime, thread, _ = _start(h, "learner-0", max_steps=10 * interval)
         step_tokens = h.cfg.learner_step_tokens[0]
-        _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("tokens_total", 0)
+        _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "tokens_total", 0)
               >= interval * step_tokens, what="H/P steps of learner-0's own tokens")
         time.sleep(1.0)
         beat = h.store.get_heartbeat("learner-0")
-        assert beat["rejoined_from"].startswith("peer"), beat["rejoined_from"]
-        assert beat["tokens_total"] == interval * step_tokens      # no round: it waits here
-        assert beat["step"] > interval                              # the peer's counter
+        assert beat.rejoined_from.startswith("peer"), beat.rejoined_from
+        assert beat.tokens_total == interval * step_tokens      # no round: it waits here
+        assert beat.step > interval                              # the peer's counter
         h.store.request_stop({"reason": "test", "final_left": 0})
         thread.join(60)
         first.join(60)
@@ -290,13 +293,13 @@ def test_a_fragment_in_flight_is_not_offered_again_until_its_merge_arrives(tmp_p
         runtime.max_steps = 12
         h.store.open_round(1, {"fragment": 1, "opened_at": time.time(), "final": False})
         _wait(lambda: h.store.list_contributions(1) == ["learner-0"], what="fragment 1's offer")
-        _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("step", 0) >= 12,
+        _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "step", 0) >= 12,
               what="12 steps")
         h.store.open_round(2, {"fragment": 0, "opened_at": time.time(), "final": False})
         time.sleep(1.0)   # fragment 0's offer to round 0 is still in flight
         assert h.store.list_contributions(2) == []
         _bump(h, 0, 1)    # round 0's merge arrives: the learner takes it, then offers anew
-        _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("versions") == [1, 0],
+        _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "versions", None) == (1, 0),
               what="round 0's merge")
         runtime.max_steps = 14
         _wait(lambda: h.store.list_contributions(2) == ["learner-0"], what="the later offer")
@@ -306,7 +309,7 @@ def test_a_fragment_in_flight_is_not_offered_again_until_its_merge_arrives(tmp_p
         # merged version the learner already holds) awaits nothing: the next round of that
         # fragment is offered at once, not after round_timeout_seconds.
         _bump(h, 0, 1, round_index=4)
-        _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("versions", [0])[0] == 2,
+        _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "versions", [0])[0] == 2,
               what="round 4's merge")
         h.store.open_round(4, {"fragment": 0, "opened_at": time.time(), "final": False})
         runtime.max_steps = 16
@@ -357,9 +360,9 @@ def test_a_newer_attempts_heartbeat_is_never_overwritten_by_an_older_process(tmp
         while time.monotonic() < (until or cap):
             beat = store.get_heartbeat("learner-0")
             if beat is not None:
-                if beat["attempt"] < newest:
-                    reverted.append((newest, beat["attempt"]))
-                newest = max(newest, beat["attempt"])
+                if beat.attempt < newest:
+                    reverted.append((newest, beat.attempt))
+                newest = max(newest, beat.attempt)
                 if until is None and newest == attempt:
                     until = time.monotonic() + (0 if attempt == 0 else 1.5)
     outcomes = [json.loads(p.communicate(timeout=60)[0]) for p in procs[:-1]]
@@ -402,7 +405,7 @@ def test_a_replaced_attempt_writes_no_offer(harness):
     current = StoreLink(h.store, "learner-0", P, [0] * P, 60.0, logs.append, attempt=1)
     current.offer(h.contribution("learner-0", 0), {"attempt": 1})
     current.close()
-    assert h.store.contribution_manifest(0, "learner-0")["extra"]["attempt"] == 1
+    assert h.store.contribution_manifest(0, "learner-0").extra["attempt"] == 1
 
 
 def test_a_failed_poll_skips_no_merged_fragment(harness, monkeypatch):
@@ -455,16 +458,16 @@ def test_a_checkpoint_slower_than_the_learner_timeout_keeps_the_heartbeat_alive(
         _wait(saving.is_set, what="the checkpoint at step 4")
         seen, gaps, last = set(), [], time.monotonic()
         while saving.is_set():
-            beat = h.store.get_heartbeat("learner-0") or {}
-            if beat.get("time") not in seen:
-                seen.add(beat.get("time"))
+            beat = h.store.get_heartbeat("learner-0")
+            if getattr(beat, "time", None) not in seen:
+                seen.add(getattr(beat, "time", None))
                 gaps.append(time.monotonic() - last)
                 last = time.monotonic()
                 during = beat
             time.sleep(0.05)
         assert len(seen) >= 5, seen                  # a fresh heartbeat every ~0.2 s
         assert max(gaps[1:]) < 1.0, gaps             # never silent for a learner timeout
-        assert during["status"] == "training" and during["step"] == 4
+        assert during.status == "training" and during.step == 4
         h.store.request_stop({"reason": "test"})
         thread.join(30)
         assert not thread.is_alive() and runtime.progress.checkpoint_step == 4
@@ -501,22 +504,22 @@ def test_a_background_checkpoint_lets_the_learner_train_on_and_is_reported_once_
                                                  or real_in_progress())
         thread = threading.Thread(target=runtime.run, daemon=True)
         thread.start()
-        beat = lambda: h.store.get_heartbeat("learner-0") or {}  # noqa: E731
-        _wait(lambda: beat().get("step", 0) >= 4, what="the step-4 checkpoint")
+        beat = lambda: h.store.get_heartbeat("learner-0") or Heartbeat("none", 0.0)  # noqa: E731
+        _wait(lambda: beat().step >= 4, what="the step-4 checkpoint")
         if background:
-            _wait(lambda: beat().get("step", 0) >= 7, what="steps past the save in flight")
-            assert beat().get("checkpoint_step") is None
+            _wait(lambda: beat().step >= 7, what="steps past the save in flight")
+            assert beat().checkpoint_step is None
         else:
             time.sleep(1.0)   # ~20 steps' time: a blocking save holds the loop at step 4
-            assert beat()["step"] == 4 and beat().get("checkpoint_step") is None
+            assert beat().step == 4 and beat().checkpoint_step is None
         release.set()
-        _wait(lambda: beat().get("checkpoint_step") is not None, what="a durable checkpoint")
-        _wait(lambda: beat().get("step", 0) >= 12, what="12 steps")
+        _wait(lambda: beat().checkpoint_step is not None, what="a durable checkpoint")
+        _wait(lambda: beat().step >= 12, what="12 steps")
         h.store.request_stop({"reason": "test"})
         thread.join(60)
         assert not thread.is_alive()
         final = h.store.get_heartbeat("learner-0")
-        assert final["status"] == "done" and final["checkpoint_step"] == 12
+        assert final.status == "done" and final.checkpoint_step == 12
         from resources.store.checkpoints import LearnerCheckpoints
         saved = LearnerCheckpoints(h.store.checkpoint_uri("learner-0"), read_only=True)
         assert saved.latest_step() == 12 and saved.restore()[1]["step"] == 12
@@ -538,18 +541,18 @@ def _leave(h: Harness) -> None:
     from pipelines.token_ledger import run_ledger
 
     runtime, thread, result = _start(h, "learner-0", max_steps=None)
-    _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("step", 0) >= 4,
+    _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "step", 0) >= 4,
           what="4 steps")
     h.store.open_round(0, {"fragment": 0, "opened_at": time.time(), "final": False})
     _wait(lambda: h.store.list_contributions(0) == ["learner-0"], what="an offer")
     change_capacity(h.store, h.cfg, leave=["learner-0"], requested_by="test",
                     reason="spot VM reclaimed")
-    _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("status") == "leaving",
+    _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "status", None) == "leaving",
           what="leaving")
-    step = h.store.get_heartbeat("learner-0")["step"]
+    step = h.store.get_heartbeat("learner-0").step
     time.sleep(1.0)
     assert thread.is_alive()                                   # fragment 1 is not offered yet
-    assert h.store.get_heartbeat("learner-0")["step"] == step   # and it trains no more
+    assert h.store.get_heartbeat("learner-0").step == step   # and it trains no more
     h.store.open_round(1, {"fragment": 1, "opened_at": time.time(), "final": False})
     _wait(lambda: h.store.list_contributions(1) == ["learner-0"], what="fragment 1's offer")
     assert h.store.load_contribution(1, "learner-0").steps == step
@@ -558,7 +561,7 @@ def _leave(h: Harness) -> None:
     h.store.open_round(2, {"fragment": 0, "opened_at": time.time(), "final": False})
     thread.join(30)
     assert not thread.is_alive() and result["status"] == "left"
-    assert h.store.get_heartbeat("learner-0")["status"] == "left"
+    assert h.store.get_heartbeat("learner-0").status == "left"
     offers = [h.store.load_contribution(r, "learner-0") for r in (0, 2)]
     assert offers[1].steps == step   # counters since its last receipt (it received nothing)
     ledger, _ = run_ledger(h.store, h.cfg)
@@ -592,7 +595,7 @@ def test_under_rebase_a_merge_without_the_learners_offer_keeps_its_progress(tmp_
                                  "decided_at": time.time()})
         h.store.commit_global(0, 1, values, g.outer_state,
                               {"round": 0, "members": ["learner-0"] if merged else []})
-        _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("versions") == [1, 0],
+        _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "versions", None) == (1, 0),
               what="the merged fragment")
         params = {k: np.asarray(runtime.train.params[k]) for k in values}
         for k, v in values.items():
@@ -600,7 +603,7 @@ def test_under_rebase_a_merge_without_the_learners_offer_keeps_its_progress(tmp_
             np.testing.assert_allclose(params[k], kept, rtol=0, atol=1e-6)
         # Two more steps, then round 2 (fragment 0): the offer carries 2 steps, or 10.
         runtime.max_steps = 10
-        _wait(lambda: (h.store.get_heartbeat("learner-0") or {}).get("step", 0) >= 10,
+        _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "step", 0) >= 10,
               what="10 steps")
         h.store.open_round(2, {"fragment": 0, "opened_at": time.time(), "final": False})
         _wait(lambda: h.store.list_contributions(2) == ["learner-0"], what="the next offer")

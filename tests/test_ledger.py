@@ -10,6 +10,7 @@ import random
 import pytest
 
 from diloco_core.ledger import FATES, AttemptLedger, build_ledger
+from diloco_core.stored_merge import StoredMerge
 
 P = 2
 
@@ -366,16 +367,21 @@ def _store_run(tmp_path, extra, base_version=0):
             "ledger": {"processed": claim, "unclaimed": [0], "superseded": [0],
                        "claims": [[0, 0, claim]]}})
         key = f"{layout.contribution_dir('exp', 0, name)}/{layout.MANIFEST}"
-        store.blobs.write(key, json.dumps({"learner": name, "round": 0, "fragment": 0,
-                                           "base_version": base_version,
-                                           "extra": offer_extra}).encode())
+        manifest = {  # a sound manifest but for what the test puts in `extra`
+            "format": 1, "kind": "contribution", "learner": name, "round": 0, "fragment": 0,
+            "base_version": base_version, "tokens": claim, "steps": 1, "learner_step": 1,
+            "clock": 0.0, "extra": offer_extra,
+            "tensors": [{"name": "w", "shape": [1], "encoding": "fp32", "block_size": 1,
+                         "scales": False}],
+            "objects": {"delta": {"name": "delta.npz", "size": 0, "sha256": "0" * 64}}}
+        store.blobs.write(key, json.dumps(manifest).encode())
     return store, cfg
 
 
 @pytest.mark.parametrize("extra, reason", [
-    (["attempt", 0], "extra must be an object, got list"),
-    ("claim 4", "extra must be an object, got str"),
-    (7, "extra must be an object, got int"),
+    (["attempt", 0], "extra: must be an object, got list"),
+    ("claim 4", "extra: must be an object, got str"),
+    (7, "extra: must be an object, got int"),
     ({"attempt": "0", "claim": 4}, "extra.attempt must be an integer in [0, 99999], got 0"),
     ({"attempt": True, "claim": 4}, "extra.attempt must be an integer in [0, 99999]"),
     ({"attempt": 10**6, "claim": 4}, "extra.attempt must be an integer in [0, 99999]"),
@@ -417,12 +423,16 @@ def test_build_ledger_guards_the_stored_offers_fields_too():
 def test_the_round_metadata_plots_only_sound_figures_from_a_learners_manifest(tmp_path, extra):
     from pipelines.round_metadata import _per_learner_series
 
-    store, _ = _store_run(tmp_path, extra, base_version="3")
+    store, _ = _store_run(tmp_path, extra, base_version=3)
     series = _per_learner_series(store, ["learner-0", "learner-1"],
-                                 {"members": ["learner-0", "learner-1"], "weights": [0.5, 0.5]},
+                                 StoredMerge(members=("learner-0", "learner-1"),
+                                             weights=(0.5, 0.5)),
                                  0, 4)
+    # learner-1's train loss is never plotted; an `extra` that is no object makes its whole
+    # manifest unsound (refused by the store), so nothing of it is plotted but its weight.
+    sound = {"staleness/learner-1": 1} if isinstance(extra, dict) else {}
     assert series == {"weight/learner-0": 0.5, "weight/learner-1": 0.5,
-                      "train_loss/learner-0": 2.5}
+                      "train_loss/learner-0": 2.5, "staleness/learner-0": 1, **sound}
 
 
 def test_the_resilience_report_skips_malformed_fired_and_attempt_fields(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 from orchestration_harness import Harness
 
 from pipelines.partition_keys import partition_key
-from resources.chaos.hostile_records import CONTRIBUTION_ATTACKS
+from resources.chaos.hostile_records import CONTRIBUTION_ATTACKS, damage_offer
 from resources.store import layout
 from resources.store.artifact_store import Conflict
 
@@ -88,7 +88,7 @@ def test_bad_contributions_are_rejected_with_their_reasons(harness):
     assert out["checks"]["params_finite"].passed
     assert not out["checks"]["contribution_norms"].passed      # the absurd one was excluded
     committed = h.store.load_global(0)
-    assert committed.version == 3 and committed.meta["rejected"].keys() == reasons.keys()
+    assert committed.version == 3 and committed.meta.rejected.keys() == reasons.keys()
     assert all(np.isfinite(v).all() for v in committed.params.values())
 
 
@@ -142,14 +142,14 @@ def test_a_commit_whose_pointer_move_was_lost_is_adopted_not_redone(harness):
     g = h.store.load_global(0)
     from resources.store import layout as lay
     # The store's own commit, then the pointer put back: as if the move never happened.
-    h.store.commit_global(0, 1, g.params, g.outer_state, {"round": 0, "marker": "first"})
+    h.store.commit_global(0, 1, g.params, g.outer_state, {"round": 0, "reason": "first"})
     pointer = lay.pointer(h.store.experiment, 0)
     h.store.blobs.write(pointer, b'{"version": 0}')
     assert h.store.current_version(0) == 0
     out = _merge(h, 0)
     assert out["meta"]["version"].value == 1
     assert h.store.current_version(0) == 1
-    assert h.store.version_meta(0)["marker"] == "first"       # adopted, not merged again
+    assert h.store.version_meta(0).reason == "first"       # adopted, not merged again
 
 
 def test_an_orphan_version_of_another_round_is_replaced_and_a_superseded_round_skipped(harness):
@@ -161,7 +161,7 @@ def test_an_orphan_version_of_another_round_is_replaced_and_a_superseded_round_s
     h.offer("learner-0", 0)
     _decide(h, 0, ["learner-0"])
     _merge(h, 0)
-    assert h.store.current_version(0) == 1 and h.store.version_meta(0)["round"] == 0
+    assert h.store.current_version(0) == 1 and h.store.version_meta(0).round == 0
     # Round 2 merges before a retry of round 1: round 1 is then skipped, not applied late.
     h.offer("learner-0", 2, seed=2)
     _decide(h, 2, ["learner-0"])
@@ -189,13 +189,13 @@ def test_two_merges_of_one_fragment_never_delete_each_others_version(harness):
     _decide(h, 1, ["learner-0"])
     plan = MergePlan.of(h.cfg)
     g = h.store.load_global(0)
-    h.store.commit_global(0, 1, g.params, g.outer_state, {"round": 1, "marker": "A"},
+    h.store.commit_global(0, 1, g.params, g.outer_state, {"round": 1, "reason": "A"},
                           move_pointer=False)                  # merge A, mid-commit
     outcome = merge_from_store(h.store, 0, merge_plan=plan)   # merge B, an earlier round
-    assert not outcome.committed and outcome.record["merged"] is False
-    assert h.store.current_version(0) == 1 and h.store.version_meta(0)["marker"] == "A"
+    assert not outcome.committed and outcome.record.merged is False
+    assert h.store.current_version(0) == 1 and h.store.version_meta(0).reason == "A"
     h.store.adopt_version(0, 1)                                # A's own pointer move: a no-op
-    assert h.store.version_meta(0)["marker"] == "A"
+    assert h.store.version_meta(0).reason == "A"
     # Nor can a pointer be moved to a version that is not committed.
     with pytest.raises(Conflict, match="not committed"):
         h.store.adopt_version(0, 2)
@@ -205,28 +205,15 @@ def test_two_merges_of_one_fragment_never_delete_each_others_version(harness):
 def test_one_hostile_contribution_is_refused_and_the_honest_one_merges(harness, attack):
     """Everything a learner writes is untrusted: a malformed manifest or payload refuses that
     contribution with a reason; the other member's round merges."""
-    import hashlib
-    import json
-
     h = harness
     h.offer("learner-0", 0)
     h.offer("learner-1", 0, seed=1)
-    directory = layout.contribution_dir(h.store.experiment, 0, "learner-1")
-    key = f"{directory}/{layout.MANIFEST}"
-    manifest = json.loads(h.store.blobs.read(key))
-
-    def put(m, payload: bytes) -> dict:
-        entry = m["objects"]["delta"]
-        h.store.blobs.write(f"{directory}/{entry['name']}", payload)
-        return {**m, "objects": {"delta": {**entry, "size": len(payload),
-                                           "sha256": hashlib.sha256(payload).hexdigest()}}}
-
-    h.store.blobs.write(key, json.dumps(CONTRIBUTION_ATTACKS[attack](manifest, put)).encode())
+    damage_offer(h.store, 0, "learner-1", attack)
     _decide(h, 0, ["learner-0", "learner-1"])
     out = _merge(h, 0)
     assert out["meta"]["merged"].value is True
     assert out["meta"]["members"].value == "learner-0"
-    rejected = h.store.version_meta(0)["rejected"]
+    rejected = h.store.version_meta(0).rejected
     assert set(rejected) == {"learner-1"} and rejected["learner-1"]
 
 
@@ -240,8 +227,8 @@ def test_a_round_whose_every_contribution_is_refused_keeps_the_reasons(harness):
     out = _merge(h, 0)
     assert out["meta"]["merged"].value is False and h.store.current_version(0) == 0
     record = h.store.get_round_not_merged(0)
-    assert "NaN" in record["rejected"]["learner-0"]
-    assert "fragment 1 does not exist" in record["rejected"]["learner-1"]
+    assert "NaN" in record.rejected["learner-0"]
+    assert "fragment 1 does not exist" in record.rejected["learner-1"]
     _merge(h, 0)                                   # a retry finds the record, writes nothing new
     # The ledger counts their tokens as rejected, with the reason, not "round not merged"; a
     # directory from a name outside the experiment is never read.
@@ -249,7 +236,7 @@ def test_a_round_whose_every_contribution_is_refused_keeps_the_reasons(harness):
     h.store.blobs.write(f"{prefix}Evil/manifest.json", b"not json")
     _, fates, rejections = offer_fates(h.store, 1, h.cfg.learners.learner_names)
     assert fates == {(0, "learner-0"): "rejected", (0, "learner-1"): "rejected"}
-    assert {r["learner"]: r["reason"] for r in rejections} == record["rejected"]
+    assert {r["learner"]: r["reason"] for r in rejections} == record.rejected
 
 
 def test_the_eval_schedule_evaluates_the_active_experiments_newest_merged_round(harness):
@@ -306,3 +293,61 @@ def test_the_eval_regression_check_compares_only_evals_on_the_same_batches():
     other = eval_regression({"loss": 2.2, "batches": 16}, four)
     assert other["passed"] and other["metadata"]["previous_loss"] != 2.0
     assert eval_regression({"loss": 2.2, "batches": 4}, None)["passed"]
+
+
+def test_a_merge_that_comes_out_not_finite_is_recorded_not_committed(harness, monkeypatch):
+    """Merged parameters that are NaN (and so their norms) are never committed: the round is
+    recorded as not merged with why, and `params_finite` fails. Its NaN norms are recorded as
+    unknown, since JSON has no NaN (validating them as numbers failed the whole merge)."""
+    import dataclasses
+
+    import jax.numpy as jnp
+
+    import pipelines.syncer.store_merge as store_merge
+
+    real_merge = store_merge.merge_fragment
+
+    def merge_to_nan(*args, **kwargs):
+        params, outer, record = real_merge(*args, **kwargs)
+        nan = {k: jnp.full_like(v, jnp.nan) for k, v in params.items()}
+        return nan, outer, dataclasses.replace(record, merged_norm=float("nan"),
+                                               update_norm=float("nan"))
+
+    monkeypatch.setattr(store_merge, "merge_fragment", merge_to_nan)
+    h = harness
+    h.offer("learner-0", 0)
+    h.offer("learner-1", 0, seed=1)
+    _decide(h, 0, ["learner-0", "learner-1"])
+    result = h.defs.resolve_job_def("merge_round").execute_in_process(
+        instance=h.instance, partition_key=h.key(0),
+        tags={"diloco/experiment": h.store.experiment}, raise_on_error=False)
+    checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert not checks["params_finite"].passed          # blocking: the run fails on it
+    assert h.store.current_version(0) == 0                 # nothing committed
+    record = h.store.get_round_not_merged(0)
+    assert "NOT committed: merged parameters are not finite" in record.reason
+    assert record.finite is False and record.merged_norm is None and record.update_norm is None
+
+
+def test_a_version_whose_merge_record_is_malformed_reads_as_no_round(harness):
+    """Only the merge writes a version's record, and it validates first; a foreign or broken
+    one must not stop every reader (the ledger, the summary, a learner's poll): it reads as
+    the merge of no round, with the refusal as its reason, and the next merge replaces it."""
+    import json
+
+    from pipelines.token_ledger import offer_fates
+
+    h = harness
+    g = h.store.load_global(0)
+    h.store.commit_global(0, 1, g.params, g.outer_state, {"round": 0}, move_pointer=False)
+    key = f"{layout.version_dir(h.store.experiment, 0, 1)}/{layout.MANIFEST}"
+    manifest = json.loads(h.store.blobs.read(key))
+    h.store.blobs.write(key, json.dumps({**manifest, "meta": {"round": "zero"}}).encode())
+    meta = h.store.version_meta(0, 1)
+    assert meta.round is None and meta.reason.startswith("refused: "), meta
+    assert "merge.round: must be an integer" in meta.reason
+    offer_fates(h.store, 1, h.cfg.learners.learner_names)          # reads every version
+    h.offer("learner-0", 0)
+    _decide(h, 0, ["learner-0"])
+    _merge(h, 0)                                 # the broken version is discarded, not kept
+    assert h.store.current_version(0) == 1 and h.store.version_meta(0).round == 0

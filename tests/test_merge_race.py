@@ -95,7 +95,7 @@ def test_two_merge_processes_racing_commit_every_round_exactly_once(backend, tmp
             versions = h.store.versions(fragment)
             assert versions == list(range(ROUNDS // 2 + 1))
             assert h.store.current_version(fragment) == ROUNDS // 2
-            rounds = [h.store.version_meta(fragment, v)["round"] for v in versions[1:]]
+            rounds = [h.store.version_meta(fragment, v).round for v in versions[1:]]
             assert rounds == list(range(fragment, ROUNDS, 2)), rounds   # each once, in order
             for v in versions:
                 h.store.load_global(fragment, v)   # every version whole and verified
@@ -122,7 +122,7 @@ def test_a_merge_adopts_a_later_rounds_version_pending_under_it(backend, tmp_pat
             versions = h.store.versions(fragment)
             assert versions == list(range(len(versions)))
             assert h.store.current_version(fragment) == versions[-1]
-            rounds = [h.store.version_meta(fragment, v)["round"] for v in versions[1:]]
+            rounds = [h.store.version_meta(fragment, v).round for v in versions[1:]]
             assert rounds == sorted(set(rounds)), rounds         # each once, in order
             assert rounds[-1] == ROUNDS - 2 + fragment           # the last round is merged
             stored.update({(fragment, v): r for v, r in enumerate(rounds, 1)})

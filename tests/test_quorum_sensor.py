@@ -105,9 +105,9 @@ def test_a_late_contribution_is_recorded_but_not_merged_into_its_closed_round(ha
     h.offer("learner-1", 0)
     h.tick()                                   # K=2 reached, no grace (gamma=0): merge now
     decision = h.store.get_decision(0)
-    assert decision["members"] == ["learner-0", "learner-1"]
-    assert decision["missing"] == ["learner-2"]
-    assert "grace window" in decision["reason"]
+    assert list(decision.members) == ["learner-0", "learner-1"]
+    assert list(decision.missing) == ["learner-2"]
+    assert "grace window" in decision.reason
     h.offer("learner-2", 0)                    # arrives after the round closed
     h.tick()
     events = _update_events(h)
@@ -122,7 +122,7 @@ def test_a_late_contribution_is_recorded_but_not_merged_into_its_closed_round(ha
     h.tick()
     meta = h.merge_metadata(1)
     assert meta["members"].value == "learner-0, learner-1, learner-2"
-    assert h.store.load_global(0).meta["members"] == ["learner-0", "learner-1"]
+    assert list(h.store.load_global(0).meta.members) == ["learner-0", "learner-1"]
 
 
 def test_quorum_unreachable_while_learners_are_down_then_resumes(harness):
@@ -186,12 +186,12 @@ def test_a_final_round_does_not_wait_for_a_learner_with_nothing_to_offer(jumping
     h.tick()
     assert not h.state()["decided"]                   # waiting for learner-1
     beat = h.store.get_heartbeat("learner-1")
-    h.store.put_heartbeat("learner-1", {**beat, "time": h.now, "declined_rounds": [1]})
+    h.store.put_heartbeat("learner-1", {**beat.to_json(), "time": h.now, "declined_rounds": [1]})
     h.tick()
     decision = h.store.get_decision(1)
-    assert decision is not None and decision["members"] == ["learner-0"]
-    assert decision["missing"] == [] and "learner-1: nothing new" in decision["reason"]
-    assert h.now - decision["opened_at"] < h.cfg.orchestration.round_timeout_seconds
+    assert decision is not None and list(decision.members) == ["learner-0"]
+    assert list(decision.missing) == [] and "learner-1: nothing new" in decision.reason
+    assert h.now - decision.opened_at < h.cfg.orchestration.round_timeout_seconds
 
 
 def test_a_cursor_behind_the_store_recovers_and_requests_the_missing_merge(harness):
@@ -225,7 +225,7 @@ def test_an_offer_is_described_once_even_when_another_decider_wrote_first(jumpin
     state = controller.tick(None, now=h.now + 1).state          # opens round 0
     h.offer("learner-0", 0)
     first = controller.tick(state, now=h.now + 2)
-    assert [(o["round"], o["learner"]) for o in first.offers] == [(0, "learner-0")]
+    assert [(o.round, o.learner) for o in first.offers] == [(0, "learner-0")]
     h.beat("learner-0", 400)                                     # past the budget ...
     h.beat("learner-1", 400)
     h.store.request_stop({"reason": "the other decider", "at": h.now, "tokens": 0,
@@ -233,7 +233,7 @@ def test_an_offer_is_described_once_even_when_another_decider_wrote_first(jumpin
     lost = controller.tick(first.state, now=h.now + 3)
     assert "another decider wrote first" in lost.reason, lost.reason
     again = controller.tick(lost.state, now=h.now + 4)
-    assert [o["learner"] for o in again.offers] == [], again.offers
+    assert [o.learner for o in again.offers] == [], again.offers
 
 
 def test_a_round_opened_by_a_tick_that_failed_still_gets_its_partition(harness):
@@ -265,8 +265,8 @@ def test_a_malformed_offer_is_recorded_and_does_not_stop_the_sensor(harness):
     for _ in range(2):
         h.tick()                           # no exception, on this tick or the next
     decision = h.store.get_decision(0)
-    assert decision["members"] == ["learner-0", "learner-1"]
-    reasons = h.store.load_global(0).meta["rejected"]
+    assert list(decision.members) == ["learner-0", "learner-1"]
+    reasons = h.store.load_global(0).meta.rejected
     assert list(reasons) == ["learner-1"] and "refused by the store" in reasons["learner-1"]
 
 
@@ -288,8 +288,8 @@ def test_offers_from_unknown_or_unsafe_names_are_ignored_not_merged(harness):
     h.tick()
     h.tick()
     decision = h.store.get_decision(0)
-    assert decision["members"] == ["learner-0", "learner-1"]
-    assert "learner-9" not in decision["late"]
+    assert list(decision.members) == ["learner-0", "learner-1"]
+    assert "learner-9" not in decision.late
     assert h.merged_rounds() == {h.key(0)}
 
 

@@ -127,8 +127,8 @@ def test_one_unreadable_offer_is_refused_with_a_reason_and_the_tick_goes_on(
     assert [(o.round, o.learner) for o in offers] == [(0, "learner-6")]
     assert offers[0].digest is None and offers[0].rejected.startswith("unreadable: ValueError")
     if describe_offers:              # the sensor reports it to Dagster, with the reason
-        assert [o["learner"] for o in result.offers] == ["learner-6"]
-        assert "unreadable" in result.offers[0]["problem"], result.offers[0]
+        assert [o.learner for o in result.offers] == ["learner-6"]
+        assert "unreadable" in result.offers[0].problem, result.offers[0]
 
 
 class _SlowFirst(LocalBlobStore):

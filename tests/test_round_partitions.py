@@ -81,7 +81,7 @@ def test_two_rounds_per_partition_on_both_paths(tmp_path, path):
         if path == "service":
             h.tick()                                    # the sensor mirrors what it did
         for r in range(4):
-            assert h.store.version_meta(r % 2, r // 2 + 1)["round"] == r     # merged once
+            assert h.store.version_meta(r % 2, r // 2 + 1).round == r     # merged once
         assert instance.get_dynamic_partitions("rounds") == WINDOWS
         expected = [(WINDOWS[r // 2], r) for r in range(4)]
         assert _events(h, "global_params") == expected

@@ -7,6 +7,7 @@ syncer service and the quorum sensor's fallback (merge runs), and compares what 
 with each other and with what the protocol says.
 """
 
+import dataclasses
 import json
 
 import dagster as dg
@@ -143,7 +144,7 @@ def test_a_hostile_heartbeat_reads_as_none_and_the_round_goes_on(harness, body):
         h.offer(name, 0)
     h.now += 1
     result = controller.tick(result.state, now=h.now)
-    assert [m["members"] for m in result.merges] == [["learner-0", "learner-2"]]
+    assert [list(m.members) for m in result.merges] == [["learner-0", "learner-2"]]
 
 
 # ---- the contract: the syncer service and the sensor fallback decide alike ----------------------
@@ -176,8 +177,8 @@ def _scenario(h: Harness, decide) -> None:
         h.beat(name, 400)                                   # past the token budget
     step()                                                  # STOP; final round 2 opens
     h.offer("learner-0", 2)
-    h.store.put_heartbeat("learner-1", {**h.store.get_heartbeat("learner-1"), "time": h.now,
-                                        "declined_rounds": [2]})
+    h.store.put_heartbeat("learner-1", dataclasses.replace(
+        h.store.get_heartbeat("learner-1"), time=h.now, declined_rounds=(2,)))
     step()                                                  # round 2 decided; round 3 opens
     h.offer("learner-0", 3)
     h.offer("learner-1", 3)
@@ -199,8 +200,8 @@ def _decided(h: Harness) -> list[tuple]:
     for r in range(6):
         d = h.store.get_decision(r)
         if d is not None:
-            out.append((d["round"], d["fragment"], d["final"], d["members"], d["missing"],
-                        d["declined"]))
+            out.append((d.round, d.fragment, d.final, list(d.members), list(d.missing),
+                        list(d.declined)))
     return out
 
 
@@ -208,9 +209,9 @@ def _merged_rounds(h: Harness) -> dict[int, list[int]]:
     by_fragment: dict[int, list[int]] = {}
     for p in range(h.cfg.sync.num_fragments):
         for v in h.store.versions(p):
-            meta = h.store.version_meta(p, v) or {}
-            if isinstance(meta.get("round"), int):
-                by_fragment.setdefault(p, []).append(meta["round"])
+            meta = h.store.version_meta(p, v)
+            if meta is not None and meta.round is not None:
+                by_fragment.setdefault(p, []).append(meta.round)
     return by_fragment
 
 
@@ -229,7 +230,7 @@ def _play(store_dir: str, path: str) -> tuple:
             _scenario(h, lambda: h.tick(advance=0))
         assert h.store.stop_requested() is not None
         assert h.store.finished() is not None, path
-        deciders = {h.store.get_decision(r)["decided_by"] for r in range(4)}
+        deciders = {h.store.get_decision(r).decided_by for r in range(4)}
         assert deciders == ({"sensor"} if path == "sensor" else {"syncer-a0"})
         if path == "sensor":
             # The decision table in Dagster has a row for every learner, and says why.

@@ -2,6 +2,7 @@
 last decisions, read from the store of a run driven through the real quorum sensor and merges."""
 
 import contextlib
+import dataclasses
 import io
 import json
 
@@ -10,6 +11,7 @@ import pytest
 from orchestration_harness import Harness
 from rich.console import Console
 
+from diloco_core.round_records import Heartbeat
 from pipelines.commands.cli import main
 from pipelines.commands.status import learner_state, print_status, run_status
 
@@ -36,22 +38,23 @@ def test_status_shows_rounds_learner_states_and_decisions(harness):
     everyone = ["learner-0", "learner-1", "learner-2"]
     _merge_round(h, 0, ["learner-0", "learner-1"], everyone)   # learner-2 live, not offering
     status = run_status(h.store, now=h.now)
-    assert status["rounds_merged"] == 1 and status["global_versions"] == [1, 0]
-    states = {row["learner"]: row["state"] for row in status["learners"]}
+    assert status.rounds_merged == 1 and status.global_versions == [1, 0]
+    states = {row.learner: row.state for row in status.learners}
     assert states == {"learner-0": "live", "learner-1": "live", "learner-2": "late"}
-    (decision,) = status["decisions"]
-    assert decision["members"] == ["learner-0", "learner-1"]
-    assert decision["missing"] == ["learner-2"] and decision["reason"]
+    (decision,) = status.decisions
+    assert list(decision.members) == ["learner-0", "learner-1"]
+    assert list(decision.missing) == ["learner-2"] and decision.reason
 
     # learner-1 is relaunched (attempt 1, started now): rejoining until a merge admits it.
-    beat = dict(h.store.get_heartbeat("learner-1"), attempt=1, started_at=h.now + 0.5)
+    beat = dataclasses.replace(h.store.get_heartbeat("learner-1"), attempt=1,
+                               started_at=h.now + 0.5)
     h.store.put_heartbeat("learner-1", beat)
-    assert {r["learner"]: r["state"] for r in run_status(h.store, now=h.now)["learners"]}[
+    assert {r.learner: r.state for r in run_status(h.store, now=h.now).learners}[
         "learner-1"] == "rejoining"
     h.now += 1.0
     _merge_round(h, 1, ["learner-1", "learner-2"], ["learner-0", "learner-2"])
-    h.store.put_heartbeat("learner-1", dict(beat, time=h.now))
-    states = {r["learner"]: r["state"] for r in run_status(h.store, now=h.now)["learners"]}
+    h.store.put_heartbeat("learner-1", dataclasses.replace(beat, time=h.now))
+    states = {r.learner: r.state for r in run_status(h.store, now=h.now).learners}
     assert states["learner-1"] == "live" and states["learner-2"] == "live"
 
     # The same as a table, and from the CLI as JSON. (Not capsys: the Dagster runs above keep
@@ -60,10 +63,10 @@ def test_status_shows_rounds_learner_states_and_decisions(harness):
     print_status(run_status(h.store, now=h.now), Console(file=table, width=200))
     assert "exp-test: 2 rounds merged" in table.getvalue() and "rejoining" not in table.getvalue()
     # No syncer service here (orchestration.syncer=sensor): the sensor decided the last round.
-    syncer = run_status(h.store, now=h.now)["syncer"]
-    assert syncer["state"] == "sensor"
-    assert syncer["last_decision"]["round"] == 1
-    assert syncer["last_decision"]["decided_by"] == "sensor"
+    syncer = run_status(h.store, now=h.now).syncer
+    assert syncer.state == "sensor"
+    assert syncer.last_decision.round == 1
+    assert syncer.last_decision.decided_by == "sensor"
     assert "the quorum sensor decides" in table.getvalue()
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -72,13 +75,17 @@ def test_status_shows_rounds_learner_states_and_decisions(harness):
     assert [d["round"] for d in shown["decisions"]] == [1]
 
 
+def with_status(beat: Heartbeat, status: str) -> Heartbeat:
+    return dataclasses.replace(beat, status=status)
+
+
 def test_down_done_and_not_started_learners(harness):
     timeout = harness.cfg.orchestration.learner_timeout_seconds
-    beat = {"status": "training", "time": 100.0, "attempt": 0, "started_at": 0.0}
+    beat = Heartbeat("training", 100.0, attempt=0, started_at=0.0)
     assert learner_state(None, [], "a", timeout, 100.0) == "not started"
     assert learner_state(beat, [], "a", timeout, 100.0 + timeout + 1) == "down"
-    assert learner_state({**beat, "status": "failed"}, [], "a", timeout, 100.0) == "down"
-    assert learner_state({**beat, "status": "done"}, [], "a", timeout, 1e9) == "done"
+    assert learner_state(with_status(beat, "failed"), [], "a", timeout, 100.0) == "down"
+    assert learner_state(with_status(beat, "done"), [], "a", timeout, 1e9) == "done"
     assert learner_state(beat, [], "a", timeout, 101.0) == "live"
 
 
@@ -91,11 +98,11 @@ def test_status_without_an_experiment_says_what_to_do(tmp_path, capsys):
 def test_capacity_shows_in_a_learners_state():
     from pipelines.commands.status import learner_state
 
-    beat = {"status": "training", "time": 100.0, "attempt": 0}
+    beat = Heartbeat("training", 100.0, attempt=0)
     assert learner_state(None, [], "a", 15.0, 100.0, absent=True) == "standby"
     assert learner_state(beat, [], "a", 15.0, 100.0, absent=True) == "leaving"
-    assert learner_state({**beat, "status": "left"}, [], "a", 15.0, 1e9, absent=True) == "left"
-    assert learner_state({**beat, "status": "left"}, [], "a", 15.0, 1e9) == "joining"
+    assert learner_state(with_status(beat, "left"), [], "a", 15.0, 1e9, absent=True) == "left"
+    assert learner_state(with_status(beat, "left"), [], "a", 15.0, 1e9) == "joining"
 
 
 def test_status_shows_who_holds_the_syncers_lease_since_when_and_its_renewal(tmp_path):
@@ -109,37 +116,37 @@ def test_status_shows_who_holds_the_syncers_lease_since_when_and_its_renewal(tmp
     with dg.instance_for_test() as instance:
         h = Harness(instance, str(tmp_path / "store"), ["orchestration.syncer=service"])
         h.start()
-        assert run_status(h.store)["syncer"]["state"] == "none"
+        assert run_status(h.store).syncer.state == "none"
 
         syncer = SyncerLease(h.store, 0, name="syncer-a0")
         syncer.acquire(stale_after=20.0)
-        row = run_status(h.store)["syncer"]
-        assert (row["state"], row["holder"], row["attempt"], row["standby"]) == (
+        row = run_status(h.store).syncer
+        assert (row.state, row.holder, row.attempt, row.standby) == (
             "syncing", "syncer-a0", 0, False)
-        assert row["renewed_age_s"] < 60 and row["held_for_s"] < 60
+        assert row.renewed_age_s < 60 and row.held_for_s < 60
 
         # The syncer's process "died" holding the lease (its pid on this host is named dead,
         # as the standby does when its pipe from the syncer closes): the standby takes it.
         standby = SyncerLease(h.store, 0, name="syncer-a0-standby")
         standby.acquire(stale_after=600.0, dead_pid=os.getpid())
-        row = run_status(h.store)["syncer"]
-        assert (row["state"], row["holder"], row["attempt"], row["standby"], row["epoch"]) == (
+        row = run_status(h.store).syncer
+        assert (row.state, row.holder, row.attempt, row.standby, row.epoch) == (
             "syncing", "syncer-a0-standby", 0, True, 2)
-        since = row["since"]
+        since = row.since
         table = io.StringIO()
         print_status(run_status(h.store), Console(file=table, width=250))
         assert "syncer-a0-standby (attempt 0, the warm standby) has held the lease since" in \
             table.getvalue()
 
         standby.renew(force=True)         # a renewal moves the renewal time, not `since`
-        assert run_status(h.store)["syncer"]["since"] == since
+        assert run_status(h.store).syncer.since == since
 
         later = since + h.cfg.orchestration.syncer_timeout_seconds + 30
-        row = run_status(h.store, now=later)["syncer"]
-        assert row["state"] == "silent" and row["renewed_age_s"] >= 30
+        row = run_status(h.store, now=later).syncer
+        assert row.state == "silent" and row.renewed_age_s >= 30
         table = io.StringIO()
         print_status(run_status(h.store, now=later), Console(file=table, width=250))
         assert "dead or hung" in table.getvalue()
 
         standby.release()
-        assert run_status(h.store)["syncer"]["state"] == "released"
+        assert run_status(h.store).syncer.state == "released"

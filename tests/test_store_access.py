@@ -14,6 +14,7 @@ import pytest
 from orchestration_harness import Harness, wait_until
 
 from diloco_core.config import ConfigError
+from diloco_core.round_records import Heartbeat
 from pipelines.commands.cli import main as cli
 from resources.learner.runtime import LearnerRuntime
 from resources.store.access import LearnerRules, bucket_bindings
@@ -74,14 +75,14 @@ def test_a_learner_process_writes_only_where_its_rules_allow(tmp_path):
         runtime = LearnerRuntime(h.store, "learner-0", 0, log=lambda m: None, max_steps=12)
         thread = threading.Thread(target=runtime.run, daemon=True)
         thread.start()
-        beat = lambda: h.store.get_heartbeat("learner-0") or {}  # noqa: E731
-        wait_until(lambda: beat().get("step", 0) >= 4, "4 steps", 120)
+        beat = lambda: h.store.get_heartbeat("learner-0") or Heartbeat("none", 0.0)  # noqa: E731
+        wait_until(lambda: beat().step >= 4, "4 steps", 120)
         control.open_round(0, {"fragment": 0, "opened_at": time.time(), "final": False})
         wait_until(lambda: h.store.list_contributions(0) == ["learner-0"], "an offer", 120)
         g = control.load_global(1)
         control.commit_global(1, 1, {k: v + np.float32(0.001) for k, v in g.params.items()},
-                              g.outer_state, {"round": -1})
-        wait_until(lambda: beat().get("versions") == [0, 1], "the merged fragment", 120)
+                              g.outer_state, {"round": 1})
+        wait_until(lambda: beat().versions == (0, 1), "the merged fragment", 120)
         control.request_stop({"reason": "test"})
         thread.join(120)
         assert not thread.is_alive()

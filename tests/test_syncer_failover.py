@@ -111,9 +111,9 @@ def _versions_by_round(store, num_fragments: int) -> dict[int, list[tuple[int, i
     out: dict[int, list] = {}
     for p in range(num_fragments):
         for v in store.versions(p):
-            meta = store.version_meta(p, v) or {}
-            if isinstance(meta.get("round"), int):
-                out.setdefault(meta["round"], []).append((p, v))
+            meta = store.version_meta(p, v)
+            if meta is not None and meta.round is not None:
+                out.setdefault(meta.round, []).append((p, v))
     return out
 
 
@@ -135,9 +135,9 @@ def test_a_killed_syncer_is_replaced_by_its_standby_and_rounds_go_on_merged_once
         assert standby and _alive(standby)
 
         def learners_train(rounds: int) -> None:
-            target = (h.store.latest_open_round() or {"round": -1})["round"] + rounds
+            target = _open_round(h.store) + rounds
             deadline = time.monotonic() + 180
-            while (h.store.latest_open_round() or {"round": -1})["round"] < target:
+            while _open_round(h.store) < target:
                 assert time.monotonic() < deadline, f"no round {target} within 180 s"
                 h.now = time.time()
                 for name in NAMES:
@@ -145,8 +145,8 @@ def test_a_killed_syncer_is_replaced_by_its_standby_and_rounds_go_on_merged_once
                 latest = h.store.latest_open_round()
                 if latest is not None:
                     for name in ("learner-0", "learner-1"):
-                        if h.store.contribution_manifest(latest["round"], name) is None:
-                            h.offer(name, latest["round"])
+                        if h.store.contribution_manifest(latest.round, name) is None:
+                            h.offer(name, latest.round)
                 time.sleep(0.3)
 
         learners_train(2)
@@ -160,12 +160,12 @@ def test_a_killed_syncer_is_replaced_by_its_standby_and_rounds_go_on_merged_once
                    "the standby's takeover", 120, interval=0.2)
         lease = h.store.get_syncer_lease()
         assert lease["attempt"] == 0 and lease["epoch"] == epoch + 1, lease
-        shown = run_status(h.store)["syncer"]        # what `diloco status` shows
-        assert (shown["holder"], shown["attempt"], shown["standby"]) == (
+        shown = run_status(h.store).syncer        # what `diloco status` shows
+        assert (shown.holder, shown.attempt, shown.standby) == (
             "syncer-a0-standby", 0, True), shown
         learners_train(3)                        # rounds go on, decided by the standby
-        decided = {h.store.get_decision(r)["decided_by"]
-                   for r in range(h.store.latest_open_round()["round"])
+        decided = {h.store.get_decision(r).decided_by
+                   for r in range(h.store.latest_open_round().round)
                    if h.store.get_decision(r) is not None}
         assert "syncer-a0-standby" in decided, decided
         # The supervisor's relaunch (a newer attempt) takes over from the standby, which is
@@ -173,8 +173,8 @@ def test_a_killed_syncer_is_replaced_by_its_standby_and_rounds_go_on_merged_once
         relaunched = _spawn(uri, 1, tmp_path / "relaunched.log")
         wait_until(lambda: (h.store.get_syncer_lease() or {}).get("pid") == relaunched.pid,
                    "the relaunch's takeover", 180, interval=0.2)
-        shown = run_status(h.store)["syncer"]
-        assert (shown["state"], shown["holder"], shown["standby"]) == (
+        shown = run_status(h.store).syncer
+        assert (shown.state, shown.holder, shown.standby) == (
             "syncing", "syncer-a1", False), shown
         learners_train(2)
         wait_until(lambda: not _alive(standby), "the fenced standby's exit", 60, interval=0.2)
@@ -188,7 +188,7 @@ def test_a_killed_syncer_is_replaced_by_its_standby_and_rounds_go_on_merged_once
         relaunched.wait(60)
         assert not _alive(second_standby)
         assert h.store.get_syncer_lease()["status"] == "released"
-        assert run_status(h.store)["syncer"]["state"] == "released"
+        assert run_status(h.store).syncer.state == "released"
     finally:
         for proc in (first, relaunched):
             if proc is not None and proc.poll() is None:
@@ -202,9 +202,14 @@ def test_a_killed_syncer_is_replaced_by_its_standby_and_rounds_go_on_merged_once
     # the three syncers decided rounds, the killed one none after its kill.
     merged = _versions_by_round(h.store, 2)
     assert all(len(v) == 1 for v in merged.values()), merged
-    decisions = [d for r in range(h.store.latest_open_round()["round"] + 1)
+    decisions = [d for r in range(h.store.latest_open_round().round + 1)
                  if (d := h.store.get_decision(r)) is not None]
     assert {"syncer-a0", "syncer-a0-standby", "syncer-a1"} <= {
-        d["decided_by"] for d in decisions}, decisions
-    assert all(d["decided_at"] < killed_at for d in decisions
-               if d["decided_by"] == "syncer-a0"), decisions
+        d.decided_by for d in decisions}, decisions
+    assert all(d.decided_at < killed_at for d in decisions
+               if d.decided_by == "syncer-a0"), decisions
+
+
+def _open_round(store) -> int:
+    latest = store.latest_open_round()
+    return -1 if latest is None else latest.round

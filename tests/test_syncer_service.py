@@ -54,9 +54,9 @@ def _versions_by_round(store, num_fragments: int) -> dict[int, list[tuple[int, i
     out: dict[int, list] = {}
     for p in range(num_fragments):
         for v in store.versions(p):
-            meta = store.version_meta(p, v) or {}
-            if isinstance(meta.get("round"), int):
-                out.setdefault(meta["round"], []).append((p, v))
+            meta = store.version_meta(p, v)
+            if meta is not None and meta.round is not None:
+                out.setdefault(meta.round, []).append((p, v))
     return out
 
 
@@ -77,14 +77,14 @@ def test_the_service_merges_at_once_and_the_sensor_mirrors_it(harness):
     h = harness
     service = _service_after_round_0(h)
     decision = h.store.get_decision(0)
-    assert decision["decided_by"] == "syncer-a0" and decision["members"] == ["learner-0",
+    assert decision.decided_by == "syncer-a0" and list(decision.members) == ["learner-0",
                                                                              "learner-1"]
     meta = h.store.version_meta(0)
-    assert meta["round"] == 0 and meta["merged_by"] == "syncer-a0"
+    assert meta.round == 0 and meta.merged_by == "syncer-a0"
     # (decided_at is on the harness's scripted clock, published_at on the wall clock.)
-    assert isinstance(meta["published_at"], float) and meta["finite"]
+    assert isinstance(meta.published_at, float) and meta.finite
     _round(h, service, 1)
-    assert h.store.version_meta(1)["round"] == 1
+    assert h.store.version_meta(1).round == 1
     assert h.store.get_eval(1)["by"] == "syncer"    # once per outer step (P = 2 rounds)
     assert service.progress.decision_to_publish and len(service.progress.decision_to_publish) == 2
 
@@ -121,25 +121,25 @@ def test_a_stale_lease_hands_the_rounds_to_the_sensor_and_back_without_double_me
         h.beat(name, 2)
     h.tick(advance=5)                          # lease silent 5 s > 4 s: fallback opens round 1
     assert json.loads(h.cursor)["mode"] == "fallback"
-    assert h.store.latest_open_round()["round"] == 1
+    assert h.store.latest_open_round().round == 1
     h.offer("learner-0", 1)
     h.offer("learner-2", 1)
     h.tick()
     decision = h.store.get_decision(1)
-    assert decision["decided_by"] == "sensor"
+    assert decision.decided_by == "sensor"
     assert [r.partition_key for r in h.launched if r.job_name == "merge_round"] == [h.key(1)]
-    assert h.store.version_meta(1)["merged_by"] == "run"
+    assert h.store.version_meta(1).merged_by == "run"
     # The hung service wakes up: it is behind the store, rebuilds from it, and carries on.
     for name in NAMES:
         h.beat(name, 2)
     h.now += 1
     service.step(now=h.now)
-    assert service.state["round"] == 2 and h.store.get_decision(1)["decided_by"] == "sensor"
+    assert service.state["round"] == 2 and h.store.get_decision(1).decided_by == "sensor"
     for name in ("learner-0", "learner-1"):
         h.offer(name, 2)
     h.now += 1
     service.step(now=h.now)
-    assert h.store.version_meta(0)["round"] == 2
+    assert h.store.version_meta(0).round == 2
     h.tick()                                   # the lease moved again: back to mirroring
     assert json.loads(h.cursor)["mode"] == "mirror"
     assert h.merged_rounds() == {h.key(0), h.key(1), h.key(2)}
@@ -158,7 +158,7 @@ def test_a_zombie_syncer_is_fenced_before_it_writes(harness):
     h.now += 1
     with pytest.raises(LeaseLost):
         old.step(now=h.now)                     # would open round 1: refused before writing
-    assert h.store.latest_open_round()["round"] == 0
+    assert h.store.latest_open_round().round == 0
     new.step(now=h.now)
     assert h.store.get_round_open(1) is not None
     # Nor can the zombie take the lease back: a newer attempt holds it.
@@ -193,9 +193,9 @@ def test_real_syncer_processes_race_for_the_lease(harness, tmp_path):
         assert h.store.get_syncer_lease()["pid"] == first.pid
 
         def learners_train(rounds: int) -> None:
-            target = (h.store.latest_open_round() or {"round": -1})["round"] + rounds
+            target = _open_round(h.store) + rounds
             deadline = time.monotonic() + 120
-            while (h.store.latest_open_round() or {"round": -1})["round"] < target:
+            while _open_round(h.store) < target:
                 assert time.monotonic() < deadline, f"no round {target} within 120 s"
                 h.now = time.time()
                 for name in NAMES:
@@ -203,8 +203,8 @@ def test_real_syncer_processes_race_for_the_lease(harness, tmp_path):
                 latest = h.store.latest_open_round()
                 if latest is not None:
                     for name in ("learner-0", "learner-1"):
-                        if h.store.contribution_manifest(latest["round"], name) is None:
-                            h.offer(name, latest["round"])
+                        if h.store.contribution_manifest(latest.round, name) is None:
+                            h.offer(name, latest.round)
                 time.sleep(0.3)
 
         learners_train(3)
@@ -229,14 +229,14 @@ def test_real_syncer_processes_race_for_the_lease(harness, tmp_path):
                 proc.wait()
     merged = _versions_by_round(h.store, 2)
     assert all(len(v) == 1 for v in merged.values()), merged
-    last = h.store.latest_open_round()["round"]
+    last = h.store.latest_open_round().round
     for r in range(last):
         decision = h.store.get_decision(r)
         assert decision is not None, r
         # Nothing the zombie decided or merged after the takeover.
-        if decision["decided_by"] == "syncer-a0":
-            assert decision["decided_at"] < takeover_at + 1, decision
-    assert any(h.store.get_decision(r)["decided_by"] == "syncer-a1" for r in range(last))
+        if decision.decided_by == "syncer-a0":
+            assert decision.decided_at < takeover_at + 1, decision
+    assert any(h.store.get_decision(r).decided_by == "syncer-a1" for r in range(last))
 
 
 def test_an_operators_stop_ends_the_run_through_the_final_rounds_before_the_budget(harness,
@@ -269,10 +269,10 @@ def test_an_operators_stop_ends_the_run_through_the_final_rounds_before_the_budg
     final = []
     for _ in range(10):
         opened = h.store.latest_open_round()
-        if opened is not None and opened.get("final") and opened["round"] not in final:
-            final.append(opened["round"])
+        if opened is not None and opened.final and opened.round not in final:
+            final.append(opened.round)
             for name in NAMES:
-                h.offer(name, opened["round"])
+                h.offer(name, opened.round)
         h.now += 1.0
         service.step(now=h.now)
         if h.store.finished() is not None:
@@ -280,8 +280,8 @@ def test_an_operators_stop_ends_the_run_through_the_final_rounds_before_the_budg
     assert h.store.finished() is not None
     assert final == [1, 2]                             # one final round per fragment
     for r in final:
-        assert h.store.get_decision(r)["members"] == NAMES
-    assert {p: h.store.version_meta(p)["round"] for p in range(2)} == {0: 2, 1: 1}
+        assert list(h.store.get_decision(r).members) == NAMES
+    assert {p: h.store.version_meta(p).round for p in range(2)} == {0: 2, 1: 1}
     assert main(["stop", "--store", h.resource.base_uri]) == 0
     assert "already finished" in capsys.readouterr().out
 
@@ -335,7 +335,7 @@ def test_retention_deletes_what_left_the_window_and_a_new_syncer_carries_on(tmp_
         pruned = [r for r in range(8) if not _payloads(store, layout.round_dir(exp, r))]
         assert pruned == [0, 1, 2, 3, 4, 5]
         assert all(store.list_contributions(r) == ["learner-0", "learner-1"] for r in range(8))
-        assert store.get_decision(0)["members"] == ["learner-0", "learner-1"]
+        assert list(store.get_decision(0).members) == ["learner-0", "learner-1"]
         assert store.get_retention() == {"versions_from": [3, 3], "rounds_from": 6}
         assert service.record()["pruned_objects"] == 2 * 2 * 2 + 6 * 2
 
@@ -351,8 +351,8 @@ def test_retention_deletes_what_left_the_window_and_a_new_syncer_carries_on(tmp_
         h.now += 1
         service.step(now=h.now)
         meta = store.version_meta(0)
-        assert meta["round"] == 8 and meta["members"] == ["learner-0", "learner-1"]
-        assert "no longer kept" in meta["rejected"]["learner-2"]
+        assert meta.round == 8 and list(meta.members) == ["learner-0", "learner-1"]
+        assert "no longer kept" in meta.rejected["learner-2"]
 
         # A relaunched syncer carries on from the record: round 9 prunes round 7 and
         # fragment 1's version 3, nothing before.
@@ -369,10 +369,10 @@ def _finish(h: Harness, service: SyncerService) -> None:
         h.now += 1.0
         service.step(now=h.now)
         opened = h.store.latest_open_round()
-        if opened is not None and opened.get("final"):
+        if opened is not None and opened.final:
             for name in NAMES:
-                if h.store.contribution_manifest(opened["round"], name) is None:
-                    h.offer(name, opened["round"])
+                if h.store.contribution_manifest(opened.round, name) is None:
+                    h.offer(name, opened.round)
         if h.store.finished() is not None:
             return
     raise AssertionError("the final rounds did not finish")
@@ -480,7 +480,7 @@ def test_at_start_up_a_syncer_run_on_its_way_to_the_lease_is_not_judged_dead(har
     h.instance.report_run_failed(run)             # the run failed: nobody is coming
     h.tick()
     assert json.loads(h.cursor)["mode"] == "fallback"
-    assert h.store.latest_open_round()["round"] == 0
+    assert h.store.latest_open_round().round == 0
 
 
 def test_at_start_up_a_syncer_run_that_never_takes_the_lease_is_decided_around(harness):
@@ -493,3 +493,8 @@ def test_at_start_up_a_syncer_run_that_never_takes_the_lease_is_decided_around(h
     assert json.loads(h.cursor)["mode"] == "mirror"
     h.tick(advance=3 * 4 + 60)                    # past the supervisor's allowance
     assert json.loads(h.cursor)["mode"] == "fallback"
+
+
+def _open_round(store) -> int:
+    latest = store.latest_open_round()
+    return -1 if latest is None else latest.round

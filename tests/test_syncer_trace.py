@@ -59,7 +59,7 @@ def recorded(tmp_path, monkeypatch):
         second = _syncer(h, 1)
         for r in range(3, 5):
             _round(h, second, r, offerers=NAMES)
-        decisions = [h.store.get_decision(r) for r in range(5)]
+        decisions = [h.store.get_decision(r).to_json() for r in range(5)]
     traces = sorted((tmp_path / "trace").glob("*.jsonl.gz"))
     return [read_trace(p) for p in traces], decisions
 

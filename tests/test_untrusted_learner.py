@@ -15,6 +15,7 @@ import pytest
 from orchestration_harness import Harness
 
 from diloco_core.compression import encode
+from diloco_core.round_records import RoundDecision
 from pipelines.syncer.service import SyncerService
 from resources.chaos.hostile_records import damage_offer
 from resources.store.artifact_store import RejectedArtifact
@@ -108,8 +109,8 @@ def test_an_undecodable_contribution_costs_only_its_own_learner_the_round(tmp_pa
         h.store.load_contribution = load_without_the_store_check
         _decide(h, service)
         meta = h.store.version_meta(0)
-        assert meta["round"] == 0 and sorted(meta["members"]) == sorted(HONEST), meta
-        assert "payload must be" in meta["rejected"][HOSTILE], meta["rejected"]
+        assert meta.round == 0 and sorted(meta.members) == sorted(HONEST), meta
+        assert "payload must be" in meta.rejected[HOSTILE], meta.rejected
 
 
 def test_a_merge_that_raises_records_the_round_and_the_syncer_moves_on(tmp_path, monkeypatch):
@@ -129,11 +130,11 @@ def test_a_merge_that_raises_records_the_round_and_the_syncer_moves_on(tmp_path,
         monkeypatch.setattr(store_merge, "merge_fragment", merge_that_fails_round_1)
         _rounds(h, service, range(4), HONEST)
         outcome = h.store.get_round_not_merged(1)
-        assert outcome is not None and "merge failed: TypeError" in outcome["reason"], outcome
-        assert set(outcome["rejected"]) == set(HONEST)
+        assert outcome is not None and "merge failed: TypeError" in outcome.reason, outcome
+        assert set(outcome.rejected) == set(HONEST)
         for r in (0, 2, 3):
             assert h.store.get_round_not_merged(r) is None
-        assert h.store.version_meta(1)["round"] == 3
+        assert h.store.version_meta(1).round == 3
         assert service.progress.merged == 3 and service.progress.not_merged == 1
 
 
@@ -179,8 +180,8 @@ def test_a_learner_claiming_a_trillion_steps_does_not_take_the_merge(tmp_path):
             h.offer(HOSTILE, r, steps=10 ** 12, scale=1e6)
             _decide(h, service)
             meta = h.store.version_meta(r % 2)
-            assert meta["round"] == r and sorted(meta["members"]) == sorted(HONEST), meta
-            assert "outer-gradient norm per step" in meta["rejected"][HOSTILE], meta
+            assert meta.round == r and sorted(meta.members) == sorted(HONEST), meta
+            assert "outer-gradient norm per step" in meta.rejected[HOSTILE], meta
         after = _max_abs_global(h.store, 2)
         assert after < 2 * before + 1.0, (before, after)
 
@@ -197,12 +198,12 @@ def test_no_member_outweighs_the_others_whatever_its_counters(tmp_path):
         h.offer(HOSTILE, 0, steps=10 ** 12)
         _decide(h, service)
         meta = h.store.version_meta(0)
-        weights = dict(zip(meta["members"], meta["weights"], strict=True))
+        weights = dict(zip(meta.members, meta.weights, strict=True))
         assert set(weights) == set(NAMES), meta
         assert weights[HOSTILE] == pytest.approx(0.5), weights
-        assert "credited" in meta["clipped"][HOSTILE], meta["clipped"]
+        assert "credited" in meta.clipped[HOSTILE], meta.clipped
         # Its credited steps are the protocol's bound, not its claim.
-        steps = dict(zip(meta["members"], meta["steps"], strict=True))
+        steps = dict(zip(meta.members, meta.steps, strict=True))
         assert steps[HOSTILE] <= 4 * h.cfg.sync.sync_period, steps
 
 
@@ -219,7 +220,7 @@ def test_a_heartbeat_claiming_2_to_the_62_tokens_does_not_stop_the_run(tmp_path)
             _decide(h, service)
         assert h.store.stop_requested() is None
         assert not service.state["stop"], service.state
-        assert h.store.version_meta(0)["round"] == 2
+        assert h.store.version_meta(0).round == 2
 
 
 def test_with_two_learners_a_2_to_the_62_claim_is_held_by_the_syncers_own_account(tmp_path):
@@ -247,7 +248,7 @@ def test_with_two_learners_a_2_to_the_62_claim_is_held_by_the_syncers_own_accoun
         assert h.store.stop_requested() is None
         assert not service.state["stop"], service.state
         assert any(f"{liar} (claims {2 ** 62} tokens, credited" in why for why in reasons)
-        assert h.store.version_meta(1)["members"] == list(names)
+        assert h.store.version_meta(1).members == tuple(names)
 
 
 @pytest.mark.parametrize("compute_seconds", [1e300, 1.7e308])
@@ -293,7 +294,7 @@ def _raw_offer(h: Harness, src_round: int, src_learner: str, dst_round: int,
     h.store.blobs.write(f"{dst}/{layout.MANIFEST}", json.dumps(manifest).encode())
 
 
-def _replaying_round_0(h: Harness, service: SyncerService, r: int) -> dict:
+def _replaying_round_0(h: Harness, service: SyncerService, r: int) -> RoundDecision | None:
     """Round r (of fragment 0): the honest learners offer, the hostile one replays its own
     offer to round 0 byte for byte on the current base; the decision."""
     _open(h, service, r)
@@ -310,9 +311,9 @@ def test_replayed_and_copied_offers_are_refused(tmp_path):
         _rounds(h, service, range(2))
         # Round 2 (fragment 0): the hostile learner replays its own offer to round 0.
         decision = _replaying_round_0(h, service, 2)
-        assert HOSTILE not in decision["members"], decision
-        assert "a replay" in decision["refused"][HOSTILE], decision
-        assert "a replay" in h.store.version_meta(0)["rejected"][HOSTILE]
+        assert HOSTILE not in decision.members, decision
+        assert "a replay" in decision.refused[HOSTILE], decision
+        assert "a replay" in h.store.version_meta(0).rejected[HOSTILE]
         # Round 3 (fragment 1): it copies learner-0's offer once that has arrived.
         _open(h, service, 3)
         h.offer("learner-0", 3)
@@ -321,9 +322,9 @@ def test_replayed_and_copied_offers_are_refused(tmp_path):
         h.offer("learner-1", 3)
         _decide(h, service)
         decision = h.store.get_decision(3)
-        assert sorted(decision["members"]) == sorted(HONEST), decision
-        assert "a copy" in decision["refused"][HOSTILE], decision
-        assert decision["digests"].keys() == set(HONEST)
+        assert sorted(decision.members) == sorted(HONEST), decision
+        assert "a copy" in decision.refused[HOSTILE], decision
+        assert decision.digests.keys() == set(HONEST)
 
 
 @pytest.mark.parametrize("original,copier", [("learner-0", HOSTILE), (HOSTILE, "learner-0")],
@@ -344,10 +345,10 @@ def test_a_copy_first_seen_in_the_same_poll_as_its_original_is_refused(tmp_path,
         h.offer(third, 0)
         _decide(h, service)
         decision = h.store.get_decision(0)
-        assert sorted(decision["members"]) == sorted([original, third]), decision
-        assert "a copy (the store created it later)" in decision["refused"][copier], decision
-        assert decision["digests"].keys() == {original, third}
-        assert copier in h.store.version_meta(0)["rejected"]
+        assert sorted(decision.members) == sorted([original, third]), decision
+        assert "a copy (the store created it later)" in decision.refused[copier], decision
+        assert decision.digests.keys() == {original, third}
+        assert copier in h.store.version_meta(0).rejected
 
 
 def test_a_file_made_early_cannot_pass_for_the_original_of_a_same_poll_copy(tmp_path):
@@ -375,8 +376,8 @@ def test_a_file_made_early_cannot_pass_for_the_original_of_a_same_poll_copy(tmp_
         h.offer("learner-1", 0)
         _decide(h, service)
         decision = h.store.get_decision(0)
-        assert HOSTILE in decision["members"] and HOSTILE not in decision["refused"], decision
-        assert "learner-0" not in h.store.version_meta(0)["members"]
+        assert HOSTILE in decision.members and HOSTILE not in decision.refused, decision
+        assert "learner-0" not in h.store.version_meta(0).members
 
 
 def test_an_offer_changed_after_the_decision_is_refused(tmp_path, monkeypatch):
@@ -407,10 +408,10 @@ def test_an_offer_changed_after_the_decision_is_refused(tmp_path, monkeypatch):
 
         monkeypatch.setattr(syncer_service, "merge_from_store", swap_then_merge)
         _decide(h, service)
-        assert HOSTILE in h.store.get_decision(0)["members"]
+        assert HOSTILE in h.store.get_decision(0).members
         meta = h.store.version_meta(0)
-        assert sorted(meta["members"]) == sorted(HONEST), meta
-        assert "changed after the decision" in meta["rejected"][HOSTILE], meta["rejected"]
+        assert sorted(meta.members) == sorted(HONEST), meta
+        assert "changed after the decision" in meta.rejected[HOSTILE], meta.rejected
 
 
 @pytest.mark.parametrize("mode", ["sensor", "service"])
@@ -466,7 +467,7 @@ def test_an_offer_on_a_base_already_merged_from_it_is_a_replay(tmp_path):
     with dg.instance_for_test() as instance:
         h, service = _started(instance, tmp_path)
         _rounds(h, service, range(2))
-        assert HOSTILE in h.store.version_meta(0)["members"]
+        assert HOSTILE in h.store.version_meta(0).members
         _open(h, service, 2)
         _decide(h, service)          # the merge of round 0 is seen published
         for name in HONEST:
@@ -474,8 +475,8 @@ def test_an_offer_on_a_base_already_merged_from_it_is_a_replay(tmp_path):
         h.offer(HOSTILE, 2, base_version=0, seed=7)
         _decide(h, service)
         decision = h.store.get_decision(2)
-        assert sorted(decision["members"]) == sorted(HONEST), decision
-        assert "base version 0" in decision["refused"][HOSTILE], decision
+        assert sorted(decision.members) == sorted(HONEST), decision
+        assert "base version 0" in decision.refused[HOSTILE], decision
 
 
 def test_a_replayed_base_is_refused_across_a_syncer_restart(tmp_path):
@@ -485,7 +486,7 @@ def test_a_replayed_base_is_refused_across_a_syncer_restart(tmp_path):
     with dg.instance_for_test() as instance:
         h, service = _started(instance, tmp_path)
         _rounds(h, service, range(2))
-        assert HOSTILE in h.store.version_meta(0)["members"]
+        assert HOSTILE in h.store.version_meta(0).members
         _open(h, service, 2)
         h.now += 10                              # the syncer is gone; its lease runs out
         successor = SyncerService(h.store, attempt=1, log=lambda _: None)
@@ -496,9 +497,9 @@ def test_a_replayed_base_is_refused_across_a_syncer_restart(tmp_path):
         h.offer(HOSTILE, 2, base_version=0, seed=7)
         _decide(h, successor)
         decision = h.store.get_decision(2)
-        assert decision["decided_by"] == "syncer-a1", decision
-        assert sorted(decision["members"]) == sorted(HONEST), decision
-        assert "base version 0" in decision["refused"][HOSTILE], decision
+        assert decision.decided_by == "syncer-a1", decision
+        assert sorted(decision.members) == sorted(HONEST), decision
+        assert "base version 0" in decision.refused[HOSTILE], decision
 
 
 def test_offers_planted_before_their_round_opened_are_refused(tmp_path):
@@ -518,8 +519,8 @@ def test_offers_planted_before_their_round_opened_are_refused(tmp_path):
             h.offer(name, 2)
         _decide(h, service)
         decision = h.store.get_decision(2)
-        assert sorted(decision["members"]) == sorted(HONEST), decision
-        assert "planted" in decision["refused"][HOSTILE], decision
+        assert sorted(decision.members) == sorted(HONEST), decision
+        assert "planted" in decision.refused[HOSTILE], decision
 
 
 def test_a_replay_from_many_rounds_back_is_still_refused(tmp_path):
@@ -529,4 +530,4 @@ def test_a_replay_from_many_rounds_back_is_still_refused(tmp_path):
         h, service = _started(instance, tmp_path)
         _rounds(h, service, range(10))
         decision = _replaying_round_0(h, service, 10)
-        assert "learner-2's offer to round 0: a replay" in decision["refused"][HOSTILE], decision
+        assert "learner-2's offer to round 0: a replay" in decision.refused[HOSTILE], decision

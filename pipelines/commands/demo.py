@@ -56,20 +56,20 @@ class Watch:
 
 
 def _progress_line(store: ArtifactStore, cfg: ExperimentConfig, watch: Watch) -> str:
-    beats = {n: store.get_heartbeat(n) or {} for n in cfg.learners.learner_names}
-    tokens = sum(int(b.get("tokens_total", 0)) for b in beats.values())
-    latest = store.latest_open_round() or {}
+    beats = {n: store.get_heartbeat(n) for n in cfg.learners.learner_names}
+    tokens = sum(b.tokens_total for b in beats.values() if b is not None)
+    latest = store.latest_open_round()
     versions = [store.current_version(p) or 0 for p in range(cfg.sync.num_fragments)]
     evals = None
-    r = latest.get("round", -1)
+    r = -1 if latest is None else latest.round
     for back in range(r, max(-1, r - 2 * cfg.sync.num_fragments), -1):
         evals = store.get_eval(back)
         if evals:
             break
     # Statuses in full: cut to five letters, "stopping" and "failed" read "stopp", "faile".
     learners = " ".join(
-        f"{n.split('-')[-1]}:{b.get('status', 'down')}@{b.get('step', 0)}"
-        f"{'(a' + str(b['attempt']) + ')' if b.get('attempt') else ''}"
+        f"{n.split('-')[-1]}:down@0" if b is None else
+        f"{n.split('-')[-1]}:{b.status}@{b.step}{f'(a{b.attempt})' if b.attempt else ''}"
         for n, b in beats.items())
     loss = f"{evals['loss']:.3f}" if evals else "-"
     return (f"[{time.time() - watch.started:6.0f}s] tokens {tokens / cfg.token_budget:6.1%}  "
@@ -82,17 +82,17 @@ def _inject_failure(store: ArtifactStore, cfg: ExperimentConfig, watch: Watch) -
     if watch.failures_injected or merges < 2 * cfg.sync.num_fragments:
         return
     victim = cfg.learners.learner_names[1]
-    beat = store.get_heartbeat(victim) or {}
-    if beat.get("status") != "training" or not beat.get("pid"):
+    beat = store.get_heartbeat(victim)
+    if beat is None or beat.status != "training" or not beat.pid:
         return
     try:
-        os.kill(int(beat["pid"]), signal.SIGKILL)
+        os.kill(beat.pid, signal.SIGKILL)
     except ProcessLookupError:
         return
     watch.failures_injected += 1
-    watch.killed.append({"learner": victim, "pid": beat["pid"], "step": beat.get("step"),
+    watch.killed.append({"learner": victim, "pid": beat.pid, "step": beat.step,
                          "at": time.time(), "after_seconds": time.time() - watch.started})
-    print(f"chaos: killed {victim} (pid {beat['pid']}) at step {beat.get('step')}", flush=True)
+    print(f"chaos: killed {victim} (pid {beat.pid}) at step {beat.step}", flush=True)
 
 
 def _kill_syncer(store: ArtifactStore, cfg: ExperimentConfig, watch: Watch) -> None:

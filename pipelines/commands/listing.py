@@ -18,7 +18,8 @@ def list_experiments(blobs) -> list[dict]:
         store = ArtifactStore(blobs, name)
         config = store.get_config() or {}
         summary = store.get_summary() or {}
-        opened = (store.latest_open_round() or {}).get("round")
+        latest = store.latest_open_round()
+        opened = None if latest is None else latest.round
         rows.append({"experiment": name, "state": experiment_state(store, active),
                      "open_round": opened, "rounds_merged": summary.get("rounds_merged"),
                      "final_eval_loss": summary.get("final_eval_loss"),

@@ -16,6 +16,7 @@ from pipelines.defs.partitions import (
     rounds,
 )
 from pipelines.experiment_context import EXPERIMENT_TAG
+from pipelines.offer_summary import OfferSummary
 from pipelines.partition_keys import learner_partition_key, partition_key
 from pipelines.round_mirror import fresh_mirror, mirror_tick
 from pipelines.syncer.round_control import RoundController
@@ -32,21 +33,19 @@ def _partitions_request(exp: str, round_indices, per_partition: int) -> list:
     return [rounds.build_add_request(keys)] if keys else []
 
 
-def _offer_event(exp: str, offer: dict, per_partition: int) -> dg.AssetMaterialization:
-    metadata = {k: offer[k] for k in ("fragment", "base_version", "tokens", "steps", "nbytes",
-                                      "learner_step", "staleness") if offer.get(k) is not None}
-    metadata["encoding"] = offer.get("encoding") or ""
-    metadata["late"] = bool(offer["late"])
-    if offer.get("problem"):
-        metadata["problem"] = dg.MetadataValue.text(str(offer["problem"]))
-    if offer.get("train_loss") is not None:
-        metadata["train/loss"] = float(offer["train_loss"])
+def _offer_event(exp: str, offer: OfferSummary, per_partition: int
+                 ) -> dg.AssetMaterialization:
+    metadata: dict = {**offer.figures(), "encoding": offer.encoding, "late": offer.late}
+    if offer.problem:
+        metadata["problem"] = dg.MetadataValue.text(offer.problem)
+    if offer.train_loss is not None:
+        metadata["train/loss"] = offer.train_loss
     return dg.AssetMaterialization(
         asset_key="learner_update",
         partition=dg.MultiPartitionKey({
-            "round": partition_key(exp, offer["round"], per_partition),
-            "learner": learner_partition_key(exp, offer["learner"])}),
-        description="late: offered after its round was decided" if offer["late"] else None,
+            "round": partition_key(exp, offer.round, per_partition),
+            "learner": learner_partition_key(exp, offer.learner)}),
+        description="late: offered after its round was decided" if offer.late else None,
         metadata=metadata)
 
 
@@ -119,19 +118,19 @@ def _decide_here(context: dg.SensorEvaluationContext, artifacts, cfg, cursor: di
     exp = artifacts.experiment
     per_partition = cfg.rounds_per_partition
     requests = [dg.RunRequest(job_name="merge_round",
-                              partition_key=partition_key(artifacts.experiment, d["round"],
+                              partition_key=partition_key(artifacts.experiment, d.round,
                                                             per_partition),
-                              run_key=f"merge:{exp}:{d['round']}",
-                              tags={EXPERIMENT_TAG: exp, ROUND_TAG: str(d["round"]),
-                                    FRAGMENT_TAG: str(d["fragment"]), MERGE_TAG: "1",
+                              run_key=f"merge:{exp}:{d.round}",
+                              tags={EXPERIMENT_TAG: exp, ROUND_TAG: str(d.round),
+                                    FRAGMENT_TAG: str(d.fragment), MERGE_TAG: "1",
                                     "dagster/max_retries": "3"})
                 for d in result.merges]
     if result.finished:
         requests.append(_summary_request(exp))
     for offer in result.offers:
-        if offer.get("foreign"):
-            context.log.warning(f"ignored an offer to round {offer['round']} from "
-                                f"{offer['learner']!r}: {offer['problem']}")
+        if offer.foreign:
+            context.log.warning(f"ignored an offer to round {offer.round} from "
+                                f"{offer.learner!r}: {offer.problem}")
     # What the mirror would report again when the syncer is back: these rounds are reported.
     mirror = cursor.setdefault("mirror", fresh_mirror())
     latest = result.state.get("round", -1)
@@ -152,7 +151,7 @@ def _decide_here(context: dg.SensorEvaluationContext, artifacts, cfg, cursor: di
     return dg.SensorResult(
         run_requests=requests, dynamic_partitions_requests=partitions,
         asset_events=[_offer_event(artifacts.experiment, o, per_partition) for o in result.offers
-                      if not o.get("foreign")],
+                      if not o.foreign],
         cursor=json.dumps(cursor),
         skip_reason=None if requests or partitions or result.offers else reason)
 
@@ -231,14 +230,14 @@ def _mirror(instance: dg.DagsterInstance, artifacts, cfg, cursor: dict,
     held = cursor.setdefault("held_checks", {})
     closed = int(cursor.get("checks_closed_upto", -1))
     events: list = [_offer_event(artifacts.experiment, o, per_partition) for o in result.offers
-                    if not o.get("foreign")]
+                    if not o.foreign]
     for round_index, record, decision, version in result.merges:
         key = partition_key(artifacts.experiment, round_index, per_partition)
         events += mirrored_global_params(artifacts, key, record, decision, version,
                                          with_checks=single)
         if not single and round_index > closed:
             hold_checks(held, key, "global_params", global_params_checks(
-                record, version, bool(record.get("finite", True))), round_index)
+                record, version, record.finite), round_index)
     for round_index, evaluation, previous in result.evals:
         key = partition_key(artifacts.experiment, round_index, per_partition)
         events += mirrored_eval(key, round_index, evaluation, previous, with_check=single)

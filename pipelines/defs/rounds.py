@@ -110,7 +110,7 @@ def global_params(context: dg.AssetExecutionContext, store: ArtifactStoreResourc
         context.log.info(f"round {round_index} was already committed as version "
                          f"{outcome.version}; not merging twice")
     else:
-        context.log.info(f"round {round_index}: {record['reason']}")
+        context.log.info(f"round {round_index}: {record.reason}")
         _to_metrics_sink(context, artifacts, round_index, lambda: round_scalars(
             global_params_metadata(artifacts, record, decision, outcome.version,
                                    outcome.finite, outcome.seconds)))
@@ -183,9 +183,9 @@ def eval_latest_round(context: dg.ScheduleEvaluationContext, store: ArtifactStor
         return dg.SkipReason("no experiment is active")
     config = artifacts.get_config() or {}
     fragments = ((config.get("sync") or {}).get("num_fragments"))
-    merged = [(artifacts.version_meta(p) or {}).get("round")
-              for p in range(fragments if isinstance(fragments, int) else 0)]
-    merged = [r for r in merged if isinstance(r, int)]
+    metas = [artifacts.version_meta(p)
+             for p in range(fragments if isinstance(fragments, int) else 0)]
+    merged = [m.round for m in metas if m is not None and m.round is not None]
     if not merged:
         return dg.SkipReason(f"{artifacts.experiment}: no merged round yet")
     from diloco_core.config_loading import config_from_mapping

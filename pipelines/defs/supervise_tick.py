@@ -7,6 +7,7 @@ import time
 import dagster as dg
 
 from diloco_core.liveness import LIVE_STATUSES, observe, silent_for
+from diloco_core.round_records import Heartbeat
 from pipelines.defs.partitions import (
     LEARNER_TAG,
     REGION_TAG,
@@ -41,20 +42,21 @@ def supervise_tick(context: dg.SensorEvaluationContext, store: ArtifactStoreReso
     requests, events, notes = [], [], []
     absent, partitions = _capacity(context, artifacts, cfg, notes, now)
     beats = {name: artifacts.get_heartbeat(name) for name in cfg.learners.learner_names}
-    state["seen"] = observe(state.get("seen"), beats, now)
+    state["seen"] = observe(state.get("seen"), {
+        name: None if beat is None else beat.to_json() for name, beat in beats.items()}, now)
     regions = dict(zip(cfg.learners.learner_names, cfg.learners.learner_regions, strict=True))
     for name in cfg.learners.learner_names:
-        beat = beats[name] or {}
-        step = beat.get("checkpoint_step")
-        if step is not None and state["checkpoints"].get(name) != step:
+        beat = beats[name]
+        step = None if beat is None else beat.checkpoint_step
+        if beat is not None and step is not None and state["checkpoints"].get(name) != step:
             state["checkpoints"][name] = step
             events.append(dg.AssetMaterialization(
                 asset_key="learner_checkpoint", partition=learner_partition_key(exp, name),
-                metadata={"step": step, "attempt": beat.get("attempt", 0),
-                          "tokens_total": beat.get("tokens_total", 0),
-                          "versions": dg.MetadataValue.json(beat.get("versions", [])),
+                metadata={"step": step, "attempt": beat.attempt,
+                          "tokens_total": beat.tokens_total,
+                          "versions": dg.MetadataValue.json(list(beat.versions)),
                           "uri": dg.MetadataValue.path(artifacts.checkpoint_uri(name))}))
-        if beat.get("status") == "done":
+        if beat is not None and beat.status == "done":
             continue
         records = context.instance.get_run_records(
             filters=dg.RunsFilter(job_name="learner",
@@ -115,7 +117,8 @@ def _capacity(context: dg.SensorEvaluationContext, artifacts, cfg, notes: list[s
         tape = load_tape(artifacts, list(roster), chaos=cfg.orchestration.chaos,
                          log=context.log.warning)
         if tape is not None and tape.capacity_changes():
-            opened = (artifacts.latest_open_round() or {}).get("round")
+            latest = artifacts.latest_open_round()
+            opened = None if latest is None else latest.round
             for note in apply_tape(artifacts, cfg, tape, opened, now):
                 context.log.info(f"capacity: {note}")
                 notes.append(note)
@@ -221,7 +224,7 @@ def _supervise_syncer(context: dg.SensorEvaluationContext, artifacts, orch, stat
         tags={EXPERIMENT_TAG: exp, SYNCER_TAG: "1", "dagster/priority": "6"}), ""
 
 
-def _hung(record: dg.RunRecord, beat: dict, seen: dict, name: str, now: float,
+def _hung(record: dg.RunRecord, beat: Heartbeat | None, seen: dict, name: str, now: float,
           timeout: float) -> str | None:
     """Why a learner's in-progress run counts as hung, or None. A started run whose process
     wrote no heartbeat yet gets 3 timeouts (imports, restore, XLA compilation)."""
@@ -231,7 +234,7 @@ def _hung(record: dg.RunRecord, beat: dict, seen: dict, name: str, now: float,
     attempt = (run.run_config.get("ops", {}).get("run_learner", {}).get("config", {})
                .get("attempt"))
     silent = silent_for(seen, name, now)
-    if beat.get("attempt") == attempt and beat.get("status") in LIVE_STATUSES:
+    if beat is not None and beat.attempt == attempt and beat.status in LIVE_STATUSES:
         if silent is not None and silent > timeout:
             return f"heartbeat unchanged for {silent:.0f}s"
         return None

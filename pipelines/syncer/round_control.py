@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from diloco_core.config import ExperimentConfig
 from diloco_core.config_loading import config_from_mapping
+from diloco_core.round_records import RoundDecision
 from diloco_core.syncer_events import (
     Decide,
     FinishRun,
@@ -43,7 +44,7 @@ from diloco_core.syncer_machine import (
     step,
 )
 from diloco_core.syncer_state_codec import state_from_json, state_to_json
-from pipelines.offer_summary import describe_offer
+from pipelines.offer_summary import OfferSummary, describe_offer
 from pipelines.syncer.trace import SyncerTrace
 from resources.store.artifact_store import ArtifactStore, Conflict, RejectedArtifact
 
@@ -56,9 +57,9 @@ STOP_REQUEST_POLL_SECONDS = 2.0
 @dataclass
 class TickResult:
     state: dict
-    merges: list[dict] = field(default_factory=list)        # decision records to merge
+    merges: list[RoundDecision] = field(default_factory=list)   # decisions to merge
     opened: list[int] = field(default_factory=list)         # rounds opened this tick
-    offers: list[dict] = field(default_factory=list)        # new contribution manifests
+    offers: list[OfferSummary] = field(default_factory=list)    # new offers, described
     finished: bool = False
     reason: str = ""
 
@@ -90,7 +91,7 @@ class RoundController:
         # A float: the state's times are, and a replayed trace must read back what was decided.
         now = float(time.time() if now is None else now)
         typed = self._load(state)
-        remerge: list[dict] = []
+        remerge: list[RoundDecision] = []
         reported, self._reported = self._reported, set()
         if typed is None:
             typed, remerge, found = self._recover(SyncerState(self.store.experiment), now)
@@ -146,11 +147,11 @@ class RoundController:
 
     def _behind(self, state: SyncerState) -> bool:
         """Whether the store moved past the state (a tick wrote records, then failed)."""
-        latest = self.store.latest_open_record()
+        latest = self.store.latest_open_round()
         if latest is not None and latest.round != state.round:
             return True
         return (state.round >= 0 and not state.decided
-                and self.store.decision_record(state.round) is not None)
+                and self.store.get_decision(state.round) is not None)
 
     def _observe(self, state: SyncerState, now: float, result: TickResult,
                  reported: set[tuple[int, str]]) -> Observed:
@@ -159,7 +160,7 @@ class RoundController:
         names = cfg.learners.learner_names
         # Read concurrently, kept in the config's order (the machine sees the same `Observed`
         # whatever order the reads end in).
-        for name, (beat, why) in zip(names, store.heartbeat_records(names), strict=True):
+        for name, (beat, why) in zip(names, store.read_heartbeats(names), strict=True):
             beats[name] = beat
             if why is not None:
                 refused[name] = why     # reads as no heartbeat: the learner is not live
@@ -245,21 +246,15 @@ class RoundController:
             meta = self.store.version_meta(p.fragment, version) if version is not None else None
             found = (None if meta is None else
                      self.store.find_round_commit(p.fragment, p.round, version, meta))
-            members = [] if found is None else found[1].get("members")
-            out[p.round] = tuple(m for m in (members if isinstance(members, list) else ())
-                                 if isinstance(m, str))
+            out[p.round] = () if found is None else found[1].members
         return out
 
     def _versions_of(self, fragments) -> dict[int, VersionSeen]:
         out = {}
         for fragment in fragments:
-            meta = self.store.version_meta(fragment) or {}
-            merged = meta.get("round")
-            if isinstance(merged, int) and not isinstance(merged, bool):
-                members = meta.get("members")
-                out[fragment] = VersionSeen(merged, tuple(
-                    m for m in (members if isinstance(members, list) else ())
-                    if isinstance(m, str)))
+            meta = self.store.version_meta(fragment)
+            if meta is not None and meta.round is not None:
+                out[fragment] = VersionSeen(meta.round, meta.members)
         return out
 
     def _stop_request(self, state: SyncerState, now: float) -> StopRequest | None:
@@ -299,7 +294,7 @@ class RoundController:
             self.guard()
             store.put_decision(record.round, record)
             if record.members:
-                result.merges.append(record.to_json())
+                result.merges.append(record)
         elif isinstance(action, OpenRound):
             r = action.record.round
             # Offers already there were written before anyone could know the round: planted.
@@ -323,7 +318,7 @@ class RoundController:
 
     # ---- recovery -------------------------------------------------------------------------
     def _recover(self, state: SyncerState, now: float
-                 ) -> tuple[SyncerState, list[dict], set[tuple[int, str]]]:
+                 ) -> tuple[SyncerState, list[RoundDecision], set[tuple[int, str]]]:
         """Rebuild the state from the store (first tick, a lost state, or a state behind the
         store after a tick that wrote but did not return). Offers already in the store were
         reported before: they are not described again, and offers to an undecided round
@@ -331,11 +326,11 @@ class RoundController:
         whose merge is not published are returned to be requested again (the run key makes
         that idempotent). (state, decisions to merge again, offers already reported)"""
         store, P = self.store, self.cfg.sync.num_fragments
-        latest = store.latest_open_record()
+        latest = store.latest_open_round()
         if latest is None:
             return state, [], set()
         r = latest.round
-        decided = store.decision_record(r) is not None
+        decided = store.get_decision(r) is not None
         offered = store.list_contributions(r)
         remerge, pending = [], []
         payloads: dict[str, tuple[str, int]] = {}
@@ -344,7 +339,7 @@ class RoundController:
         # Payloads over the whole replay window (a replay from further back than 2P rounds
         # passed after a rebuild); merges to request again and bases from the last 2P.
         for k in range(max(0, r - REPLAY_WINDOW_VERSIONS * P), r + 1):
-            decision = store.decision_record(k)
+            decision = store.get_decision(k)
             if decision is None:
                 continue
             for learner, payload in decision.payloads.items():
@@ -353,7 +348,7 @@ class RoundController:
                 continue
             published = current[decision.fragment]
             if decision.members and published.round < k:
-                remerge.append(decision.to_json())
+                remerge.append(decision)
                 pending.append(Pending(k, decision.fragment, now, dict(decision.bases)))
             elif published.round == k:
                 # The merge a fragment's current version holds: its members' bases, as the
@@ -369,10 +364,10 @@ class RoundController:
             # Final rounds are the last ones opened: those already decided are done.
             decided_finals, k = 0, r
             while k >= 0:
-                record = store.round_open_record(k)
+                record = store.get_round_open(k)
                 if record is None or not record.final:
                     break
-                decided_finals += store.decision_record(k) is not None
+                decided_finals += store.get_decision(k) is not None
                 k -= 1
             asked = stop.get("final_left", 0)
             final_left = max(0, (asked if isinstance(asked, int) else 0) - decided_finals)

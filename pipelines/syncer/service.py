@@ -203,7 +203,7 @@ class SyncerService:
             # Several merges in one poll (a hand-over's backlog, a slow store): keep the lease
             # moving between them (at most one write a second).
             self.lease.renew()
-            self._merge(decision["round"])
+            self._merge(decision.round)
         self._maybe_eval(final=bool(self.state.get("finished")))
         return result.reason
 
@@ -278,9 +278,9 @@ class SyncerService:
         if outcome.committed and not outcome.already_committed:
             self.progress.merged += 1
             self.progress.merges_since_eval += 1
-            published, decided = record.get("published_at"), record.get("decided_at")
-            if published and decided:
-                self.progress.decision_to_publish.append(published - decided)
+            latency = record.latency(outcome.decision.decided_at)
+            if latency is not None:
+                self.progress.decision_to_publish.append(latency)
             if self.metrics is not None:     # after the commit: it never delays a publish
                 self.metrics.scalars(round_index, round_scalars(global_params_metadata(
                     self.store, record, outcome.decision, outcome.version, outcome.finite,
@@ -288,9 +288,9 @@ class SyncerService:
             self._prune(outcome.fragment, outcome.version, round_index)
         elif not outcome.committed:
             self.progress.not_merged += 1
-            self.log(f"round {round_index} not merged: {record.get('reason')}")
-        if record.get("rejected"):
-            self.log(f"round {round_index}: rejected {record['rejected']}")
+            self.log(f"round {round_index} not merged: {record.reason}")
+        if record.rejected:
+            self.log(f"round {round_index}: rejected {dict(record.rejected)}")
         return outcome
 
     def _prune(self, fragment: int, version: int, round_index: int) -> None:

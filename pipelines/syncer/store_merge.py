@@ -9,6 +9,7 @@ commit's record instead of merging twice. Non-finite merged parameters are never
 """
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from diloco_core.contribution import Contribution
 from diloco_core.fragments import FragmentPlan, plan_fragments
 from diloco_core.model import abstract_params, is_embedding
 from diloco_core.outer import outer_optimizer_for
+from diloco_core.round_records import RoundDecision
+from diloco_core.stored_merge import StoredMerge
 from diloco_core.syncer import FragmentState, all_finite, merge_fragment
 from pipelines.syncer.hooks import MergeHooks
 from resources.store.artifact_store import ArtifactStore, RejectedArtifact
@@ -38,8 +41,8 @@ class MergeOutcome:
     fragment: int
     committed: bool              # a new version was committed by this run or an earlier try
     version: int                 # the fragment's version after the round
-    record: dict                 # the merge record (members, weights, rejections, norms, ...)
-    decision: dict               # the quorum decision it executed
+    record: StoredMerge          # the merge record (members, weights, rejections, norms, ...)
+    decision: RoundDecision      # the quorum decision it executed
     finite: bool
     already_committed: bool = False
     seconds: float = 0.0
@@ -73,7 +76,7 @@ def _merge_of_a_decided_round(store: ArtifactStore, round_index, fragment: int) 
         decision = store.get_decision(round_index)
     except RejectedArtifact:
         return False
-    return decision is not None and decision.get("fragment") == fragment
+    return decision is not None and decision.fragment == fragment
 
 
 def merge_from_store(store: ArtifactStore, round_index: int,
@@ -93,7 +96,7 @@ def merge_from_store(store: ArtifactStore, round_index: int,
     decision = store.get_decision(round_index)
     if decision is None:
         raise MergeInputError(f"round {round_index} has no quorum decision in the store")
-    fragment = int(decision["fragment"])
+    fragment = decision.fragment
     names = plan.fragments[fragment]
     template = merge_plan.templates[fragment]
     try:
@@ -107,7 +110,7 @@ def merge_from_store(store: ArtifactStore, round_index: int,
                             already_committed=True)
     pending = store.version_meta(fragment, current.version + 1)
     if pending is not None:
-        pending_round = pending.get("round")
+        pending_round = pending.round
         guard()
         if pending_round == round_index:
             # An earlier attempt wrote this round's version but its pointer move was lost.
@@ -126,13 +129,13 @@ def merge_from_store(store: ArtifactStore, round_index: int,
         else:
             # Not the merge of a decided round of this fragment (a broken or foreign write).
             store.discard_unreferenced(fragment, current.version + 1)
-    committed_round = current.meta.get("round")
-    if isinstance(committed_round, int) and committed_round > round_index:
+    committed_round = current.meta.round
+    if committed_round is not None and committed_round > round_index:
         # A later round of this fragment already merged (this round's first attempt failed):
         # merging these older contributions on top now would apply stale progress twice over.
-        meta = {"round": round_index, "merged": False, "members": [], "rejected": {},
-                "reason": f"{decision['reason']}; NOT merged: round {committed_round} of this "
-                          "fragment was merged first"}
+        meta = StoredMerge(round=round_index, reason=(
+            f"{decision.reason}; NOT merged: round {committed_round} of this fragment was "
+            "merged first"))
         # Recorded like any round that committed nothing: the ledger and the run's checks
         # find why, instead of a decided round that never appears.
         guard()
@@ -140,8 +143,8 @@ def merge_from_store(store: ArtifactStore, round_index: int,
         return MergeOutcome(round_index, fragment, False, current.version, meta, decision, True)
 
     # Offers refused when they arrived (replays, copies) keep their reasons in the record.
-    contributions, refused = [], dict(decision.get("refused", {}))
-    digests = decision.get("digests", {})
+    contributions, refused = [], dict(decision.refused)
+    digests = decision.digests
 
     def load(learner: str) -> Contribution | str:
         """The member's verified contribution, or why it is refused."""
@@ -157,7 +160,7 @@ def merge_from_store(store: ArtifactStore, round_index: int,
             return f"unreadable: {type(err).__name__}: {str(err)[:200]}"
     # Read concurrently (M round trips at once, not one after another), merged in the
     # decision's order of members.
-    members = decision["members"]
+    members = decision.members
     for learner, loaded in zip(members, store.each(load, members), strict=True):
         if isinstance(loaded, str):
             refused[learner] = loaded
@@ -175,21 +178,19 @@ def merge_from_store(store: ArtifactStore, round_index: int,
                           current.version, current.outer_state, base_of)
     new_params, new_outer, record = merge_fragment(
         state, names, plan.num_fragments, round_index, fragment, contributions, cfg.sync, tx,
-        is_embedding, decision["reason"], decision.get("late", ()),
+        is_embedding, decision.reason, decision.late,
         reference_norm=previous_norm_per_step(current.meta),
-        average=bool(decision.get("final")) and cfg.outer.final_rounds == "average",
+        average=decision.final and cfg.outer.final_rounds == "average",
         step_tokens=dict(zip(cfg.learners.learner_names, cfg.learner_step_tokens, strict=True)))
     record = dataclasses.replace(record, rejected={**refused, **record.rejected})
-    meta = {**_jsonable(dataclasses.asdict(record)), "round": round_index,
-            "quorum_at": decision.get("quorum_at"), "decided_at": decision.get("decided_at"),
-            "decided_by": decision.get("decided_by", "sensor"), "merged_by": merged_by}
     finite = new_params is None or all_finite(new_params)
+    meta = StoredMerge.from_json({**_jsonable(dataclasses.asdict(record)), "round": round_index,
+                                  "merged_by": merged_by, "finite": bool(finite)})
     committed = False
     version = current.version
-    meta["finite"] = bool(finite)
     if new_params is not None and finite:
-        meta["merge_seconds"] = time.monotonic() - started
-        meta["published_at"] = time.time()
+        meta = dataclasses.replace(meta, merge_seconds=time.monotonic() - started,
+                                   published_at=time.time())
         hooks.at("before_commit")   # merged in memory, nothing written
         guard()
         store.commit_global(fragment, current.version + 1,
@@ -201,7 +202,8 @@ def merge_from_store(store: ArtifactStore, round_index: int,
         committed, version = True, current.version + 1
         hooks.at("after_commit")
     elif new_params is not None:
-        meta["reason"] = f"{meta['reason']}; NOT committed: merged parameters are not finite"
+        meta = dataclasses.replace(
+            meta, reason=f"{meta.reason}; NOT committed: merged parameters are not finite")
     if not committed:
         guard()
         store.put_round_not_merged(round_index, meta)
@@ -210,34 +212,38 @@ def merge_from_store(store: ArtifactStore, round_index: int,
 
 
 def record_unmergeable(store: ArtifactStore, round_index: int, error: BaseException,
-                       guard: Callable[[], None] | None = None) -> dict:
+                       guard: Callable[[], None] | None = None) -> StoredMerge:
     """Record that a decided round cannot be merged at all (its merge raised where every
     contribution's own problem is already caught: a bug, or input nothing foresaw), so the
     syncer moves on instead of crash-looping on the same round, and the token ledger finds
     the reason. Its members lose this round's contribution; nothing is committed."""
     try:
-        decision = store.get_decision(round_index) or {}
+        decision = store.get_decision(round_index)
     except RejectedArtifact:
-        decision = {}
+        decision = None
     why = f"merge failed: {type(error).__name__}: {str(error)[:300]}"
-    members = [m for m in decision.get("members", ()) if isinstance(m, str)]
-    meta = {"round": round_index, "fragment": decision.get("fragment"), "merged": False,
-            "members": [], "rejected": {m: why for m in members},
-            "reason": f"{decision.get('reason', 'decided')}; NOT merged: {why}"}
+    meta = StoredMerge(
+        round=round_index, fragment=None if decision is None else decision.fragment,
+        rejected={m: why for m in (() if decision is None else decision.members)},
+        reason=f"{'decided' if decision is None else decision.reason}; NOT merged: {why}")
     (guard or (lambda: None))()
     store.put_round_not_merged(round_index, meta)
     return meta
 
 
-def previous_norm_per_step(meta: dict) -> float | None:
+def previous_norm_per_step(meta: StoredMerge) -> float | None:
     """The median outer-gradient norm per inner step of the merge that made `meta`'s version
     (the screening reference for rounds with fewer than three contributions)."""
-    norms, steps = meta.get("outer_grad_norms") or [], meta.get("steps") or []
-    per_step = sorted(n / max(s, 1) for n, s in zip(norms, steps, strict=False) if n > 0)
+    per_step = sorted(n / max(s, 1) for n, s in zip(meta.outer_grad_norms, meta.steps,
+                                                     strict=False) if n > 0)
     return per_step[len(per_step) // 2] if per_step else None
 
 
 def _jsonable(value):
+    """Plain JSON values; a number that is not finite (the norms of a merge that came out NaN)
+    becomes None."""
+    if isinstance(value, float | np.floating) and not math.isfinite(value):
+        return None
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

@@ -297,8 +297,8 @@ def tamper_payload(store: ArtifactStore, round_index: int, learner: str, mode: s
     manifest = store.contribution_manifest(round_index, learner)
     from resources.store import layout
 
-    entry = manifest["objects"]["delta"]
-    key = f"{layout.contribution_dir(store.experiment, round_index, learner)}/{entry['name']}"
+    key = (f"{layout.contribution_dir(store.experiment, round_index, learner)}/"
+           f"{manifest.payload.name}")
     if mode == "truncated":
         data = store.blobs.read(key)
         store.blobs.write(key, data[: len(data) // 2])
@@ -307,15 +307,18 @@ def tamper_payload(store: ArtifactStore, round_index: int, learner: str, mode: s
         # checksum match), so only the reader's refusal to unpickle stands in the way.
         import json
 
+        from diloco_core.offer_manifest import PayloadObjects
         from resources.store.array_bundle import sha256
 
         # Padded to the original size (pickle.loads ignores what follows its STOP opcode), so
         # it also passes the reader's size bound and reaches the refusal to parse a non-archive.
-        payload = PICKLED_EMPTY_DICT.ljust(int(entry["size"]), b"\0")
+        payload = PICKLED_EMPTY_DICT.ljust(manifest.payload.size, b"\0")
         store.blobs.write(key, payload)
-        entry.update(size=len(payload), sha256=sha256(payload))
+        vouched = replace(manifest.payload, size=len(payload), sha256=sha256(payload))
+        manifest = replace(manifest, objects=PayloadObjects(vouched))
         directory = layout.contribution_dir(store.experiment, round_index, learner)
-        store.blobs.write(f"{directory}/{layout.MANIFEST}", json.dumps(manifest).encode())
+        store.blobs.write(f"{directory}/{layout.MANIFEST}",
+                          json.dumps(manifest.to_json()).encode())
     else:
         raise ValueError(f"cannot tamper a payload as {mode!r}")
 

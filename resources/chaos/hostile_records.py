@@ -29,9 +29,11 @@ import json
 import time
 import zipfile
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
+from diloco_core.offer_manifest import OfferManifest, PayloadObjects
 from resources.store import layout
 from resources.store.artifact_store import ArtifactStore
 
@@ -51,11 +53,10 @@ def npz(members: dict[str, bytes], deflate: bool = False, pad_to: int = 0) -> by
     return buffer.getvalue()
 
 
-def _declared(m: dict) -> int:
+def _declared(m: OfferManifest) -> int:
     """The array bytes a manifest declares (what the object must at least hold)."""
-    entry = m["objects"]["delta"]
     return sum(np.dtype(np.uint16 if d == "bfloat16" else d).itemsize
-               * int(np.prod(entry["shapes"][k])) for k, d in entry["dtypes"].items())
+               * int(np.prod(m.payload.shapes[k])) for k, d in m.payload.dtypes.items())
 
 
 def huge_npy_header() -> bytes:
@@ -66,24 +67,31 @@ def huge_npy_header() -> bytes:
     return buffer.getvalue()
 
 
-# manifest, put(manifest, payload) -> the manifest to write. `put` stores a payload and returns
-# the manifest vouching for it (size and checksum), so only deeper checks can refuse it.
-Attack = Callable[[dict, Callable[[dict, bytes], dict]], dict]
+# put(manifest, payload): stores a payload and returns the manifest vouching for it (size and
+# checksum), so only deeper checks can refuse it.
+Put = Callable[[OfferManifest, bytes], OfferManifest]
+# The honest manifest, put -> what to write: a manifest, or raw JSON no manifest could hold.
+Attack = Callable[[OfferManifest, Put], OfferManifest | dict]
 
 
-def _members(m: dict) -> list[str]:
-    return list(m["objects"]["delta"]["dtypes"])
+def _members(m: OfferManifest) -> list[str]:
+    return list(m.payload.dtypes)
 
 
-def _same_bytes_other_dtype(m: dict, put: Callable[[dict, bytes], dict]) -> dict:
+def _with_payload(m: OfferManifest, **changes) -> OfferManifest:
+    """The manifest with its payload object's fields changed (built, not validated: the
+    reader's checks are what the attack is for)."""
+    return replace(m, objects=PayloadObjects(replace(m.payload, **changes)))
+
+
+def _same_bytes_other_dtype(m: OfferManifest, put: Put) -> OfferManifest:
     """Every array re-declared as another dtype of the same byte count (float64 for float32
     values, float32 for bf16 ones, floats for int8 codes): sizes, checksums and the bundle's
     own dtype checks all agree; only what the bytes mean is wrong."""
-    entry = m["objects"]["delta"]
     dtypes, shapes, members = {}, {}, {}
-    for name, dtype in entry["dtypes"].items():
+    for name, dtype in m.payload.dtypes.items():
         nbytes = np.dtype(np.uint16 if dtype == "bfloat16" else dtype).itemsize * int(
-            np.prod(entry["shapes"][name]))
+            np.prod(m.payload.shapes[name]))
         other = next(d for d in ("float64", "float32", "float16", "uint8")
                      if d != dtype and nbytes % np.dtype(d).itemsize == 0)
         values = np.zeros(nbytes // np.dtype(other).itemsize, dtype=other)
@@ -91,26 +99,23 @@ def _same_bytes_other_dtype(m: dict, put: Callable[[dict, bytes], dict]) -> dict
         np.lib.format.write_array(buffer, values, allow_pickle=False)
         members[f"{name}.npy"] = buffer.getvalue()
         dtypes[name], shapes[name] = other, list(values.shape)
-    return put({**m, "objects": {"delta": {**entry, "dtypes": dtypes, "shapes": shapes}}},
-               npz(members))
+    return put(_with_payload(m, dtypes=dtypes, shapes=shapes), npz(members))
 
 
 CONTRIBUTION_ATTACKS: dict[str, Attack] = {
     "right size, wrong dtype": _same_bytes_other_dtype,
-    "tensors is a string": lambda m, put: {**m, "tensors": "abc"},
-    "objects is a list": lambda m, put: {**m, "objects": []},
-    "object name climbs": lambda m, put: {
-        **m, "objects": {"delta": {**m["objects"]["delta"], "name": "../../CURRENT"}}},
-    "tokens of 400 digits": lambda m, put: {**m, "tokens": 10 ** 400},
-    "more tokens than its steps": lambda m, put: {**m, "tokens": m["tokens"] * 1000},
+    "tensors is a string": lambda m, put: {**m.to_json(), "tensors": "abc"},
+    "objects is a list": lambda m, put: {**m.to_json(), "objects": []},
+    "object name climbs": lambda m, put: _with_payload(m, name="../../CURRENT"),
+    "tokens of 400 digits": lambda m, put: replace(m, tokens=10 ** 400),
+    "more tokens than its steps": lambda m, put: replace(m, tokens=m.tokens * 1000),
     # Each padded to the size the manifest declares, so that the first size check passes and
     # the one each is meant for is reached: the header's shape, the member's inflation, the
     # parse.
     "npy header of 10^13 values": lambda m, put: put(m, npz(
         {f"{k}.npy": huge_npy_header() for k in _members(m)}, pad_to=_declared(m))),
     "manifest declares 10^13 values": lambda m, put: put(
-        {**m, "objects": {"delta": {**m["objects"]["delta"], "shapes": {
-            k: [10 ** 13] for k in m["objects"]["delta"]["shapes"]}}}},
+        _with_payload(m, shapes={k: (10 ** 13,) for k in m.payload.shapes}),
         npz({f"{k}.npy": huge_npy_header() for k in _members(m)})),
     # One member that inflates to 16 MiB from ~16 KiB (a learner builds it in memory).
     "zip bomb": lambda m, put: put(m, npz(
@@ -149,14 +154,13 @@ CLAIM_ATTACKS: dict[str, Callable[[dict], dict]] = {
 }
 
 
-def _scaled_payload(m: dict, payload: bytes, factor: float) -> tuple[dict, bytes]:
+def _scaled_payload(m: OfferManifest, payload: bytes, factor: float) -> bytes:
     """The template's arrays with every float value (bf16 and fp32 values, intN scales)
     multiplied by `factor`: a fresh payload (no replay) that moves the model `factor` times
     further than the honest one it came from."""
     import ml_dtypes
 
-    entry = m["objects"]["delta"]
-    members, dtypes = {}, dict(entry["dtypes"])
+    members, dtypes = {}, dict(m.payload.dtypes)
     with np.load(io.BytesIO(payload), allow_pickle=False) as arrays:
         for name in arrays.files:
             value = arrays[name]
@@ -168,25 +172,23 @@ def _scaled_payload(m: dict, payload: bytes, factor: float) -> tuple[dict, bytes
             buffer = io.BytesIO()
             np.lib.format.write_array(buffer, np.ascontiguousarray(value), allow_pickle=False)
             members[f"{name}.npy"] = buffer.getvalue()
-    return m, npz(members)
+    return npz(members)
 
 
-def _trillion_steps(m: dict, put: Callable[[dict, bytes], dict], payload: bytes,
-                    current_version: int) -> dict:
+def _trillion_steps(m: OfferManifest, put: Put, payload: bytes,
+                    current_version: int) -> OfferManifest:
     """Claims 10^12 steps (tokens to match: weight 1.0 against its peers' 0.0 under
     tokens^2 / steps) on a delta 10^6 times its honest one, on the current version."""
-    per_step = max(1, m["tokens"] // max(1, m["steps"]))
-    m, data = _scaled_payload(m, payload, 1e6)
-    return put({**m, "steps": 10 ** 12, "tokens": 10 ** 12 * per_step,
-                "base_version": current_version}, data)
+    per_step = max(1, m.tokens // max(1, m.steps))
+    return put(replace(m, steps=10 ** 12, tokens=10 ** 12 * per_step,
+                       base_version=current_version), _scaled_payload(m, payload, 1e6))
 
 
-def _replay_on_version_0(m: dict, put: Callable[[dict, bytes], dict], payload: bytes,
-                         current_version: int) -> dict:
+def _replay_on_version_0(m: OfferManifest, put: Put, payload: bytes,
+                         current_version: int) -> OfferManifest:
     """A fresh payload (its honest delta, slightly changed) on version 0: under the "global"
     anchor the merge adds Theta_current - Theta_0, pulling the fragment back to its start."""
-    m, data = _scaled_payload(m, payload, 1.01)
-    return put({**m, "base_version": 0}, data)
+    return put(replace(m, base_version=0), _scaled_payload(m, payload, 1.01))
 
 
 # Attacks on the round open for offers (the only ones that reach a decision: offers planted
@@ -196,16 +198,16 @@ OPEN_ROUND_ATTACKS = {
     "a trillion steps and a huge delta": _trillion_steps,
     "fresh payload on version 0": _replay_on_version_0,
     "replay of its own old offer": lambda m, put, payload, v: put(
-        {**m, "base_version": v}, payload),
+        replace(m, base_version=v), payload),
 }
 
 # Manifest fields only an observer reads (the sensor's description of an offer, the Dagster
 # mirror, the metadata plots): written into its own offer to the open round.
 FIELD_ATTACKS = {
-    "train loss of 400 digits": lambda m: {**m, "extra": {"train_loss": 10 ** 400}},
-    "fragment -1": lambda m: {**m, "fragment": -1},
-    "fragment 10^300": lambda m: {**m, "fragment": 10 ** 300},
-    "extra is a list": lambda m: {**m, "extra": [1, 2, 3]},
+    "train loss of 400 digits": lambda m: replace(m, extra={"train_loss": 10 ** 400}),
+    "fragment -1": lambda m: replace(m, fragment=-1),
+    "fragment 10^300": lambda m: replace(m, fragment=10 ** 300),
+    "extra is a list": lambda m: {**m.to_json(), "extra": [1, 2, 3]},
 }
 
 # Offer attacks in the order they are tried: those on what the merge believes (counters,
@@ -279,14 +281,16 @@ class HostileWriter:
     # ---- offers --------------------------------------------------------------------------------
     def _open_round(self) -> int | None:
         """The round open for offers now, if this learner has not offered to it."""
-        latest = (self.store.latest_open_round() or {}).get("round")
+        latest = self.store.latest_open_round()
+        latest = None if latest is None else latest.round
         if not isinstance(latest, int) or self.store.get_decision(latest) is not None:
             return None
         if self.learner in self.store.list_contributions(latest) or self._taken(latest):
             return None
         return latest
 
-    def _template(self, fragment: int, before: int) -> tuple[int, dict, bytes] | None:
+    def _template(self, fragment: int, before: int
+                  ) -> tuple[int, OfferManifest, bytes] | None:
         """This learner's newest honest offer of `fragment` before round `before`: (round,
         manifest, payload)."""
         for r in range(before - 1, max(-1, before - 16 * self.num_fragments), -1):
@@ -296,15 +300,14 @@ class HostileWriter:
                 m = self.store.contribution_manifest(r, self.learner)
             except Exception:  # noqa: BLE001 - damaged: look further back
                 continue
-            if not m or not isinstance(m.get("objects"), dict) or "delta" not in m["objects"]:
+            if m is None:
                 continue
             directory = layout.contribution_dir(self.store.experiment, r, self.learner)
             try:
-                payload = self.store.blobs.read(f"{directory}/{m['objects']['delta']['name']}")
+                payload = self.store.blobs.read(f"{directory}/{m.payload.name}")
             except Exception:  # noqa: BLE001 - damaged or gone: look further back
                 continue
-            if isinstance(m.get("tensors"), list) and isinstance(m.get("tokens"), int):
-                return r, m, payload
+            return r, m, payload
         return None
 
     def _plant(self, kind: str) -> bool:
@@ -317,20 +320,20 @@ class HostileWriter:
             return False
         directory = layout.contribution_dir(self.store.experiment, target, self.learner)
 
-        def put(m: dict, data: bytes) -> dict:
-            e = m["objects"]["delta"]
-            self.store.blobs.write(f"{directory}/{e['name']}", data)
-            return {**m, "objects": {"delta": {**e, "size": len(data),
-                                               "sha256": hashlib.sha256(data).hexdigest()}}}
-
+        put = _putter(self.store, directory)
         if kind == "copy of a peer's offer":
             peers = [n for n in self.store.list_contributions(target) if n != self.learner]
             if not peers:
                 return False
+            try:
+                manifest = self.store.contribution_manifest(target, peers[0])
+            except Exception:  # noqa: BLE001 - a peer's damaged offer: nothing to copy
+                return False
+            if manifest is None:
+                return False
             source = layout.contribution_dir(self.store.experiment, target, peers[0])
-            manifest = json.loads(self.store.blobs.read(f"{source}/{layout.MANIFEST}"))
-            data = self.store.blobs.read(f"{source}/{manifest['objects']['delta']['name']}")
-            hostile = put({**manifest, "learner": self.learner}, data)
+            data = self.store.blobs.read(f"{source}/{manifest.payload.name}")
+            hostile = put(replace(manifest, learner=self.learner), data)
         else:
             fragment = target % self.num_fragments
             found = self._template(fragment, target)
@@ -340,17 +343,15 @@ class HostileWriter:
             current = self.store.current_version(fragment) or 0
             # On the current version, as a learner that received it would offer: what reaches
             # the checks is the damage, not a stale base.
-            manifest = {**manifest, "round": target, "base_version": current}
+            manifest = replace(manifest, round=target, base_version=current)
             if kind in OPEN_ROUND_ATTACKS:
                 hostile = OPEN_ROUND_ATTACKS[kind](manifest, put, payload, current)
             elif kind in FIELD_ATTACKS:
-                hostile = FIELD_ATTACKS[kind](put({**manifest, "base_version": current},
-                                                  payload))
+                hostile = FIELD_ATTACKS[kind](put(manifest, payload))
             else:
-                self.store.blobs.write(f"{directory}/{manifest['objects']['delta']['name']}",
-                                       payload)
+                self.store.blobs.write(f"{directory}/{manifest.payload.name}", payload)
                 hostile = CONTRIBUTION_ATTACKS[kind](manifest, put)
-        self.store.blobs.write(f"{directory}/{layout.MANIFEST}", json.dumps(hostile).encode())
+        _write_manifest(self.store, directory, hostile)
         self.targets.append({"round": target, "kind": kind})
         return True
 
@@ -369,16 +370,24 @@ def damage_offer(store: ArtifactStore, round_index: int, learner: str, kind: str
     """Rewrite `learner`'s committed offer to `round_index` with the contribution attack
     `kind`, raw, around the store's write-once rule (as a learner owning its prefix can)."""
     directory = layout.contribution_dir(store.experiment, round_index, learner)
-    manifest = json.loads(store.blobs.read(f"{directory}/{layout.MANIFEST}"))
+    manifest = store.contribution_manifest(round_index, learner)
+    _write_manifest(store, directory,
+                    CONTRIBUTION_ATTACKS[kind](manifest, _putter(store, directory)))
 
-    def put(m: dict, data: bytes) -> dict:
-        e = m["objects"]["delta"]
-        store.blobs.write(f"{directory}/{e['name']}", data)
-        return {**m, "objects": {"delta": {**e, "size": len(data),
-                                           "sha256": hashlib.sha256(data).hexdigest()}}}
 
-    hostile = CONTRIBUTION_ATTACKS[kind](manifest, put)
-    store.blobs.write(f"{directory}/{layout.MANIFEST}", json.dumps(hostile).encode())
+def _putter(store: ArtifactStore, directory: str) -> Put:
+    """`put` for offers under `directory`: the payload written beside the manifest, and the
+    manifest vouching for it."""
+    def put(m: OfferManifest, data: bytes) -> OfferManifest:
+        store.blobs.write(f"{directory}/{m.payload.name}", data)
+        return _with_payload(m, size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    return put
+
+
+def _write_manifest(store: ArtifactStore, directory: str, hostile: OfferManifest | dict) -> None:
+    """Raw, around the store's checks (as a learner owning its prefix can)."""
+    body = hostile if isinstance(hostile, dict) else hostile.to_json()
+    store.blobs.write(f"{directory}/{layout.MANIFEST}", json.dumps(body).encode())
 
 
 def read_log(store: ArtifactStore, learner: str) -> dict | None:

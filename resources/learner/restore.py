@@ -212,7 +212,7 @@ def _corroborated_step(store: LearnerView, peer: str, use_ocdbt: bool, leader: b
     beat, why = store.read_heartbeat(peer)
     if beat is None:
         return None, f"no readable heartbeat ({why or 'none written'}) to corroborate its steps"
-    vouching = beat.get("step", 0)
+    vouching = beat.step
     vouched = [s for s in steps if s <= vouching]
     if not vouched:
         return None, (f"uncorroborated step: checkpoint step {steps[-1]} is past its heartbeat's "

@@ -43,6 +43,7 @@ from diloco_core.config_loading import config_from_mapping
 from diloco_core.learner import FragmentSync, LearnerSync
 from diloco_core.learner_protocol import OfferBook
 from diloco_core.ledger import AttemptLedger
+from diloco_core.round_records import RoundOpen
 from diloco_core.shards import learner_data
 from diloco_core.spmd import host_value, shard_batch
 from resources.compile_cache import enable_compilation_cache
@@ -62,6 +63,7 @@ from resources.learner.shared_link import SharedLink
 from resources.learner.store_link import StoreLink
 from resources.store.checkpoints import LearnerCheckpoints
 from resources.store.learner_view import LearnerView
+from resources.store.store_base import RejectedArtifact
 
 Log = Callable[[str], None]
 PROGRESS_SECONDS = 30.0   # how often a progress line goes to the log (Dagster's run log)
@@ -155,11 +157,10 @@ class LearnerRuntime:
         # have offered the round that is open now.
         if self.lockstep.leader:
             latest = self.store.latest_open_round()
-            if latest is not None and self.store.contribution_manifest(latest["round"],
-                                                                       self.name) is not None:
-                answered = max(answered, latest["round"])
-            previous = self.store.get_heartbeat(self.name) or {}
-            self.tokens_total = int(previous.get("tokens_total", 0))
+            if latest is not None and self._offered(latest.round):
+                answered = max(answered, latest.round)
+            previous = self.store.get_heartbeat(self.name)
+            self.tokens_total = 0 if previous is None else previous.tokens_total
         else:
             self.tokens_total = 0
         answered, self.tokens_total = self.lockstep.ints([answered, self.tokens_total])
@@ -240,8 +241,8 @@ class LearnerRuntime:
                 self._apply_merged()
                 stop = self.link.stop
                 offered = self._maybe_offer()
-                if offered is not None and offered.get("final"):
-                    final_offered.add(offered["fragment"])
+                if offered is not None and offered.final:
+                    final_offered.add(offered.fragment)
                 if stop is not None:
                     if stop_seen_at is None:
                         seen_here = time.monotonic()
@@ -353,27 +354,35 @@ class LearnerRuntime:
                                                   arrival.merged_round, fate)
             self.ledger = self.ledger.received(p, keeps_local=s.receive_rule == "rebase")
 
-    def _maybe_offer(self) -> dict | None:
+    def _offered(self, round_index: int) -> bool:
+        """Whether this learner's offer to the round is in the store: a manifest the store
+        refuses counts too (offers are write-once: another could not land)."""
+        try:
+            return self.store.contribution_manifest(round_index, self.name) is not None
+        except RejectedArtifact:
+            return True
+
+    def _maybe_offer(self) -> RoundOpen | None:
         rnd = self.link.open_round
         if rnd is None:
             return None
-        p = rnd["fragment"]
+        p = rnd.fragment
         # The protocol's offer rule: counters run from the last receipt of the fragment, so
         # while an offer of it awaits its merge a second offer would count its tokens twice.
         self._settle()
-        choice = self.book.choice(rnd["round"], p, bool(rnd.get("final")),
+        choice = self.book.choice(rnd.round, p, rnd.final,
                                   self.sync.fragments[p].steps, stopped=self.link.stop is not None)
         if choice in ("answered", "wait"):
             return None
         if choice == "decline":
-            self.book = self.book.declined_round(rnd["round"])
+            self.book = self.book.declined_round(rnd.round)
             self._beat()
             return rnd
         s = self.cfg.sync
         contribution = None
         if not self.lockstep.multi:
             contribution = self.sync.contribution(self.train.params, self.model.plan, p,
-                                                  rnd["round"], int(self.train.step),
+                                                  rnd.round, int(self.train.step),
                                                   self._clock(), s.encoding,
                                                   s.encoding_block_size)
         else:
@@ -387,15 +396,15 @@ class LearnerRuntime:
                 fragments[p] = dataclasses.replace(fragments[p], anchor=anchor)
                 contribution = dataclasses.replace(self.sync, fragments=tuple(fragments)
                                                    ).contribution(
-                    params, self.model.plan, p, rnd["round"], int(self.train.step), self._clock(),
+                    params, self.model.plan, p, rnd.round, int(self.train.step), self._clock(),
                     s.encoding, s.encoding_block_size)
         if s.receive_rule == "rebase":
-            self.sync = self.sync.after_offer(self.train.params, self.model.plan, p, rnd["round"])
-        self.ledger, claim = self.ledger.offered(p, rnd["round"])
-        self.book = self.book.offered(rnd["round"], p, self.sync.fragments[p].version,
+            self.sync = self.sync.after_offer(self.train.params, self.model.plan, p, rnd.round)
+        self.ledger, claim = self.ledger.offered(p, rnd.round)
+        self.book = self.book.offered(rnd.round, p, self.sync.fragments[p].version,
                                       int(self.train.step), self._now())
         extra = {"train_loss": self.progress.last_loss, "attempt": self.attempt, "claim": claim}
-        contribution, after_put, marks = self.hooks.offer(contribution, rnd["round"])
+        contribution, after_put, marks = self.hooks.offer(contribution, rnd.round)
         extra.update(marks)
         self.link.offer(contribution, extra, after_put, record=self.attempt_record())
         return rnd
@@ -414,7 +423,7 @@ class LearnerRuntime:
         if not self.cfg.sync.block_on_overlap:
             return False
         rnd = self.link.open_round
-        self.book = self.book.saw_round(-1 if rnd is None else rnd["round"], self.tokens_total)
+        self.book = self.book.saw_round(-1 if rnd is None else rnd.round, self.tokens_total)
         self._settle()
         return self.book.must_wait(int(self.train.step), self.tokens_total,
                                    self.cfg.learner_step_tokens[self.index], self.cfg)

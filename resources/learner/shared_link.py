@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from diloco_core.round_records import RoundOpen
 from resources.learner.lockstep import Lockstep
 from resources.learner.store_link import MERGES_LOOKED_BACK, Arrival, StoreLink
 
@@ -33,7 +34,7 @@ class SharedLink:
         self._origin = time.monotonic()
         self.superseded_by: int | None = None
         self.stop: dict | None = None
-        self.open_round: dict | None = None
+        self.open_round: RoundOpen | None = None
         self.now = 0.0   # the leader's monotonic clock at the last sync (seconds)
         self._merged: dict[int, Arrival] = {}
 
@@ -57,9 +58,9 @@ class SharedLink:
             # 0: train on; 1: STOP (the run ends); 2: this learner leaves (capacity reclaimed).
             halt = 0 if stop is None else (2 if stop.get("leave") else 1)
             words[:6] = [NONE if superseded is None else superseded, halt,
-                         NONE if rnd is None else int(rnd["round"]),
-                         0 if rnd is None else int(rnd["fragment"]),
-                         int(bool(rnd and rnd.get("final"))),
+                         NONE if rnd is None else rnd.round,
+                         0 if rnd is None else rnd.fragment,
+                         int(rnd is not None and rnd.final),
                          int((time.monotonic() - self._origin) * 1e6)]
             for p, arrival in merged.items():
                 kept = sorted(arrival.merged_with.items())[-PAIRS:]
@@ -82,9 +83,9 @@ class SharedLink:
             self.stop = (None if not has_stop else
                          {"reason": "the leader read a leave request", "leave": True}
                          if has_stop == 2 else {"reason": "the leader read a stop record"})
+            # The leader's record, as far as the followers need it (its time is the leader's).
             self.open_round = (None if round_index == NONE else
-                               {"round": round_index, "fragment": fragment,
-                                "final": bool(final)})
+                               RoundOpen(round_index, fragment, 0.0, final=bool(final)))
         for p in range(P):
             at = 6 + PER_FRAGMENT * p
             arrived, version, merged_round, complete = words[at:at + 4]

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from diloco_core.contribution import Contribution
+from diloco_core.round_records import RoundOpen
+from diloco_core.stored_merge import StoredMerge
 from resources.learner.hooks import AfterPut
 from resources.store.artifact_store import Conflict, RejectedArtifact
 from resources.store.learner_view import LearnerView
@@ -46,7 +48,7 @@ class Polled:
     round from one poll beside a STOP from another): the OPEN round, STOP, and a leave request
     (once asked to leave, the learner leaves)."""
 
-    open_round: dict | None = None
+    open_round: RoundOpen | None = None
     stop: dict | None = None
     leave: dict | None = None
 
@@ -104,7 +106,7 @@ class StoreLink:
         return merged
 
     @property
-    def open_round(self) -> dict | None:
+    def open_round(self) -> RoundOpen | None:
         with self._lock:
             return self._polled.open_round
 
@@ -122,10 +124,9 @@ class StoreLink:
         an offer (its progress would count twice when the new attempt offers the same steps
         from its checkpoint) and not a checkpoint (the new attempt may be restoring it)."""
         if self.superseded_by is None:
-            current = self.store.get_heartbeat(self.learner) or {}
-            attempt = current.get("attempt")
-            if isinstance(attempt, int) and attempt > self.attempt:
-                self.superseded_by = attempt
+            current = self.store.get_heartbeat(self.learner)
+            if current is not None and current.attempt > self.attempt:
+                self.superseded_by = current.attempt
         return self.superseded_by is not None
 
     def close(self, timeout: float = 60.0) -> None:
@@ -218,9 +219,8 @@ class StoreLink:
             # heartbeat landing in between is never overwritten (it fails here, and the next
             # try reads it and steps aside).
             current, generation = self.store.heartbeat_generation(self.learner)
-            current = current or {}
-            if int(current.get("attempt", -1)) > self.attempt:
-                self.superseded_by = int(current["attempt"])
+            if current is not None and current.attempt > self.attempt:
+                self.superseded_by = current.attempt
                 return
             self.store.put_heartbeat(self.learner, beat, if_generation=generation)
         except Exception as err:  # noqa: BLE001 - the next heartbeat will try again
@@ -243,19 +243,18 @@ class StoreLink:
                                           if last is not None else "capacity reclaimed"),
                 "time": last.at if last is not None else None}
 
-    def _merged_with(self, fragment: int, version: int, meta: Mapping[str, Any]
+    def _merged_with(self, fragment: int, version: int, meta: StoredMerge
                      ) -> tuple[dict[int, bool], bool]:
         """Round -> whether its merge took this learner's offer, for the versions since the
         last one known (the skipped ones' metadata read too, at most MERGES_LOOKED_BACK), and
         whether that covers every one of them."""
         first = max(self._known[fragment] + 1, version - MERGES_LOOKED_BACK)
-        metas = [meta] + [self.store.version_meta(fragment, v) or {}
+        metas = [meta] + [self.store.version_meta(fragment, v) or StoredMerge()
                           for v in range(first, version)]
         out = {}
         for m in metas:
-            r, members = m.get("round"), m.get("members")
-            if isinstance(r, int) and not isinstance(r, bool) and isinstance(members, list):
-                out[r] = self.learner in members
+            if m.round is not None:
+                out[m.round] = self.learner in m.members
         return out, first == self._known[fragment] + 1 and len(out) == len(metas)
 
     def _poll(self) -> None:
@@ -268,10 +267,8 @@ class StoreLink:
                 version = self.store.current_version(p)
                 if version is not None and version > self._known[p]:
                     fragment = self.store.load_global(p, version)
-                    merged_round = fragment.meta.get("round")
                     merged_with, complete = self._merged_with(p, version, fragment.meta)
-                    arrived[p] = Arrival(version, fragment.params,
-                                         merged_round if isinstance(merged_round, int) else None,
+                    arrived[p] = Arrival(version, fragment.params, fragment.meta.round,
                                          merged_with, complete)
                     self.bytes_down += sum(v.nbytes for v in fragment.params.values())
         except Exception as err:  # noqa: BLE001 - a failed poll is retried next cycle

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from diloco_core.round_records import RecordError
+from diloco_core.stored_merge import StoredMerge
 from resources.store import layout
 from resources.store.blobs import PreconditionFailed
 from resources.store.store_base import (
@@ -28,7 +30,7 @@ class GlobalFragment:
     version: int
     params: dict[str, np.ndarray]
     outer_state: Any                 # optax state in the template's structure, or a leaf list
-    meta: dict
+    meta: StoredMerge
 
 
 class GlobalVersions(StoreBase):
@@ -44,7 +46,7 @@ class GlobalVersions(StoreBase):
                       if key.endswith("/" + layout.MANIFEST))
 
     def commit_global(self, fragment: int, version: int, params: Mapping[str, Any],
-                      outer_state: Any, meta: Mapping[str, Any] | None = None,
+                      outer_state: Any, meta: StoredMerge | Mapping[str, Any] | None = None,
                       move_pointer: bool = True) -> None:
         """Commit version `version` of a fragment and move its pointer there.
 
@@ -65,7 +67,7 @@ class GlobalVersions(StoreBase):
         }
         manifest = {"format": FORMAT, "kind": "global_fragment", "experiment": self.experiment,
                     "fragment": fragment, "version": version, "objects": objects,
-                    "meta": dict(meta or {})}
+                    "meta": _merge_record(meta or {}).to_json()}
         self._write_once(f"{directory}/{layout.MANIFEST}", _json_bytes(manifest))
         if move_pointer:
             self._move_pointer(fragment, version)
@@ -93,30 +95,30 @@ class GlobalVersions(StoreBase):
             if self.current_version(fragment) != version:
                 raise Conflict(f"fragment {fragment}: the pointer moved concurrently") from None
 
-    def version_meta(self, fragment: int, version: int | None = None) -> dict | None:
+    def version_meta(self, fragment: int, version: int | None = None) -> StoredMerge | None:
         """The `meta` of a committed version (default: the current one) without reading its
         arrays, or None if there is no such manifest."""
         if version is None:
             version = self.current_version(fragment)
             if version is None:
                 return None
-        manifest = self._read_json(
-            f"{layout.version_dir(self.experiment, fragment, version)}/{layout.MANIFEST}")
-        return None if manifest is None else dict(manifest.get("meta") or {})
+        key = f"{layout.version_dir(self.experiment, fragment, version)}/{layout.MANIFEST}"
+        manifest = self._read_json(key)
+        return None if manifest is None else _stored_meta(key, manifest)
 
-    def find_round_commit(self, fragment: int, round_index: int, version: int, meta: dict
-                          ) -> tuple[int, dict] | None:
+    def find_round_commit(self, fragment: int, round_index: int, version: int,
+                          meta: StoredMerge) -> tuple[int, StoredMerge] | None:
         """The committed version of this round, searching back from `version` (whose meta is
         `meta`) while the versions belong to this round or later ones (merges of a fragment
         commit in round order). None when the fragment moved past the round without it."""
         while version > 0:
-            committed = meta.get("round")
+            committed = meta.round
             if committed == round_index:
                 return version, meta
             if not isinstance(committed, int) or committed < round_index:
                 return None
             version -= 1
-            meta = self.version_meta(fragment, version) or {}
+            meta = self.version_meta(fragment, version) or StoredMerge()
         return None
 
     def adopt_version(self, fragment: int, version: int) -> None:
@@ -145,9 +147,11 @@ class GlobalVersions(StoreBase):
             if version is None:
                 raise KeyError(f"fragment {fragment} has no committed version")
         directory = layout.version_dir(self.experiment, fragment, version)
-        manifest = self._read_json(f"{directory}/{layout.MANIFEST}")
+        key = f"{directory}/{layout.MANIFEST}"
+        manifest = self._read_json(key)
         if manifest is None:
             raise KeyError(f"fragment {fragment} version {version} is not committed")
+        meta = _stored_meta(key, manifest)
         objects = manifest["objects"]
         try:
             params = self._read_object(f"{directory}/{objects['params']['name']}",
@@ -165,7 +169,7 @@ class GlobalVersions(StoreBase):
             outer_state = jax.tree_util.tree_unflatten(treedef, leaves)
         else:
             outer_state = leaves
-        return GlobalFragment(fragment, version, params, outer_state, manifest["meta"])
+        return GlobalFragment(fragment, version, params, outer_state, meta)
 
     # Retention deletes arrays only. Every manifest and record stays: the token ledger and the
     # run summary read the meta of every version and the manifest of every offer, and they are
@@ -183,3 +187,18 @@ class GlobalVersions(StoreBase):
                            f"current version ({current})")
         return self._prune(layout.version_dir(self.experiment, fragment, version), reason)
 
+
+
+def _merge_record(meta: StoredMerge | Mapping[str, Any]) -> StoredMerge:
+    return meta if isinstance(meta, StoredMerge) else StoredMerge.from_json(meta)
+
+
+def _stored_meta(key: str, manifest: Mapping[str, Any]) -> StoredMerge:
+    """A version manifest's merge record, validated. One that does not validate (a foreign or
+    broken write: only the merge writes them, and it validates first) reads as the merge of
+    no round, its reason the refusal, so that every reader skips it and goes on (the merge
+    discards such a version at the next commit), instead of failing every tick."""
+    try:
+        return StoredMerge.from_json(manifest.get("meta") or {})
+    except RecordError as err:
+        return StoredMerge(reason=f"refused: {key}: {err}"[:4096])

@@ -49,7 +49,7 @@ class LearnerRecords(StoreBase):
         except PreconditionFailed:
             raise Conflict(f"{learner}'s heartbeat was written concurrently") from None
 
-    def heartbeat_generation(self, learner: str) -> tuple[dict | None, int]:
+    def heartbeat_generation(self, learner: str) -> tuple[Heartbeat | None, int]:
         """The heartbeat (None if absent or refused) and the generation it was read at (0: no
         heartbeat yet), for a conditional `put_heartbeat`."""
         key = layout.heartbeat(self.experiment, learner)
@@ -63,15 +63,10 @@ class LearnerRecords(StoreBase):
                 return beat, info.generation
         raise Conflict(f"{learner}'s heartbeat keeps changing")
 
-    def read_heartbeat(self, learner: str) -> tuple[dict | None, str | None]:
+    def read_heartbeat(self, learner: str) -> tuple[Heartbeat | None, str | None]:
         """(the learner's validated heartbeat or None, why it was refused or None). A learner
         writes it: a malformed one reads as no heartbeat (the learner is not live) plus the
         reason, never as an error that would stop the reader."""
-        beat, why = self.heartbeat_record(learner)
-        return (None if beat is None else beat.to_json()), why
-
-    def heartbeat_record(self, learner: str) -> tuple[Heartbeat | None, str | None]:
-        """`read_heartbeat` as the typed record."""
         try:
             return self._read_typed(layout.heartbeat(self.experiment, learner), Heartbeat), None
         except RejectedArtifact as err:
@@ -81,12 +76,13 @@ class LearnerRecords(StoreBase):
             # own record, so its own refusal, never the reader's failure.
             return None, f"unreadable: {type(err).__name__}: {str(err)[:200]}"
 
-    def heartbeat_records(self, learners: Sequence[str]
-                          ) -> list[tuple[Heartbeat | None, str | None]]:
-        """`heartbeat_record` of each learner, in the order given, read concurrently."""
-        return self.each(self.heartbeat_record, learners)
+    def read_heartbeats(self, learners: Sequence[str]
+                        ) -> list[tuple[Heartbeat | None, str | None]]:
+        """`read_heartbeat` of each learner, in the order given, read concurrently."""
+        return self.each(self.read_heartbeat, learners)
 
-    def get_heartbeat(self, learner: str) -> dict | None:
+    def get_heartbeat(self, learner: str) -> Heartbeat | None:
+        """The learner's validated heartbeat, None if absent or refused."""
         return self.read_heartbeat(learner)[0]
 
     def put_attempt_record(self, learner: str, attempt: int, record: Mapping[str, Any]) -> None:
@@ -116,7 +112,7 @@ class LearnerRecords(StoreBase):
         pointer. One segment more than the rounds fill covers rounds opened while the ledger
         is read."""
         latest = self.latest_open_round()
-        rounds = 0 if latest is None else latest["round"] + 1
+        rounds = 0 if latest is None else latest.round + 1
         return rounds, -(-rounds // CLAIMS_PER_SEGMENT) + 1
 
     def _with_sealed_claims(self, key: str, learner: str, record: dict,

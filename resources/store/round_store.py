@@ -6,22 +6,27 @@ Part of `ArtifactStore` (`artifact_store.py`), which composes the record familie
 """
 
 import contextlib
-import math
-import re
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from diloco_core.config import ENCODINGS, MAX_LEARNERS
+from diloco_core.config import MAX_LEARNERS
 from diloco_core.contribution import Contribution
-from diloco_core.round_records import MAX_INT, RoundDecision, RoundOpen
+from diloco_core.offer_manifest import (
+    OfferManifest,
+    PayloadObject,
+    PayloadObjects,
+    TensorEntry,
+    field_reason,
+)
+from diloco_core.round_records import RecordError, RoundDecision, RoundOpen
+from diloco_core.stored_merge import StoredMerge
 from diloco_core.syncer_events import OfferDigest
 from resources.store import layout
 from resources.store.array_bundle import sha256
 from resources.store.blobs import BlobNotFound, ListingTooLong
 from resources.store.store_base import (
-    FORMAT,
     Conflict,
     RejectedArtifact,
     StoreBase,
@@ -49,23 +54,45 @@ class RoundStore(StoreBase):
             arrays[f"t{i:04d}.payload"] = np.asarray(enc.payload)
             if enc.scales is not None:
                 arrays[f"t{i:04d}.scales"] = np.asarray(enc.scales)
-            tensors.append({"name": name, "shape": list(enc.shape), "encoding": enc.encoding,
-                            "block_size": enc.block_size, "scales": enc.scales is not None})
-        delta = self._put_arrays(directory, "delta", arrays)
-        manifest = {"format": FORMAT, "kind": "contribution", "experiment": self.experiment,
-                    "learner": c.learner, "round": c.round, "fragment": c.fragment,
-                    "base_version": c.base_version, "tokens": c.tokens, "steps": c.steps,
-                    "learner_step": c.learner_step, "clock": c.clock,
-                    "encoding": sorted({t["encoding"] for t in tensors}),
-                    "nbytes": c.nbytes, "tensors": tensors, "objects": {"delta": delta},
-                    "extra": dict(extra or {})}
-        self._write_once(f"{directory}/{layout.MANIFEST}", _json_bytes(manifest))
-        return delta["size"]
+            tensors.append(TensorEntry(name, tuple(enc.shape), enc.encoding, enc.block_size,
+                                       enc.scales is not None))
+        delta = PayloadObject.from_json(self._put_arrays(directory, "delta", arrays))
+        manifest = OfferManifest(
+            c.learner, c.round, c.fragment, c.base_version, c.tokens, c.steps, c.learner_step,
+            c.clock, tuple(tensors), PayloadObjects(delta), experiment=self.experiment,
+            encoding=tuple(sorted({t.encoding for t in tensors})), nbytes=c.nbytes,
+            extra=dict(extra or {}))
+        self._write_once(f"{directory}/{layout.MANIFEST}", _json_bytes(manifest.to_json()))
+        return delta.size
 
-    def contribution_manifest(self, round_index: int, learner: str) -> dict | None:
-        """The committed manifest (metadata only, no payload), or None if not committed."""
-        return self._read_json(
-            f"{layout.contribution_dir(self.experiment, round_index, learner)}/{layout.MANIFEST}")
+    def contribution_manifest(self, round_index: int, learner: str) -> OfferManifest | None:
+        """The committed manifest (metadata only, no payload), validated, or None if not
+        committed; `RejectedArtifact` names the field that is wrong, or says whose offer to
+        which round it claims to be when that is not the key's."""
+        found = self._offer_manifest(round_index, learner)
+        return None if found is None else found[0]
+
+    def _offer_manifest(self, round_index: int, learner: str, admitted: str | None = None
+                        ) -> tuple[OfferManifest, str] | None:
+        """The validated manifest and the SHA-256 of its bytes. With `admitted` (the digest a
+        decision admitted), anything else in its place is refused as changed, whatever else
+        is wrong with it."""
+        key = f"{layout.contribution_dir(self.experiment, round_index, learner)}/{layout.MANIFEST}"
+        found = self._read_json_with_digest(key)
+        if found is None:
+            return None
+        raw, digest = found
+        if admitted is not None and digest != admitted:
+            raise RejectedArtifact(key, f"changed after the decision: manifest digest "
+                                        f"{digest[:12]}, the decision admitted {admitted[:12]}")
+        try:
+            manifest = OfferManifest.from_json(raw)
+        except RecordError as err:
+            raise RejectedArtifact(key, field_reason(err)) from None
+        if manifest.learner != learner or manifest.round != round_index:
+            raise RejectedArtifact(key, f"manifest says learner {manifest.learner!r} round "
+                                        f"{manifest.round!r}")
+        return manifest, digest
 
     def list_contributions(self, round_index: int) -> list[str]:
         """Learners with a committed contribution to the round (a prefix listing). Learners
@@ -100,27 +127,25 @@ class RoundStore(StoreBase):
         nothing is committed; `RejectedArtifact` for a manifest that is no offer of this
         learner to this round. A decision commits to the first; the second tells a replayed
         or copied payload, the third a replayed base."""
-        directory = layout.contribution_dir(self.experiment, round_index, learner)
-        key = f"{directory}/{layout.MANIFEST}"
-        found = self._read_json_with_digest(key)
+        found = self._offer_manifest(round_index, learner)
         if found is None:
             return None
         manifest, digest = found
-        _check_contribution_manifest(key, manifest, round_index, learner)
-        return OfferDigest(digest, manifest["objects"]["delta"]["sha256"],
-                           manifest["base_version"], manifest["tokens"], manifest["steps"])
+        return OfferDigest(digest, manifest.payload.sha256, manifest.base_version,
+                           manifest.tokens, manifest.steps)
 
     def contribution_created(self, round_index: int, learner: str) -> float | None:
         """When the store created the payload of the learner's committed offer (its own clock,
         never the learner's), or None if unknown. Of two byte-identical payloads the copy was
         created after the original, since a copier must read the original first."""
-        manifest = self.contribution_manifest(round_index, learner)
-        objects = (manifest or {}).get("objects")
-        entry = objects.get("delta") if isinstance(objects, Mapping) else None
-        name = entry.get("name") if isinstance(entry, Mapping) else None
-        if not isinstance(name, str) or "/" in name:
+        try:
+            manifest = self.contribution_manifest(round_index, learner)
+        except RejectedArtifact:
             return None
-        key = f"{layout.contribution_dir(self.experiment, round_index, learner)}/{name}"
+        if manifest is None:
+            return None
+        key = (f"{layout.contribution_dir(self.experiment, round_index, learner)}/"
+               f"{manifest.payload.name}")
         # The bytes first, then the time: a file made early and filled with the original's
         # bytes later must not pass for the original. Only the bytes the manifest claims
         # count, and an overwrite after they were read has a later creation time.
@@ -128,7 +153,7 @@ class RoundStore(StoreBase):
             data = self.blobs.read(key)
         except BlobNotFound:
             return None
-        if sha256(data) != entry.get("sha256"):
+        if sha256(data) != manifest.payload.sha256:
             return None
         info = self.blobs.info(key)
         return None if info is None else info.created
@@ -142,40 +167,35 @@ class RoundStore(StoreBase):
 
         directory = layout.contribution_dir(self.experiment, round_index, learner)
         key = f"{directory}/{layout.MANIFEST}"
-        found = self._read_json_with_digest(key)
+        found = self._offer_manifest(round_index, learner, admitted=digest)
         if found is None:
             raise KeyError(f"no committed contribution from {learner} to round {round_index}")
-        manifest, actual = found
-        if digest is not None and actual != digest:
-            raise RejectedArtifact(key, f"changed after the decision: manifest digest "
-                                        f"{actual[:12]}, the decision admitted {digest[:12]}")
-        _check_contribution_manifest(key, manifest, round_index, learner)
-        entry = manifest["objects"]["delta"]
+        manifest = found[0]
+        entry = manifest.payload
         try:
-            arrays = self._read_object(f"{directory}/{entry['name']}", entry)
+            arrays = self._read_object(f"{directory}/{entry.name}", entry.to_json())
         except RejectedArtifact:
             self._raise_if_pruned(layout.round_dir(self.experiment, round_index),
                                   f"the contribution of {learner} to round {round_index}")
             raise
         delta = {}
-        for i, t in enumerate(manifest["tensors"]):
+        for i, t in enumerate(manifest.tensors):
             payload = arrays.get(f"t{i:04d}.payload")
-            scales = arrays.get(f"t{i:04d}.scales") if t["scales"] else None
-            if payload is None or (t["scales"] and scales is None):
-                raise RejectedArtifact(key, f"tensor {t['name']} is missing from the payload")
+            scales = arrays.get(f"t{i:04d}.scales") if t.scales else None
+            if payload is None or (t.scales and scales is None):
+                raise RejectedArtifact(key, f"tensor {t.name} is missing from the payload")
             # Dtype and element count, not only bytes: float64 in place of float32 values, or
             # float codes in place of int8 ones, has the right size and the wrong meaning.
-            problem = wire_problem(t["encoding"], tuple(t["shape"]), t["block_size"],
-                                   payload.dtype.name, payload.shape,
+            problem = wire_problem(t.encoding, t.shape, t.block_size, payload.dtype.name,
+                                   payload.shape,
                                    None if scales is None else scales.dtype.name,
                                    None if scales is None else scales.shape)
             if problem is not None:
-                raise RejectedArtifact(key, f"tensor {t['name']}: {problem}")
-            delta[t["name"]] = Encoded(t["encoding"], tuple(t["shape"]), t["block_size"],
-                                       payload, scales)
-        return Contribution(manifest["learner"], manifest["fragment"], manifest["round"],
-                            manifest["base_version"], manifest["tokens"], manifest["steps"],
-                            manifest["learner_step"], manifest["clock"], delta)
+                raise RejectedArtifact(key, f"tensor {t.name}: {problem}")
+            delta[t.name] = Encoded(t.encoding, t.shape, t.block_size, payload, scales)
+        return Contribution(manifest.learner, manifest.fragment, manifest.round,
+                            manifest.base_version, manifest.tokens, manifest.steps,
+                            manifest.learner_step, manifest.clock, delta)
 
     def put_decision(self, round_index: int, record: RoundDecision | Mapping[str, Any]) -> None:
         if not isinstance(record, RoundDecision):
@@ -183,24 +203,22 @@ class RoundStore(StoreBase):
         self._write_once(layout.decision(self.experiment, round_index),
                          _json_bytes(record.to_json()))
 
-    def get_decision(self, round_index: int) -> dict | None:
+    def get_decision(self, round_index: int) -> RoundDecision | None:
         """The decision record (validated: `RejectedArtifact` names the field otherwise)."""
-        return self._read_record(layout.decision(self.experiment, round_index), RoundDecision)
-
-    def decision_record(self, round_index: int) -> RoundDecision | None:
-        """`get_decision` as the typed record."""
         return self._read_typed(layout.decision(self.experiment, round_index), RoundDecision)
 
-    def put_round_not_merged(self, round_index: int, record: Mapping[str, Any]) -> None:
+    def put_round_not_merged(self, round_index: int,
+                             record: StoredMerge | Mapping[str, Any]) -> None:
         """The merge record of a round that committed nothing (write-once: a retry finds it;
         the reasons of its rejections must outlive the merge run for the token ledger)."""
         # Conflict: an earlier try of the same merge recorded it.
         with contextlib.suppress(Conflict):
             self._write_once(layout.round_outcome(self.experiment, round_index),
-                             _json_bytes(dict(record)))
+                             _json_bytes(_as_stored_merge(record).to_json()))
 
-    def get_round_not_merged(self, round_index: int) -> dict | None:
-        return self._read_json(layout.round_outcome(self.experiment, round_index))
+    def get_round_not_merged(self, round_index: int) -> StoredMerge | None:
+        """The merge record of a decided round that committed nothing, None if absent."""
+        return self._read_typed(layout.round_outcome(self.experiment, round_index), StoredMerge)
 
     def put_eval(self, round_index: int, result: Mapping[str, Any]) -> None:
         self._write_once(layout.evaluation(self.experiment, round_index), _json_bytes(dict(result)))
@@ -216,21 +234,14 @@ class RoundStore(StoreBase):
         body = RoundOpen.from_json({**dict(record), "round": round_index}).to_json()
         self._write_once(layout.round_open(self.experiment, round_index), _json_bytes(body))
         latest = self.latest_open_round()
-        if latest is None or latest["round"] < round_index:
+        if latest is None or latest.round < round_index:
             self.blobs.write(layout.open_pointer(self.experiment), _json_bytes(body))
 
-    def latest_open_round(self) -> dict | None:
-        return self._read_record(layout.open_pointer(self.experiment), RoundOpen)
-
-    def get_round_open(self, round_index: int) -> dict | None:
-        return self._read_record(layout.round_open(self.experiment, round_index), RoundOpen)
-
-    def latest_open_record(self) -> RoundOpen | None:
-        """`latest_open_round` as the typed record."""
+    def latest_open_round(self) -> RoundOpen | None:
+        """The round the OPEN pointer names (validated), None before the first."""
         return self._read_typed(layout.open_pointer(self.experiment), RoundOpen)
 
-    def round_open_record(self, round_index: int) -> RoundOpen | None:
-        """`get_round_open` as the typed record."""
+    def get_round_open(self, round_index: int) -> RoundOpen | None:
         return self._read_typed(layout.round_open(self.experiment, round_index), RoundOpen)
 
     def prune_round(self, round_index: int, reason: str) -> int:
@@ -243,59 +254,5 @@ class RoundStore(StoreBase):
         return self._prune(layout.round_dir(self.experiment, round_index), reason)
 
 
-MAX_TENSORS = 100_000
-MAX_TENSOR_RANK = 16     # dimensions of one tensor (models here have at most 4)
-_OBJECT_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")
-
-
-def _check_contribution_manifest(key: str, m: Mapping[str, Any], round_index: int,
-                                 learner: str) -> None:
-    """Refuse manifests that lie about who and what they are, before reading any payload."""
-    def bad(reason: str) -> RejectedArtifact:
-        return RejectedArtifact(key, reason)
-
-    if m.get("format") != FORMAT or m.get("kind") != "contribution":
-        raise bad(f"unknown format/kind {m.get('format')!r}/{m.get('kind')!r}")
-    if m.get("learner") != learner or m.get("round") != round_index:
-        raise bad(f"manifest says learner {m.get('learner')!r} round {m.get('round')!r}")
-    for field in ("fragment", "base_version", "tokens", "steps", "learner_step"):
-        value = m.get(field)
-        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_INT:
-            shown = value if not isinstance(value, int) or value.bit_length() < 64 else (
-                f"an integer of {value.bit_length()} bits")
-            raise bad(f"{field} must be an integer in [0, {MAX_INT}], got {shown!r}")
-    clock = m.get("clock")
-    if (not isinstance(clock, int | float) or isinstance(clock, bool)
-            or not math.isfinite(clock)):
-        # json.loads reads NaN, Infinity and 1e400 (inf) as floats.
-        raise bad(f"clock must be a finite number, got {str(clock)[:40]}")
-    tensors = m.get("tensors")
-    if not isinstance(tensors, list) or not tensors:
-        raise bad("no tensors")
-    if len(tensors) > MAX_TENSORS:
-        raise bad(f"{len(tensors)} tensors (at most {MAX_TENSORS})")
-    objects = m.get("objects")
-    entry = objects.get("delta") if isinstance(objects, Mapping) else None
-    if not isinstance(entry, Mapping):
-        raise bad("objects.delta must describe the payload object")
-    name = entry.get("name")
-    if (not isinstance(name, str) or not _OBJECT_NAME.fullmatch(name)):
-        raise bad(f"objects.delta.name must be a plain file name, got {str(name)[:80]!r}")
-    if not isinstance(entry.get("size"), int) or not isinstance(entry.get("sha256"), str):
-        raise bad("objects.delta needs an integer size and a sha256")
-    for t in tensors:
-        if not isinstance(t, Mapping) or not isinstance(t.get("name"), str):
-            raise bad("every tensor must be an object with a name")
-        if t.get("encoding") not in ENCODINGS:
-            raise bad(f"tensor {t.get('name')!r} has unknown encoding {t.get('encoding')!r}")
-        shape = t.get("shape")
-        if (not isinstance(shape, list) or len(shape) > MAX_TENSOR_RANK
-                or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_INT
-                           for d in shape)):
-            raise bad(f"tensor {str(t.get('name'))[:80]!r} has a bad shape {str(shape)[:80]}")
-        block_size = t.get("block_size")
-        if (not isinstance(block_size, int) or isinstance(block_size, bool)
-                or not 1 <= block_size <= MAX_INT):
-            raise bad(f"tensor {str(t.get('name'))[:80]!r} has a bad block size")
-        if not isinstance(t.get("scales"), bool):
-            raise bad(f"tensor {str(t.get('name'))[:80]!r}: scales must be true or false")
+def _as_stored_merge(record: StoredMerge | Mapping[str, Any]) -> StoredMerge:
+    return record if isinstance(record, StoredMerge) else StoredMerge.from_json(record)

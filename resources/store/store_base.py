@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from diloco_core.config import MAX_LEARNERS, LearnersConfig
-from diloco_core.round_records import Heartbeat, RecordError, RoundDecision, RoundOpen
+from diloco_core.round_records import RecordError, _Record
 from resources.store import layout
 from resources.store.array_bundle import BadBundle, decode_bundle, encode_bundle, sha256
 from resources.store.blobs import BlobNotFound, BlobStore, PreconditionFailed
@@ -103,12 +103,7 @@ class StoreBase:
             raise RejectedArtifact(key, "not a JSON object")
         return value, sha256(data)
 
-    def _read_record(self, key: str, kind: type[RoundOpen | RoundDecision | Heartbeat]
-                     ) -> dict | None:
-        typed = self._read_typed(key, kind)
-        return None if typed is None else typed.to_json()
-
-    def _read_typed(self, key: str, kind: type[RoundOpen | RoundDecision | Heartbeat]):
+    def _read_typed(self, key: str, kind: type[_Record]):
         """The record at `key` validated into `kind`, None if absent; `RejectedArtifact`
         names the field that is wrong."""
         raw = self._read_json(key)
