@@ -75,3 +75,8 @@ class StoredMerge(_Record):
         if not self.published_at or not since:
             return None
         return self.published_at - since
+
+
+def as_stored_merge(record: "StoredMerge | Mapping") -> StoredMerge:
+    """The record as a `StoredMerge`: a mapping is validated (`RecordError` names the field)."""
+    return record if isinstance(record, StoredMerge) else StoredMerge.from_json(record)

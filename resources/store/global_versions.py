@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from diloco_core.round_records import RecordError
-from diloco_core.stored_merge import StoredMerge
+from diloco_core.stored_merge import StoredMerge, as_stored_merge
 from resources.store import layout
 from resources.store.blobs import PreconditionFailed
 from resources.store.store_base import (
@@ -67,7 +67,7 @@ class GlobalVersions(StoreBase):
         }
         manifest = {"format": FORMAT, "kind": "global_fragment", "experiment": self.experiment,
                     "fragment": fragment, "version": version, "objects": objects,
-                    "meta": _merge_record(meta or {}).to_json()}
+                    "meta": as_stored_merge(meta or {}).to_json()}
         self._write_once(f"{directory}/{layout.MANIFEST}", _json_bytes(manifest))
         if move_pointer:
             self._move_pointer(fragment, version)
@@ -187,10 +187,6 @@ class GlobalVersions(StoreBase):
                            f"current version ({current})")
         return self._prune(layout.version_dir(self.experiment, fragment, version), reason)
 
-
-
-def _merge_record(meta: StoredMerge | Mapping[str, Any]) -> StoredMerge:
-    return meta if isinstance(meta, StoredMerge) else StoredMerge.from_json(meta)
 
 
 def _stored_meta(key: str, manifest: Mapping[str, Any]) -> StoredMerge:

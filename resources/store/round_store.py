@@ -21,7 +21,7 @@ from diloco_core.offer_manifest import (
     field_reason,
 )
 from diloco_core.round_records import RecordError, RoundDecision, RoundOpen
-from diloco_core.stored_merge import StoredMerge
+from diloco_core.stored_merge import StoredMerge, as_stored_merge
 from diloco_core.syncer_events import OfferDigest
 from resources.store import layout
 from resources.store.array_bundle import sha256
@@ -214,7 +214,7 @@ class RoundStore(StoreBase):
         # Conflict: an earlier try of the same merge recorded it.
         with contextlib.suppress(Conflict):
             self._write_once(layout.round_outcome(self.experiment, round_index),
-                             _json_bytes(_as_stored_merge(record).to_json()))
+                             _json_bytes(as_stored_merge(record).to_json()))
 
     def get_round_not_merged(self, round_index: int) -> StoredMerge | None:
         """The merge record of a decided round that committed nothing, None if absent."""
@@ -252,7 +252,3 @@ class RoundStore(StoreBase):
             raise Conflict(f"round {round_index} is not decided: its contributions may still "
                            "be merged")
         return self._prune(layout.round_dir(self.experiment, round_index), reason)
-
-
-def _as_stored_merge(record: StoredMerge | Mapping[str, Any]) -> StoredMerge:
-    return record if isinstance(record, StoredMerge) else StoredMerge.from_json(record)
