@@ -122,7 +122,7 @@ def soak_run(cfg, tape_path: Path | None, workdir: Path) -> dict:
     for r in summary["rounds"]:
         e = store.get_eval(r["round"]) if r["merged"] else None
         if e:
-            evals.append((r["published_at"], e["loss"]))
+            evals.append((r["published_at"], e.loss))
     summary["eval_curve"] = sorted(evals)
     # Scored while the run's store exists (the soaks run in a temporary directory).
     summary["test_slice"] = score_store(store)

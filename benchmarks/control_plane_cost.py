@@ -301,8 +301,12 @@ def _summary(run: dict) -> dict:
 
 
 def _run_child(code: Path, backend: str, learners: int, args, env) -> dict:
+    # Each checkout's own child drives its own store API (records typed or not): the figures
+    # compare because the child of every commit measures them the same way.
+    script = code / "benchmarks" / "control_plane_cost.py"
+    script = script if script.exists() else Path(__file__).resolve()
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--code", str(code),
+        cmd = [sys.executable, str(script), "--child", "--code", str(code),
                "--backend", backend, "--learners", str(learners), "--rounds",
                str(args.rounds), "--warmup", str(args.warmup), "--out", out.name]
         subprocess.run(cmd, check=True, env=env, cwd=code)

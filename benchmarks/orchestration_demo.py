@@ -226,6 +226,7 @@ def one_run(chaos: bool, revision: dict, command: str) -> dict:
     """One demo and its two simulator references, as one result record."""
     from pipelines.reporting import machine_info
     from pipelines.run_summary import latency_by_merger
+    from resources.store.summary_records import RoundEntry
 
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
@@ -235,6 +236,7 @@ def one_run(chaos: bool, revision: dict, command: str) -> dict:
                                         workdir / "demo" / "experiment.yaml", demo)
         calibrated = run_reference(workdir / "demo" / "experiment.yaml",
                                    [f"{k}={json.dumps(v)}" for k, v in calibration.items()])
+    rounds = [RoundEntry.model_validate(r) for r in demo["rounds"]]
     lat = demo["merge_latency_seconds"]
     dec = demo["decision_to_publish_seconds"]
     ledger = demo["ledger"]
@@ -263,10 +265,10 @@ def one_run(chaos: bool, revision: dict, command: str) -> dict:
             "merged_by": demo["merged_by"],
             # Each percentile with the merges behind it: the service's own merges, and the
             # merge runs of the sensor's fallback (e.g. before the syncer holds its lease).
-            "decision_to_publish_by_merger": latency_by_merger(
-                demo["rounds"], "decision_to_publish_seconds"),
-            "quorum_to_publish_by_merger": latency_by_merger(
-                demo["rounds"], "quorum_to_publish_seconds"),
+            "decision_to_publish_by_merger": {k: d.to_json() for k, d in latency_by_merger(
+                rounds, "decision_to_publish_seconds").items()},
+            "quorum_to_publish_by_merger": {k: d.to_json() for k, d in latency_by_merger(
+                rounds, "quorum_to_publish_seconds").items()},
             "rounds": [{k: r.get(k) for k in ("round", "decided_by", "merged_by",
                                               "quorum_to_publish_seconds",
                                               "decision_to_publish_seconds")}

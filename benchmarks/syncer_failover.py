@@ -100,6 +100,7 @@ def _published(store, fragments: int) -> dict[tuple[int, int], object]:
 def run(args) -> dict:
     from pipelines.run_address import AddressError, choose_experiment
     from resources.store.backends import open_blob_store
+    from resources.store.lease_record import LeaseRecord
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="syncer-failover-"))
     cmd = [sys.executable, "-m", "pipelines.commands.cli", "demo", "--workdir", str(workdir)]
@@ -129,26 +130,24 @@ def run(args) -> dict:
         while len(kills) < args.kills:
             if demo.poll() is not None:
                 raise RuntimeError("the demo ended before every kill was made")
-            lease = store.get_syncer_lease() or {}
+            lease = store.get_syncer_lease() or LeaseRecord()
             merged_by_holder = [m for m in _published(store, fragments).values()
-                                if m.merged_by.startswith(
-                                    f"syncer-a{lease.get('attempt')}")]
-            if (lease.get("status") != "syncing" or not isinstance(lease.get("pid"), int)
+                                if m.merged_by.startswith(f"syncer-a{lease.attempt}")]
+            if (lease.status != "syncing" or lease.pid is None
                     or len(merged_by_holder) < min(args.settle_merges, fragments)
-                    or (args.standby and not _standby_ready(lease["pid"]))):
+                    or (args.standby and not _standby_ready(lease.pid))):
                 time.sleep(0.5)
                 continue
             before = _published(store, fragments)
             known = set(_syncer_pids())
             kill_at = time.time()
             try:
-                os.kill(lease["pid"], signal.SIGKILL)
+                os.kill(lease.pid, signal.SIGKILL)
             except ProcessLookupError:
                 continue
-            print(f"killed the syncer (attempt {lease.get('attempt')}, pid {lease['pid']})",
-                  flush=True)
-            record = {"attempt": lease.get("attempt"), "pid": lease["pid"], "at": kill_at,
-                      "epoch": lease.get("epoch")}
+            print(f"killed the syncer (attempt {lease.attempt}, pid {lease.pid})", flush=True)
+            record = {"attempt": lease.attempt, "pid": lease.pid, "at": kill_at,
+                      "epoch": lease.epoch}
             deadline = kill_at + args.wait
             while time.time() < deadline:
                 now = time.time()
@@ -156,10 +155,10 @@ def run(args) -> dict:
                     new = {pid: t for pid, t in _syncer_pids().items() if pid not in known}
                     if new:
                         record["process_started"] = round(min(new.values()) - kill_at, 2)
-                current = store.get_syncer_lease() or {}
-                if "lease_taken" not in record and current.get("epoch") != lease.get("epoch"):
+                current = store.get_syncer_lease() or LeaseRecord()
+                if "lease_taken" not in record and current.epoch != lease.epoch:
                     record["lease_taken"] = round(now - kill_at, 2)
-                    record["new_attempt"] = current.get("attempt")
+                    record["new_attempt"] = current.attempt
                 if "first_publish" not in record:
                     fresh = [(m.published_at or now, m.merged_by, m.round)
                              for key, m in _published(store, fragments).items()

@@ -6,6 +6,7 @@ from diloco_core.config_loading import config_from_mapping
 from diloco_core.evaluation import evaluate, generate
 from diloco_core.model import make_model_def
 from resources.store.artifact_store import ArtifactStore
+from resources.store.summary_records import HeldoutEval
 from resources.task_data import heldout_text_batches
 
 SAMPLE_PROMPT = b"def "
@@ -13,7 +14,7 @@ SAMPLE_BYTES = 48
 
 
 def evaluate_global(store: ArtifactStore, num_batches: int | None = None,
-                    version: int | None = None) -> dict:
+                    version: int | None = None) -> HeldoutEval:
     """Loss, bits per byte and a short greedy sample of the global model: the current versions,
     or `version` of every fragment (0: the initial parameters)."""
     cfg, params, versions = global_params(store, version)
@@ -21,9 +22,9 @@ def evaluate_global(store: ArtifactStore, num_batches: int | None = None,
     model_def = make_model_def(cfg.model)
     result = evaluate(model_def, params, heldout_text_batches(cfg, num_batches))
     sample = generate(model_def, params, SAMPLE_PROMPT, SAMPLE_BYTES)
-    return {"loss": result["loss"], "bits_per_byte": result["bits_per_byte"],
-            "sample": (SAMPLE_PROMPT + sample).decode("utf-8", errors="replace"),
-            "versions": versions, "batches": num_batches}
+    return HeldoutEval(loss=float(result["loss"]), bits_per_byte=float(result["bits_per_byte"]),
+                       sample=(SAMPLE_PROMPT + sample).decode("utf-8", errors="replace"),
+                       versions=tuple(versions), batches=num_batches)
 
 
 def global_params(store: ArtifactStore, version: int | None = None):

@@ -6,11 +6,23 @@ materializations and check evaluations with the same metadata.
 """
 
 
+from typing import Any, NamedTuple
+
 import dagster as dg
 
 from diloco_core.round_records import RoundDecision, finite_float
 from diloco_core.stored_merge import StoredMerge
 from resources.store.artifact_store import ArtifactStore, RejectedArtifact
+from resources.store.summary_records import HeldoutEval
+
+
+class RoundCheck(NamedTuple):
+    """One asset check's result for a round, as both paths report it (`AssetCheckResult`
+    from a run, `AssetCheckEvaluation` from the mirror)."""
+    check_name: str
+    passed: bool
+    severity: dg.AssetCheckSeverity
+    metadata: dict[str, Any]
 
 WHY_NOT = {"late": "offered after the grace window closed", "missing": "did not offer",
            "declined": "nothing new on this fragment since it last received it (final round)",
@@ -132,14 +144,14 @@ def round_scalars(metadata: dict) -> dict[str, float]:
             if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
-def global_params_checks(record: StoredMerge, version: int, finite: bool) -> list[dict]:
+def global_params_checks(record: StoredMerge, version: int,
+                         finite: bool) -> list[RoundCheck]:
     outliers = {n: why for n, why in record.rejected.items() if "norm" in why}
     return [
-        {"check_name": "params_finite", "passed": bool(finite),
-         "severity": dg.AssetCheckSeverity.ERROR, "metadata": {"version": version}},
-        {"check_name": "contribution_norms", "passed": not outliers,
-         "severity": dg.AssetCheckSeverity.WARN,
-         "metadata": {"excluded": dg.MetadataValue.json(outliers)}},
+        RoundCheck("params_finite", bool(finite), dg.AssetCheckSeverity.ERROR,
+                   {"version": version}),
+        RoundCheck("contribution_norms", not outliers, dg.AssetCheckSeverity.WARN,
+                   {"excluded": dg.MetadataValue.json(outliers)}),
     ]
 
 
@@ -149,7 +161,7 @@ def global_params_events(artifacts: ArtifactStore, record: StoredMerge,
     yield dg.MaterializeResult(metadata=global_params_metadata(
         artifacts, record, decision, version, finite, seconds))
     for check in global_params_checks(record, version, finite):
-        yield dg.AssetCheckResult(**check)
+        yield dg.AssetCheckResult(**check._asdict())
 
 
 def mirrored_global_params(artifacts: ArtifactStore, partition: str, record: StoredMerge,
@@ -165,43 +177,41 @@ def mirrored_global_params(artifacts: ArtifactStore, partition: str, record: Sto
         metadata=global_params_metadata(artifacts, record, decision, version, finite,
                                         record.merge_seconds or 0.0))]
     for check in global_params_checks(record, version, finite) if with_checks else []:
-        events.append(dg.AssetCheckEvaluation(
-            asset_key=key, check_name=check["check_name"], passed=check["passed"],
-            severity=check["severity"], metadata=check["metadata"], partition=partition))
+        events.append(dg.AssetCheckEvaluation(asset_key=key, partition=partition,
+                                              **check._asdict()))
     return events
 
 
-def heldout_eval_metadata(result: dict, round_index: int) -> dict:
+def heldout_eval_metadata(result: HeldoutEval, round_index: int) -> dict:
     return {
         "round": round_index,
-        "eval/loss": result["loss"], "eval/bits_per_byte": result["bits_per_byte"],
-        "sample": dg.MetadataValue.md(f"```\n{result['sample']}\n```"),
-        "versions": dg.MetadataValue.json(result["versions"]),
-        "batches": result["batches"],
+        "eval/loss": result.loss, "eval/bits_per_byte": result.bits_per_byte,
+        "sample": dg.MetadataValue.md(f"```\n{result.sample}\n```"),
+        "versions": dg.MetadataValue.json(list(result.versions)),
+        "batches": result.batches,
     }
 
 
-def eval_regression(result: dict, previous: dict | None) -> dict:
+def eval_regression(result: HeldoutEval, previous: HeldoutEval | None) -> RoundCheck:
     # Only evals on the same held-out batches compare: another set of batches is another
     # measurement (a few batches differ by tens of percent at this scale).
-    if previous is not None and previous.get("batches") != result.get("batches"):
+    if previous is not None and previous.batches != result.batches:
         previous = None
-    regressed = previous is not None and result["loss"] > 1.05 * previous["loss"]
-    return {"check_name": "eval_regression", "passed": not regressed,
-            "severity": dg.AssetCheckSeverity.WARN,
-            "metadata": {"loss": result["loss"],
-                         "previous_loss": previous["loss"] if previous else float("nan")}}
+    regressed = previous is not None and result.loss > 1.05 * previous.loss
+    return RoundCheck("eval_regression", not regressed, dg.AssetCheckSeverity.WARN,
+                      {"loss": result.loss,
+                       "previous_loss": previous.loss if previous else float("nan")})
 
 
-def mirrored_eval(partition: str, round_index: int, result: dict, previous: dict | None,
-                  with_check: bool = True) -> list:
+def mirrored_eval(partition: str, round_index: int, result: HeldoutEval,
+                  previous: HeldoutEval | None, with_check: bool = True) -> list:
     key = dg.AssetKey("heldout_eval")
     events: list = [dg.AssetMaterialization(asset_key=key, partition=partition,
                                             description="evaluated by the syncer service",
                                             metadata=heldout_eval_metadata(result, round_index))]
     if with_check:
         events.append(dg.AssetCheckEvaluation(asset_key=key, partition=partition,
-                                              **eval_regression(result, previous)))
+                                              **eval_regression(result, previous)._asdict()))
     return events
 
 
@@ -211,15 +221,15 @@ def mirrored_eval(partition: str, round_index: int, result: dict, previous: dict
 # partition's checks once, when all its rounds are mirrored: passed only if every round passed,
 # naming the rounds that did not.
 
-def hold_checks(held: dict, partition: str, asset: str, checks: list[dict],
+def hold_checks(held: dict, partition: str, asset: str, checks: list[RoundCheck],
                 round_index: int) -> None:
     """Add one round's check results to its partition's pending evaluation (JSON state)."""
     pending = held.setdefault(partition, {})
     for check in checks:
-        entry = pending.setdefault(f"{asset}|{check['check_name']}", {
-            "severity": check["severity"].value, "rounds": 0, "failed": []})
+        entry = pending.setdefault(f"{asset}|{check.check_name}", {
+            "severity": check.severity.value, "rounds": 0, "failed": []})
         entry["rounds"] += 1
-        if not check["passed"]:
+        if not check.passed:
             entry["failed"].append(round_index)
 
 

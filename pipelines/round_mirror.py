@@ -14,12 +14,15 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import pydantic
+
 from diloco_core.config import ExperimentConfig
 from diloco_core.round_records import RoundDecision
 from diloco_core.stored_merge import StoredMerge
 from diloco_core.syncer_machine import LATE_WINDOW
 from pipelines.offer_summary import OfferSummary, describe_offer
 from resources.store.artifact_store import ArtifactStore
+from resources.store.summary_records import HeldoutEval, RoundEval
 
 MAX_ROUNDS_PER_TICK = 64
 
@@ -32,7 +35,7 @@ class MirrorResult:
     # (round, merge record, decision, version) of rounds the syncer merged or refused
     merges: list[tuple[int, StoredMerge, RoundDecision, int]] = field(default_factory=list)
     # (round, eval, the eval before it) of evals the syncer stored
-    evals: list[tuple[int, dict, dict | None]] = field(default_factory=list)
+    evals: list[tuple[int, RoundEval, HeldoutEval | None]] = field(default_factory=list)
     finished: bool = False
 
 
@@ -124,6 +127,15 @@ def _fates(store: ArtifactStore, state: dict, result: MirrorResult, last: int,
     state["fates"] = k
 
 
+def _previous_eval(state: dict | None) -> HeldoutEval | None:
+    """The cursor's last eval; None if there is none, or it was written before the cursor
+    kept its batches."""
+    try:
+        return None if state is None else HeldoutEval.model_validate(state)
+    except pydantic.ValidationError:
+        return None
+
+
 def _evals(store: ArtifactStore, state: dict, result: MirrorResult, last: int,
            decision_of: Callable[[int], RoundDecision | None]) -> None:
     # The syncer stores an eval once, under the newest round it knows of, after that tick's
@@ -136,7 +148,9 @@ def _evals(store: ArtifactStore, state: dict, result: MirrorResult, last: int,
         if evaluation is None:
             continue
         top = max(top, index)
-        if evaluation.get("by") == "syncer":
-            result.evals.append((index, evaluation, state.get("last_eval")))
-        state["last_eval"] = {"loss": evaluation.get("loss")}
+        if evaluation.by == "syncer":
+            result.evals.append((index, evaluation, _previous_eval(state.get("last_eval"))))
+        # What the next eval's regression check compares with: its loss and its batches (an
+        # eval on other batches is another measurement, and is not compared).
+        state["last_eval"] = evaluation.model_copy(update={"sample": ""}).to_json()
     state["evals"] = max(state["evals"], top)

@@ -22,6 +22,7 @@ from resources.store import layout
 from resources.store.artifact_store import ArtifactStore, Conflict, Pruned, RejectedArtifact
 from resources.store.backends import open_blob_store
 from resources.store.names import InvalidName
+from resources.store.summary_records import RoundEval, RunOutcome, RunSummary, RunTiming
 
 EXP = "exp-1"
 
@@ -216,11 +217,25 @@ def test_decisions_evals_summary_and_checkpoint_location(store):
     with pytest.raises(Conflict):
         store.put_decision(3, {**decision, "members": []})
     assert store.get_decision(3).reason == "quorum"
-    store.put_eval(3, {"loss": 2.5})
-    assert store.get_eval(3) == {"loss": 2.5} and store.get_eval(4) is None
-    store.put_summary({"rounds": 3})
-    store.put_summary({"rounds": 4})
-    assert store.get_summary() == {"rounds": 4}
+    evaluation = RoundEval(loss=2.5, bits_per_byte=3.6, versions=(1, 2), batches=4, by="syncer")
+    store.put_eval(3, evaluation)
+    assert store.get_eval(3) == evaluation and store.get_eval(4) is None
+    store.put_summary(RunSummary(outcome=RunOutcome(rounds_merged=3)))
+    summary = RunSummary(outcome=RunOutcome(rounds_merged=4, final_eval_loss=2.0),
+                         timing=RunTiming(decided_by={"syncer-a0": 4}))
+    store.put_summary(summary)                          # the one record that is rewritten
+    assert store.get_summary() == summary
+    # Its groups' fields sit at the top level of the JSON, as every reader of it knows them.
+    written = json.loads(store.blobs.read(layout.summary(store.experiment)))
+    assert written["rounds_merged"] == 4 and written["decided_by"] == {"syncer-a0": 4}
+    # A summary or an eval that is not what its record says is refused, naming the field.
+    store.blobs.write(layout.summary(store.experiment),
+                      b'{"rounds_merged": 4, "ledger": {"balanced": "maybe"}}')
+    with pytest.raises(RejectedArtifact, match=r"ledger\.balanced"):
+        store.get_summary()
+    store.blobs.write(layout.evaluation(store.experiment, 4), b'{"loss": "low"}')
+    with pytest.raises(RejectedArtifact, match="loss"):
+        store.get_eval(4)
     assert store.checkpoint_uri("learner-0").endswith(
         "experiments/exp-1/learners/learner-0/checkpoints")
 

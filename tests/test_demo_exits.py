@@ -121,6 +121,7 @@ def test_a_finished_workdir_says_it_is_finished_and_starts_nothing(tmp_path, fak
     from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
     from resources.store.artifact_store import ArtifactStore
     from resources.store.backends import open_blob_store
+    from resources.store.summary_records import RunOutcome, RunSummary
 
     workdir = tmp_path / "demo"
     cfg = load_config(None, ["name=done-demo", "model.preset=tiny"], base=ORCHESTRATED_DEFAULTS)
@@ -128,7 +129,8 @@ def test_a_finished_workdir_says_it_is_finished_and_starts_nothing(tmp_path, fak
     store.put_config(config_to_mapping(cfg))
     store.mark_finished({"at": time.mktime((2026, 11, 20, 9, 30, 0, 0, 0, -1)), "by": "syncer-a0",
                         "last_round": 61})
-    store.put_summary({"rounds_merged": 62, "initial_eval_loss": 5.56, "final_eval_loss": 1.73})
+    store.put_summary(RunSummary(outcome=RunOutcome(rounds_merged=62, initial_eval_loss=5.56,
+                                                    final_eval_loss=1.73)))
     (workdir / "experiment.yaml").write_text(yaml.safe_dump(config_to_mapping(cfg)))
 
     def started():
@@ -227,30 +229,38 @@ def test_export_to_a_read_only_place_is_one_line(tmp_path, capsys, monkeypatch):
     assert capsys.readouterr().err == f"diloco export: cannot use {out}: Read-only file system\n"
 
 
+def _report(stopped_early=None, **timing):
+    from resources.store.summary_records import (
+        LearnerAccount,
+        RunOutcome,
+        RunSummary,
+        RunTiming,
+    )
+
+    summary = RunSummary(
+        outcome=RunOutcome(rounds_merged=3, rounds_opened=5, initial_eval_loss=5.5,
+                           final_eval_loss=4.0, final_bits_per_byte=5.0, tokens=10,
+                           token_budget=100, final_sample="x"),
+        timing=RunTiming(uptime=1.0, **timing),
+        learners=LearnerAccount(learner_idle_fraction=0.0))
+    return demo_command.DemoReport(summary=summary, wall_seconds=9.0,
+                                   watch=demo_command.Watch(), workdir="w",
+                                   stopped_early=stopped_early)
+
+
 def test_the_summary_says_when_and_why_a_run_was_stopped_early(capsys):
-    summary = {"rounds_merged": 3, "rounds_opened": 5, "initial_eval_loss": 5.5,
-               "final_eval_loss": 4.0, "final_bits_per_byte": 5.0, "tokens": 10,
-               "token_budget": 100, "uptime": 1.0, "learner_idle_fraction": 0.0,
-               "merge_latency_seconds": {"median": None}, "failures_injected": 0,
-               "learners_rejoined": [], "wall_seconds": 9.0, "final_sample": "x"}
-    demo_command._print_summary(summary)
+    demo_command._print_summary(_report())
     assert "stopped early" not in capsys.readouterr().out
     at = time.mktime((2026, 11, 20, 9, 30, 5, 0, 0, -1))
-    demo_command._print_summary({**summary, "stopped_early": {
-        "requested_by": "ana (diloco stop)", "reason": "capacity reclaimed", "time": at}})
+    demo_command._print_summary(_report(stopped_early={
+        "requested_by": "ana (diloco stop)", "reason": "capacity reclaimed", "time": at}))
     assert ("stopped early        at 09:30:05, requested by ana (diloco stop): capacity "
             "reclaimed") in capsys.readouterr().out
 
 
 def test_the_summary_says_who_decided_and_merged_the_rounds(capsys):
-    summary = {"rounds_merged": 3, "rounds_opened": 3, "initial_eval_loss": 5.5,
-               "final_eval_loss": 4.0, "final_bits_per_byte": 5.0, "tokens": 10,
-               "token_budget": 100, "uptime": 1.0, "learner_idle_fraction": 0.0,
-               "merge_latency_seconds": {"median": None}, "failures_injected": 0,
-               "learners_rejoined": [], "wall_seconds": 9.0, "final_sample": "x",
-               "decided_by": {"syncer-a0": 1, "syncer-a0-standby": 1, "syncer-a1": 1},
-               "merged_by": {"syncer-a0": 1, "syncer-a0-standby": 1, "syncer-a1": 1}}
-    demo_command._print_summary(summary)
+    by = {"syncer-a0": 1, "syncer-a0-standby": 1, "syncer-a1": 1}
+    demo_command._print_summary(_report(decided_by=by, merged_by=by))
     out = capsys.readouterr().out
     assert "decided by           syncer-a0 1, syncer-a0-standby 1, syncer-a1 1" in out
 

@@ -52,7 +52,7 @@ def test_an_export_reloads_with_the_same_parameters_and_held_out_loss(store, tmp
         for name, value in artifacts.load_global(p).params.items():
             np.testing.assert_array_equal(np.asarray(model.params[name]), value)
     assert model.evaluate(EVAL_BATCHES)["loss"] == \
-        evaluate_global(artifacts, EVAL_BATCHES)["loss"]
+        evaluate_global(artifacts, EVAL_BATCHES).loss
     assert len(model.generate(b"def ", 8)) == 8
 
 

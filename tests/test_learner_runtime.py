@@ -618,3 +618,21 @@ def test_under_rebase_a_merge_without_the_learners_offer_keeps_its_progress(tmp_
         ledger, _ = run_ledger(h.store, h.cfg)
         assert ledger.balanced, ledger.problems
         assert not ledger.problems
+
+
+def test_a_relaunch_into_a_round_its_refused_offer_sits_in_counts_the_round_answered(harness):
+    """Offers are write-once: a learner relaunched into the round it already offered, whose
+    manifest there the store refuses (a torn or foreign write), can never land another offer.
+    It counts the round answered and starts, instead of failing at start-up on reading it."""
+    from resources.store import layout
+
+    h = harness
+    h.store.open_round(0, {"fragment": 0, "opened_at": time.time(), "final": False})
+    key = f"{layout.contribution_dir(h.store.experiment, 0, 'learner-0')}/{layout.MANIFEST}"
+    h.store.blobs.write(key, b'{"fragment": "zero"}')
+    again = LearnerRuntime(h.store, "learner-0", 1, log=lambda m: None)
+    again._start_state()
+    assert again.book.answered == 0
+    other = LearnerRuntime(h.store, "learner-1", 0, log=lambda m: None)
+    other._start_state()
+    assert other.book.answered == -1            # a learner that did not offer still will

@@ -439,6 +439,7 @@ def test_the_resilience_report_skips_malformed_fired_and_attempt_fields(tmp_path
     from diloco_core.ledger import Ledger
     from pipelines.resilience import resilience_report
     from resources.store import layout
+    from resources.store.summary_records import FiredFault
 
     store, cfg = _store_run(tmp_path, {"attempt": 0, "claim": 4})
     # A chaos run's learners may record fired faults: here, ones a hostile learner forged.
@@ -456,11 +457,11 @@ def test_the_resilience_report_skips_malformed_fired_and_attempt_fields(tmp_path
         "started_at": "later", "compute_seconds": float("inf"),
         "ledger": {"processed": 0, "unclaimed": [0], "superseded": [0], "claims": []}}).encode())
     report = resilience_report(store, cfg, [], Ledger(1))
-    assert [f["id"] for f in report["faults"]] == ["good"]
-    assert report["faults"][0] == {"id": "good", "kind": "learner_kill", "learner": "learner-0",
-                                   "step": 3, "time": 5.0}
-    assert report["rejoins"][0]["relaunched_at"] is None
-    json.dumps(report, allow_nan=False)     # the summary is strict JSON
+    assert [f.id for f in report.faults] == ["good"]
+    assert report.faults[0] == FiredFault(id="good", kind="learner_kill", learner="learner-0",
+                                          step=3, time=5.0)
+    assert report.rejoins[0].relaunched_at is None
+    json.dumps(report.to_json(), allow_nan=False)     # the summary is strict JSON
 
 
 def test_a_returned_claim_is_counted_once_by_the_offer_that_carries_it_next():

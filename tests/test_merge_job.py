@@ -277,7 +277,7 @@ def test_the_eval_schedule_evaluates_the_active_experiments_newest_merged_round(
     assert mat.metadata["batches"].value == 16
     standard = h.cfg.orchestration.eval_batches
     assert standard != 16
-    assert h.store.get_eval(1) is None and h.store.get_eval(0)["batches"] == standard
+    assert h.store.get_eval(1) is None and h.store.get_eval(0).batches == standard
     h.resource.set_active(None)                           # the run finished
     skip = evaluate()
     assert isinstance(skip, dg.SkipReason) and "no experiment is active" in skip.skip_message
@@ -285,14 +285,18 @@ def test_the_eval_schedule_evaluates_the_active_experiments_newest_merged_round(
 
 def test_the_eval_regression_check_compares_only_evals_on_the_same_batches():
     from pipelines.round_metadata import eval_regression
+    from resources.store.summary_records import HeldoutEval
 
-    four = {"loss": 2.0, "batches": 4}
-    assert not eval_regression({"loss": 2.2, "batches": 4}, four)["passed"]     # +10%
-    assert eval_regression({"loss": 2.05, "batches": 4}, four)["passed"]
+    def on(loss, batches):
+        return HeldoutEval(loss=loss, bits_per_byte=loss / 0.69, batches=batches)
+
+    four = on(2.0, 4)
+    assert not eval_regression(on(2.2, 4), four).passed     # +10%
+    assert eval_regression(on(2.05, 4), four).passed
     # A 16-batch eval 10% above a 4-batch one measured other text: not a regression.
-    other = eval_regression({"loss": 2.2, "batches": 16}, four)
-    assert other["passed"] and other["metadata"]["previous_loss"] != 2.0
-    assert eval_regression({"loss": 2.2, "batches": 4}, None)["passed"]
+    other = eval_regression(on(2.2, 16), four)
+    assert other.passed and other.metadata["previous_loss"] != 2.0
+    assert eval_regression(on(2.2, 4), None).passed
 
 
 def test_a_merge_that_comes_out_not_finite_is_recorded_not_committed(harness, monkeypatch):

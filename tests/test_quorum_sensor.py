@@ -169,9 +169,9 @@ def test_budget_reached_runs_final_rounds_then_the_summary(jumping):
             assert h.state()["final_left"] == 1 and h.state()["round"] == 2
     h.tick()
     summary = h.store.get_summary()
-    assert summary is not None and summary["rounds_merged"] == 3
-    assert summary["final_eval_loss"] != summary["initial_eval_loss"]
-    assert [r["admitted"] for r in summary["rounds"]] == [["learner-0", "learner-1"]] * 3
+    assert summary is not None and summary.outcome.rounds_merged == 3
+    assert summary.outcome.final_eval_loss != summary.outcome.initial_eval_loss
+    assert [r.admitted for r in summary.rounds] == [("learner-0", "learner-1")] * 3
     assert h.resource.active() is None            # the sensors go quiet
 
 

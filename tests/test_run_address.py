@@ -14,6 +14,7 @@ from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
 from pipelines.run_address import most_recent_store
 from resources.store.artifact_store import ArtifactStore, set_active_experiment
 from resources.store.backends import open_blob_store
+from resources.store.summary_records import RunOutcome, RunSummary
 
 
 def _experiment(store_dir, name, *, active=False, finished=False, operator_stop=False):
@@ -26,8 +27,8 @@ def _experiment(store_dir, name, *, active=False, finished=False, operator_stop=
     if finished:
         store.request_stop({"reason": "token budget", "time": time.time()})
         store.mark_finished({"at": time.time(), "by": "test", "last_round": 6})
-        store.put_summary({"rounds_merged": 7, "initial_eval_loss": 5.5,
-                           "final_eval_loss": 2.25})
+        store.put_summary(RunSummary(outcome=RunOutcome(
+            rounds_merged=7, initial_eval_loss=5.5, final_eval_loss=2.25)))
     if active:
         set_active_experiment(blobs, name)
     return store

@@ -66,12 +66,35 @@ def test_a_holder_known_dead_is_taken_over_at_once_and_nothing_else_is(tmp_path)
     started = clock.now
     taken = standby.acquire(10, dead_pid=os.getpid())    # the holder's pid (this process)
     assert clock.now == started, "waited for a holder known to be dead"
-    assert taken.record["epoch"] == 2 and taken.record["holder"] == standby.holder
+    assert taken.record.epoch == 2 and taken.record.holder == standby.holder
     with pytest.raises(LeaseLost):           # the old holder is fenced
         holder.renew(force=True)
     lease(1).acquire(10)
     with pytest.raises(LeaseRefused):        # a newer attempt's lease, its pid named dead
         lease(0).acquire(10, dead_pid=os.getpid())
+
+
+@pytest.mark.parametrize("raw", [
+    b"not json", b"[1, 2]",
+    b'{"attempt": "0", "epoch": -3, "beat": 1e400, "status": ["syncing"], "pid": true, '
+    b'"holder": 7, "name": "", "time": "now"}'])
+def test_a_malformed_lease_record_reads_as_unknown_and_is_taken_over(tmp_path, raw):
+    """A broken or foreign write of the lease neither stops an observer (every field it cannot
+    read is unknown) nor a syncer from taking the lease (an unknown attempt is older than any),
+    and the record it writes is whole again."""
+    from resources.store import layout
+    from resources.store.artifact_store import ArtifactStore
+    from resources.store.backends import open_blob_store
+
+    store = ArtifactStore(open_blob_store(str(tmp_path / "store")), "exp")
+    store.blobs.write(layout.syncer_lease("exp"), raw)
+    seen = store.get_syncer_lease()
+    assert (seen.attempt, seen.epoch, seen.pid, seen.holder_name) == (None, 0, None, "syncer")
+    assert seen.status in ("unknown",)
+    clock = _Clock()
+    taken = SyncerLease(store, 0, clock=clock, sleep=clock.sleep).acquire(10)
+    assert clock.now == 0.0 and taken.record.epoch == 1
+    assert store.get_syncer_lease() == taken.record and taken.record.pid == os.getpid()
 
 
 @pytest.fixture
@@ -127,7 +150,7 @@ def test_a_killed_syncer_is_replaced_by_its_standby_and_rounds_go_on_merged_once
     first = _spawn(uri, 0, log)
     standby = relaunched = None
     try:
-        wait_until(lambda: (h.store.get_syncer_lease() or {}).get("pid") == first.pid,
+        wait_until(lambda: getattr(h.store.get_syncer_lease(), "pid", None) == first.pid,
                    "the syncer's lease", 180, interval=0.2)
         wait_until(lambda: "standing by" in log.read_text(), "its standby standing by", 300,
                    interval=0.5)
@@ -150,16 +173,16 @@ def test_a_killed_syncer_is_replaced_by_its_standby_and_rounds_go_on_merged_once
                 time.sleep(0.3)
 
         learners_train(2)
-        epoch = h.store.get_syncer_lease()["epoch"]
+        epoch = h.store.get_syncer_lease().epoch
         killed_at = time.time()
         os.kill(first.pid, signal.SIGKILL)       # by hand: no clean exit, the lease held
         first.wait()
         # Nothing relaunches a syncer here and the lease's stale timeout is 600 s: only the
         # standby can take it, and it does, as the same attempt, in a new epoch.
-        wait_until(lambda: (h.store.get_syncer_lease() or {}).get("pid") == standby,
+        wait_until(lambda: getattr(h.store.get_syncer_lease(), "pid", None) == standby,
                    "the standby's takeover", 120, interval=0.2)
         lease = h.store.get_syncer_lease()
-        assert lease["attempt"] == 0 and lease["epoch"] == epoch + 1, lease
+        assert lease.attempt == 0 and lease.epoch == epoch + 1, lease
         shown = run_status(h.store).syncer        # what `diloco status` shows
         assert (shown.holder, shown.attempt, shown.standby) == (
             "syncer-a0-standby", 0, True), shown
@@ -171,7 +194,7 @@ def test_a_killed_syncer_is_replaced_by_its_standby_and_rounds_go_on_merged_once
         # The supervisor's relaunch (a newer attempt) takes over from the standby, which is
         # fenced and ends without writing.
         relaunched = _spawn(uri, 1, tmp_path / "relaunched.log")
-        wait_until(lambda: (h.store.get_syncer_lease() or {}).get("pid") == relaunched.pid,
+        wait_until(lambda: getattr(h.store.get_syncer_lease(), "pid", None) == relaunched.pid,
                    "the relaunch's takeover", 180, interval=0.2)
         shown = run_status(h.store).syncer
         assert (shown.state, shown.holder, shown.standby) == (
@@ -187,7 +210,7 @@ def test_a_killed_syncer_is_replaced_by_its_standby_and_rounds_go_on_merged_once
         relaunched.terminate()
         relaunched.wait(60)
         assert not _alive(second_standby)
-        assert h.store.get_syncer_lease()["status"] == "released"
+        assert h.store.get_syncer_lease().status == "released"
         assert run_status(h.store).syncer.state == "released"
     finally:
         for proc in (first, relaunched):

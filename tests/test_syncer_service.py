@@ -85,7 +85,7 @@ def test_the_service_merges_at_once_and_the_sensor_mirrors_it(harness):
     assert isinstance(meta.published_at, float) and meta.finite
     _round(h, service, 1)
     assert h.store.version_meta(1).round == 1
-    assert h.store.get_eval(1)["by"] == "syncer"    # once per outer step (P = 2 rounds)
+    assert h.store.get_eval(1).by == "syncer"    # once per outer step (P = 2 rounds)
     assert service.progress.decision_to_publish and len(service.progress.decision_to_publish) == 2
 
     # The sensor, with the lease moving, only mirrors: partitions, offers, merges, checks, eval.
@@ -185,12 +185,12 @@ def test_real_syncer_processes_race_for_the_lease(harness, tmp_path):
     first = _spawn(uri, 0, tmp_path / "a.log")
     second = None
     try:
-        wait_until(lambda: (h.store.get_syncer_lease() or {}).get("pid") == first.pid,
+        wait_until(lambda: getattr(h.store.get_syncer_lease(), "pid", None) == first.pid,
                    "the first syncer's lease", 120, interval=0.2)
         second = _spawn(uri, 0, tmp_path / "b.log")
         assert second.wait(120) == 0
         assert "refused" in (tmp_path / "b.log").read_text()
-        assert h.store.get_syncer_lease()["pid"] == first.pid
+        assert h.store.get_syncer_lease().pid == first.pid
 
         def learners_train(rounds: int) -> None:
             target = _open_round(h.store) + rounds
@@ -212,7 +212,7 @@ def test_real_syncer_processes_race_for_the_lease(harness, tmp_path):
         takeover_at = time.time()
         third = _spawn(uri, 1, tmp_path / "c.log")
         try:
-            wait_until(lambda: (h.store.get_syncer_lease() or {}).get("pid") == third.pid,
+            wait_until(lambda: getattr(h.store.get_syncer_lease(), "pid", None) == third.pid,
                        "the newer attempt's takeover", 120, interval=0.2)
             learners_train(3)
             os.kill(first.pid, signal.SIGCONT)  # the zombie wakes up mid-loop
@@ -399,7 +399,8 @@ def test_the_service_writes_the_summary_with_its_own_evals_once_the_learners_end
     service.progress.initial_eval = run_summary.evaluate_global(h.store, version=0)
     _finish(h, service)
     assert service.progress.last_eval is not None     # the final eval, after the last final merge
-    assert service.progress.last_eval["versions"] == [h.store.current_version(p) for p in range(2)]
+    assert service.progress.last_eval.versions == tuple(h.store.current_version(p)
+                                                        for p in range(2))
 
     # Learners still "stopping" (offering, checkpointing): the syncer waits for them.
     for name in NAMES:
@@ -417,18 +418,18 @@ def test_the_service_writes_the_summary_with_its_own_evals_once_the_learners_end
     monkeypatch.setattr(run_summary, "evaluate_global", no_second_eval)
     service._summarize()
     summary = h.store.get_summary()
-    assert summary["summarized_by"] == "syncer-a0"
-    assert summary["initial_eval_loss"] == service.progress.initial_eval["loss"]
-    assert summary["final_eval_loss"] == service.progress.last_eval["loss"]
+    assert summary.summarized_by == "syncer-a0"
+    assert summary.outcome.initial_eval_loss == service.progress.initial_eval.loss
+    assert summary.outcome.final_eval_loss == service.progress.last_eval.loss
     # (the harness's offers are synthetic: the losses differ, without a direction)
-    assert summary["final_eval_loss"] != summary["initial_eval_loss"]
-    assert summary["evals"]["final"]["versions"] == service.progress.last_eval["versions"] != [0, 0]
+    assert summary.outcome.final_eval_loss != summary.outcome.initial_eval_loss
+    assert summary.evals.final.versions == service.progress.last_eval.versions != (0, 0)
 
     result = h.defs.resolve_job_def("summarize").execute_in_process(instance=h.instance)
     assert result.success
     recorded = h.store.get_summary()
-    assert recorded["summarized_by"] == "summarize"
-    assert recorded["final_eval_loss"] == summary["final_eval_loss"]
+    assert recorded.summarized_by == "summarize"
+    assert recorded.outcome.final_eval_loss == summary.outcome.final_eval_loss
 
 
 def test_the_summary_evaluates_again_where_a_given_eval_saw_other_versions(harness,
@@ -436,21 +437,23 @@ def test_the_summary_evaluates_again_where_a_given_eval_saw_other_versions(harne
     """An eval made before the last merge (or on other batches) is never passed off as the
     final one."""
     import pipelines.run_summary as run_summary
+    from resources.store.summary_records import Evals
 
     h = harness
     service = _service_after_round_0(h)
     _round(h, service, 1)
-    stale = {**run_summary.evaluate_global(h.store), "versions": [0, 0]}
-    other_batches = {**stale, "versions": [h.store.current_version(p) for p in range(2)],
-                     "batches": stale["batches"] + 1}
+    stale = run_summary.evaluate_global(h.store).model_copy(update={"versions": (0, 0)})
+    other_batches = stale.model_copy(update={
+        "versions": tuple(h.store.current_version(p) for p in range(2)),
+        "batches": stale.batches + 1})
     calls = []
     original = run_summary.evaluate_global
     monkeypatch.setattr(run_summary, "evaluate_global",
                         lambda *a, **k: calls.append(k.get("version")) or original(*a, **k))
-    run_summary.build_summary(h.store, evals={"initial": stale, "final": stale})
+    run_summary.build_summary(h.store, evals=Evals(initial=stale, final=stale))
     assert calls == [None]          # the version-0 eval was current as the initial one
     calls.clear()
-    run_summary.build_summary(h.store, evals={"initial": None, "final": other_batches})
+    run_summary.build_summary(h.store, evals=Evals(initial=None, final=other_batches))
     assert calls == [0, None]
 
 

@@ -115,7 +115,8 @@ def test_a_run_launched_and_inspected_from_the_dagster_ui(dagster, page: Page):
         run_id = _launch_from_the_launchpad(page, dagster, shot)
         summary = _wait_for_the_run(dagster, run_id)
         keys = _merged_partitions(dagster)
-        assert len(keys) == summary["rounds_merged"] >= 3, (keys, summary["rounds_merged"])
+        merged = summary.outcome.rounds_merged
+        assert len(keys) == merged >= 3, (keys, merged)
         _runs_list(page, shot)
         _partitions(page, keys, shot)
         _decision_table(page, shot)
@@ -173,7 +174,7 @@ def _wait_for_the_run(dagster, run_id: str, timeout: float = 720.0) -> dict:
         with contextlib.suppress(OSError, ValueError):  # a read racing a write
             summary = store.get_summary()
             if (summary is not None
-                    and summary.get("summarized_by") == ArtifactStore.SUMMARY_RECORDED_BY):
+                    and summary.summarized_by == ArtifactStore.SUMMARY_RECORDED_BY):
                 config = store.get_config()
                 # The YAML typed into the launchpad is what the experiment runs.
                 assert config["model"]["preset"] == "tiny", config["model"]

@@ -20,6 +20,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import yaml
@@ -180,6 +181,19 @@ def _init_storage(home: Path) -> None:
         instance.all_instigator_state()
 
 
+@dataclass(frozen=True)
+class Restart:
+    """One restart of (part of) the instance: which services, when, how long it took, and
+    how many runs it left in progress that were marked failed."""
+    services: tuple[str, ...]
+    at: float
+    reaped_runs: int
+    seconds: float
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "services": list(self.services)}
+
+
 class DagsterDev:
     """`with DagsterDev(home, env) as dev:` serves the code location until the block ends.
 
@@ -206,7 +220,7 @@ class DagsterDev:
         self.log_path = log_path or self.home / "dagster-dev.log"
         self.split = split
         self.services: dict[str, Service] = {}
-        self.restarts: list[dict] = []
+        self.restarts: list[Restart] = []
 
     def _build_services(self) -> None:
         py = sys.executable
@@ -294,8 +308,8 @@ class DagsterDev:
             self.services[name].stop(crash=True)
         reaped = reap_orphaned_runs(self.home) if reap else []
         self._start(names)
-        self.restarts.append({"services": names, "at": began, "reaped_runs": len(reaped),
-                              "seconds": time.time() - began})
+        self.restarts.append(Restart(services=tuple(names), at=began, reaped_runs=len(reaped),
+                                     seconds=time.time() - began))
 
     def _start(self, names: list[str]) -> None:
         # The code server first: the webserver and the daemon load the code location once at

@@ -40,6 +40,7 @@ from pipelines.commands.dagster_dev import DagsterDev, check_postgres_url, redac
 from pipelines.run_address import run_commands
 from resources.store.artifact_store import ArtifactStore
 from resources.store.backends import open_blob_store
+from resources.store.summary_records import Distribution, RunSummary
 
 
 @dataclass
@@ -71,7 +72,7 @@ def _progress_line(store: ArtifactStore, cfg: ExperimentConfig, watch: Watch) ->
         f"{n.split('-')[-1]}:down@0" if b is None else
         f"{n.split('-')[-1]}:{b.status}@{b.step}{f'(a{b.attempt})' if b.attempt else ''}"
         for n, b in beats.items())
-    loss = f"{evals['loss']:.3f}" if evals else "-"
+    loss = f"{evals.loss:.3f}" if evals else "-"
     return (f"[{time.time() - watch.started:6.0f}s] tokens {tokens / cfg.token_budget:6.1%}  "
             f"round {r:>3}  merges {sum(versions):>3}  eval loss {loss}  | {learners}")
 
@@ -105,17 +106,17 @@ def _kill_syncer(store: ArtifactStore, cfg: ExperimentConfig, watch: Watch) -> N
     merges = sum(store.current_version(p) or 0 for p in range(cfg.sync.num_fragments))
     if merges < 4 * cfg.sync.num_fragments:
         return
-    lease = store.get_syncer_lease() or {}
-    if lease.get("status") != "syncing" or not isinstance(lease.get("pid"), int):
+    lease = store.get_syncer_lease()
+    if lease is None or lease.status != "syncing" or lease.pid is None:
         return
     try:
-        os.kill(lease["pid"], signal.SIGKILL)
+        os.kill(lease.pid, signal.SIGKILL)
     except ProcessLookupError:
         return
-    watch.syncer_killed.append({"pid": lease["pid"], "attempt": lease.get("attempt"),
+    watch.syncer_killed.append({"pid": lease.pid, "attempt": lease.attempt,
                                 "at": time.time(), "merges": merges,
                                 "after_seconds": time.time() - watch.started})
-    print(f"chaos: killed the syncer (pid {lease['pid']}) after {merges} merges", flush=True)
+    print(f"chaos: killed the syncer (pid {lease.pid}) after {merges} merges", flush=True)
 
 
 def _restart_due(dev: DagsterDev, store: ArtifactStore, watch: Watch, launched: float) -> None:
@@ -128,9 +129,28 @@ def _restart_due(dev: DagsterDev, store: ArtifactStore, watch: Watch, launched: 
         print(f"chaos: {fault.kind} ({fault.id}) at {time.time() - launched:.0f}s", flush=True)
         {"daemon_restart": dev.restart_daemon, "webserver_restart": dev.restart_webserver,
          "instance_restart": dev.restart_instance}[fault.kind]()
-        watch.restarts.append({"id": fault.id, "kind": fault.kind, **dev.restarts[-1]})
-        print(f"chaos: {fault.kind} done in {dev.restarts[-1]['seconds']:.1f}s "
-              f"({dev.restarts[-1]['reaped_runs']} orphaned runs marked failed)", flush=True)
+        restart = dev.restarts[-1]
+        watch.restarts.append({"id": fault.id, "kind": fault.kind, **restart.to_json()})
+        print(f"chaos: {fault.kind} done in {restart.seconds:.1f}s "
+              f"({restart.reaped_runs} orphaned runs marked failed)", flush=True)
+
+
+@dataclass(frozen=True)
+class DemoReport:
+    """What `diloco demo` prints and writes with `--json`: the run's summary, and what the
+    demo itself did and saw (wall time, the processes it killed, the restarts it made)."""
+    summary: RunSummary
+    wall_seconds: float
+    watch: Watch
+    workdir: str
+    stopped_early: dict | None
+
+    def to_json(self) -> dict:
+        return {**self.summary.to_json(), "wall_seconds": self.wall_seconds,
+                "failures_injected": self.watch.failures_injected,
+                "killed": self.watch.killed, "syncer_killed": self.watch.syncer_killed,
+                "restarts": self.watch.restarts, "workdir": self.workdir,
+                "stopped_early": self.stopped_early}
 
 
 def run_demo(cfg: ExperimentConfig, *, chaos: bool, json_path: str | None, workdir: str | None,
@@ -182,10 +202,10 @@ def _already_finished(store: ArtifactStore, root: Path, store_uri: str) -> bool:
             if isinstance(ended, (int, float)) else "earlier")
     stopped = " (stopped early at an operator's request)" if store.stop_request() else ""
     print(f"demo: experiment {store.experiment} in {root} already finished ({when}){stopped}: "
-          f"{summary.get('rounds_merged')} rounds merged, held-out loss "
-          f"{summary.get('initial_eval_loss', float('nan')):.3f} -> "
-          f"{summary.get('final_eval_loss', float('nan')):.3f}. Nothing to run; start a new "
-          "demo without --workdir (or with a new one).")
+          f"{summary.outcome.rounds_merged} rounds merged, held-out loss "
+          f"{_loss(summary.outcome.initial_eval_loss)} -> "
+          f"{_loss(summary.outcome.final_eval_loss)}. Nothing "
+          "to run; start a new demo without --workdir (or with a new one).")
     commands = run_commands(store_uri, store.experiment)
     print(f"demo: see it with:    {commands['status']}")
     print(f"demo: export it with: {commands['export']}")
@@ -272,32 +292,29 @@ def _drive(cfg: ExperimentConfig, root: Path, store: ArtifactStore, store_uri: s
             print(f"demo: no summary after {timeout:.0f}s; stopping (logs in {dev.log_path})",
                   file=sys.stderr)
             return 1
-    summary = {**summary, "wall_seconds": wall,
-               "failures_injected": watch.failures_injected, "killed": watch.killed,
-               "syncer_killed": watch.syncer_killed,
-               "restarts": watch.restarts, "workdir": str(root),
-               "stopped_early": store.stop_request()}
-    _print_summary(summary)
+    report = DemoReport(summary=summary, wall_seconds=wall, watch=watch, workdir=str(root),
+                        stopped_early=store.stop_request())
+    _print_summary(report)
     if json_path:
-        Path(json_path).write_text(json.dumps(summary, indent=2))
+        Path(json_path).write_text(json.dumps(report.to_json(), indent=2))
         print(f"demo: summary written to {json_path}")
     print(f"demo: see it with:    {commands['status']}")
     print(f"demo: export it with: {commands['export']}")
     return 0
 
 
-def _recorded_summary(store, summary: dict, deadline: float) -> dict:
+def _recorded_summary(store, summary: RunSummary, deadline: float) -> RunSummary:
     """The summary once the `summarize` run has recorded it as Dagster's `run_summary` asset
     (the syncer writes it a sensor tick and a run launch earlier): shutting Dagster down
     before would leave the asset missing. Waits at most a minute, then goes on with what the
     syncer wrote."""
     recorded = ArtifactStore.SUMMARY_RECORDED_BY
     until = min(deadline, time.monotonic() + 60.0)
-    while summary.get("summarized_by") != recorded and time.monotonic() < until:
+    while summary.summarized_by != recorded and time.monotonic() < until:
         time.sleep(0.5)
         with contextlib.suppress(OSError, ValueError):
             summary = store.get_summary() or summary
-    if summary.get("summarized_by") != recorded:
+    if summary.summarized_by != recorded:
         print("demo: the summarize run did not record the summary within a minute",
               file=sys.stderr)
     return summary
@@ -312,49 +329,59 @@ def _stop_line(request: dict) -> str:
     return f"at {when}, requested by {request.get('requested_by') or 'an operator'}: {reason}"
 
 
-def _print_summary(s: dict) -> None:
+def _loss(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _p90(d: Distribution, digits: int) -> str:
+    return "-" if d.p90 is None else f"{d.p90:.{digits}f}"
+
+
+def _print_summary(report: DemoReport) -> None:
+    s = report.summary
+    o, t, learners = s.outcome, s.timing, s.learners
     print()
-    print(f"rounds merged        {s['rounds_merged']} of {s['rounds_opened']} opened")
-    print(f"held-out loss        {s['initial_eval_loss']:.3f} -> {s['final_eval_loss']:.3f} "
-          f"({s['final_bits_per_byte']:.3f} bits/byte)")
-    print(f"tokens               {s['tokens']:,} (budget {s['token_budget']:,})")
-    print(f"uptime               {s['uptime']:.3f}")
-    print(f"learner idle         {s['learner_idle_fraction']:.1%}")
-    lat = s["merge_latency_seconds"]
-    if lat["median"] is not None:
-        p90 = f"{lat['p90']:.1f}" if lat["p90"] is not None else "-"
-        print(f"merge latency        median {lat['median']:.1f}s, p90 {p90}s "
+    print(f"rounds merged        {o.rounds_merged} of {o.rounds_opened} opened")
+    bits = "-" if o.final_bits_per_byte is None else f"{o.final_bits_per_byte:.3f}"
+    print(f"held-out loss        {_loss(o.initial_eval_loss)} -> {_loss(o.final_eval_loss)} "
+          f"({bits} bits/byte)")
+    budget = "-" if o.token_budget is None else f"{o.token_budget:,}"
+    print(f"tokens               {o.tokens:,} (budget {budget})")
+    if t.uptime is not None:
+        print(f"uptime               {t.uptime:.3f}")
+    if learners.learner_idle_fraction is not None:
+        print(f"learner idle         {learners.learner_idle_fraction:.1%}")
+    lat = t.merge_latency_seconds
+    if lat.median is not None:
+        print(f"merge latency        median {lat.median:.1f}s, p90 {_p90(lat, 1)}s "
               "(quorum -> published)")
-    dec = s.get("decision_to_publish_seconds") or {}
-    if dec.get("median") is not None:
-        p90 = f"{dec['p90']:.3f}" if dec.get("p90") is not None else "-"
-        print(f"decision->published  median {dec['median']:.3f}s, p90 {p90}s")
+    dec = t.decision_to_publish_seconds
+    if dec.median is not None:
+        print(f"decision->published  median {dec.median:.3f}s, p90 {_p90(dec, 3)}s")
     # Who decided and merged: the syncer's attempts, its warm standby (syncer-a<n>-standby)
     # after a kill, the sensor's fallback ("sensor") and its merge runs ("run").
-    if s.get("decided_by"):
-        print(f"decided by           "
-              f"{', '.join(f'{k} {v}' for k, v in s['decided_by'].items())}")
-    if s.get("merged_by"):
-        print(f"merged by            {', '.join(f'{k} {v}' for k, v in s['merged_by'].items())}")
-    print(f"failures injected    {s['failures_injected']}; rejoined: "
-          f"{', '.join(s['learners_rejoined']) or 'none'}")
-    if s.get("faults_fired"):
-        fired = ", ".join(f"{k} x{v}" for k, v in sorted(s["faults_fired"].items()))
+    if t.decided_by:
+        print(f"decided by           {', '.join(f'{k} {v}' for k, v in t.decided_by.items())}")
+    if t.merged_by:
+        print(f"merged by            {', '.join(f'{k} {v}' for k, v in t.merged_by.items())}")
+    print(f"failures injected    {report.watch.failures_injected}; rejoined: "
+          f"{', '.join(learners.learners_rejoined) or 'none'}")
+    if s.resilience.faults_fired:
+        fired = ", ".join(f"{k} x{v}" for k, v in sorted(s.resilience.faults_fired.items()))
         print(f"faults fired         {fired}")
-    changes = (s.get("capacity") or {}).get("changes") or []
-    if changes:
+    if s.capacity.changes:
         print("capacity             " + ", ".join(
-            f"{c['learner']} {c['action']}s (round {c.get('round')})" for c in changes))
-    if s.get("goodput") is not None:
-        print(f"goodput              {s['goodput']:.3f} (tokens merged / learner capacity)")
-    ledger = s.get("ledger")
-    if ledger:
-        lost = ", ".join(f"{k} {v:,.0f}" for k, v in sorted(ledger["tokens"].items())
-                         if v and k != "merged")
-        print(f"token ledger         {'balanced' if ledger['balanced'] else 'UNBALANCED'}"
-              f"{'' if ledger['exact'] else ' (inexact: crashed attempts)'}; merged "
-              f"{ledger['tokens']['merged']:,.0f}; lost: {lost or 'none'}")
-    if s.get("stopped_early"):
-        print(f"stopped early        {_stop_line(s['stopped_early'])}")
-    print(f"wall time            {s['wall_seconds']:.0f}s")
-    print(f"sample               {s['final_sample']!r}")
+            f"{c.learner} {c.action}s (round {c.round})" for c in s.capacity.changes))
+    if s.resilience.goodput is not None:
+        print(f"goodput              {s.resilience.goodput:.3f} "
+              "(tokens merged / learner capacity)")
+    ledger = s.ledger
+    if ledger is not None:
+        lost = ", ".join(f"{k} {v:,.0f}" for k, v in ledger.lost().items())
+        print(f"token ledger         {'balanced' if ledger.balanced else 'UNBALANCED'}"
+              f"{'' if ledger.exact else ' (inexact: crashed attempts)'}; merged "
+              f"{ledger.tokens.get('merged', 0.0):,.0f}; lost: {lost or 'none'}")
+    if report.stopped_early:
+        print(f"stopped early        {_stop_line(report.stopped_early)}")
+    print(f"wall time            {report.wall_seconds:.0f}s")
+    print(f"sample               {o.final_sample!r}")

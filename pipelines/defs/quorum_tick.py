@@ -20,6 +20,7 @@ from pipelines.offer_summary import OfferSummary
 from pipelines.partition_keys import learner_partition_key, partition_key
 from pipelines.round_mirror import fresh_mirror, mirror_tick
 from pipelines.syncer.round_control import RoundController
+from resources.store.lease_record import LeaseRecord
 from resources.store.resource import ArtifactStoreResource
 
 IN_PROGRESS = {dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED,
@@ -79,11 +80,12 @@ def quorum_tick(context: dg.SensorEvaluationContext, store: ArtifactStoreResourc
     if cfg.orchestration.syncer == "sensor":
         return _decide_here(context, artifacts, cfg, cursor, "")
     lease = artifacts.get_syncer_lease()
-    cursor["lease_seen"] = observe(cursor.get("lease_seen"), {"syncer": lease}, now)
+    cursor["lease_seen"] = observe(cursor.get("lease_seen"),
+                                   {"syncer": None if lease is None else lease.to_json()}, now)
     silent = silent_for(cursor["lease_seen"], "syncer", now)
     silent = now - cursor["since"] if silent is None else silent
     timeout = cfg.orchestration.syncer_timeout_seconds
-    releasing = (lease or {}).get("status") == "released"
+    releasing = lease is not None and lease.status == "released"
     # No lease yet: a syncer run on its way to its first one (a run launch and imports, longer
     # than the timeout on a loaded machine) is given the supervisor's allowance, not judged
     # dead: no false "deciding here" at start-up.
@@ -193,18 +195,15 @@ def _syncer_starting(instance: dg.DagsterInstance, exp: str, now: float,
     return now - started < allowance
 
 
-def _lease_holder(lease: dict | None, moved_ago: float) -> str:
+def _lease_holder(lease: LeaseRecord | None, moved_ago: float) -> str:
     """Who keeps the syncer's lease, for the tick's reason in the UI (the syncer's attempt or
     its warm standby). The age is since this sensor last saw the lease move, on its own clock:
     the holder's clock is never compared with it."""
-    from resources.store.lease import LeaseView
-
-    view = LeaseView.of(lease)
-    if view is None:
+    if lease is None:
         return "no syncer has taken the lease yet"
-    who = f"{view.name} (attempt {view.attempt}" + (
-        ", the warm standby" if view.standby else "") + ")"
-    if view.status == "released":
+    who = f"{lease.holder_name} (attempt {lease.attempt}" + (
+        ", the warm standby" if lease.standby else "") + ")"
+    if lease.status == "released":
         return f"{who} released the syncer's lease"
     return f"{who} holds the syncer's lease, seen moving {moved_ago:.0f}s ago"
 

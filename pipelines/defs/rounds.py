@@ -133,20 +133,21 @@ def heldout_eval(context: dg.AssetExecutionContext, config: EvalConfig,
                  store: ArtifactStoreResource):
     from pipelines.round_eval import evaluate_global
     from resources.store.artifact_store import Conflict
+    from resources.store.summary_records import RoundEval
 
     artifacts = run_store(context, store)
     round_index = run_round(context)
     result = evaluate_global(artifacts, config.batches or None)
     standard = (artifacts.get_config() or {}).get("orchestration", {}).get("eval_batches")
-    if result["batches"] != standard:
+    if result.batches != standard:
         # The store's per-round evals are one series (the progress line, the run's curves, the
         # regression check read it): an eval on other held-out batches would sit in it as a
         # jump. The soak's curve once showed a 16-batch eval 0.6 below its 4-batch neighbours.
-        context.log.info(f"round {round_index}: a {result['batches']}-batch eval is recorded in "
+        context.log.info(f"round {round_index}: a {result.batches}-batch eval is recorded in "
                          f"Dagster only; the store keeps the {standard}-batch series")
     else:
         try:
-            artifacts.put_eval(round_index, result)
+            artifacts.put_eval(round_index, RoundEval(**dict(result)))
         except Conflict:
             context.log.info(f"round {round_index} already has an eval in the store; this one "
                              "(newer versions) is recorded in Dagster only")
@@ -155,11 +156,11 @@ def heldout_eval(context: dg.AssetExecutionContext, config: EvalConfig,
         previous = artifacts.get_eval(earlier)
         if previous is not None:
             break
-    context.log.info(f"round {round_index}: held-out loss {result['loss']:.4f}")
+    context.log.info(f"round {round_index}: held-out loss {result.loss:.4f}")
     _to_metrics_sink(context, artifacts, round_index, lambda: {
-        "eval/loss": result["loss"], "eval/bits_per_byte": result["bits_per_byte"]})
+        "eval/loss": result.loss, "eval/bits_per_byte": result.bits_per_byte})
     yield dg.MaterializeResult(metadata=heldout_eval_metadata(result, round_index))
-    yield dg.AssetCheckResult(**eval_regression(result, previous))
+    yield dg.AssetCheckResult(**eval_regression(result, previous)._asdict())
 
 
 merge_job = dg.define_asset_job(

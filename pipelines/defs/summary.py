@@ -19,23 +19,24 @@ def run_summary(context: dg.AssetExecutionContext, store: ArtifactStoreResource)
     from pipelines.run_summary import build_summary
 
     artifacts = run_store(context, store)
-    written = artifacts.get_summary() or {}
-    summary = {**build_summary(artifacts, evals=written.get("evals")),
-               "summarized_by": ArtifactStore.SUMMARY_RECORDED_BY}
+    written = artifacts.get_summary()
+    summary = build_summary(artifacts, evals=None if written is None else written.evals)
+    summary = summary.model_copy(update={"summarized_by": ArtifactStore.SUMMARY_RECORDED_BY})
     artifacts.put_summary(summary)
     active = store.active()
     if active is not None and active.experiment == artifacts.experiment:
         store.set_active(None)  # the sensors go quiet until the next `train`
-    context.log.info(f"{summary['rounds_merged']} rounds merged; held-out loss "
-                     f"{summary['initial_eval_loss']:.3f} -> {summary['final_eval_loss']:.3f}")
+    outcome = summary.outcome
+    context.log.info(f"{outcome.rounds_merged} rounds merged; held-out loss "
+                     f"{outcome.initial_eval_loss:.3f} -> {outcome.final_eval_loss:.3f}")
     return dg.MaterializeResult(metadata={
-        "rounds_merged": summary["rounds_merged"],
-        "initial_eval_loss": summary["initial_eval_loss"],
-        "final_eval_loss": summary["final_eval_loss"],
-        "tokens": summary["tokens"], "uptime": summary["uptime"],
-        "learner_idle_fraction": summary["learner_idle_fraction"],
-        "learners_rejoined": ", ".join(summary["learners_rejoined"]) or "none",
-        "summary": dg.MetadataValue.json(summary),
+        "rounds_merged": outcome.rounds_merged,
+        "initial_eval_loss": outcome.initial_eval_loss,
+        "final_eval_loss": outcome.final_eval_loss,
+        "tokens": outcome.tokens, "uptime": summary.timing.uptime,
+        "learner_idle_fraction": summary.learners.learner_idle_fraction,
+        "learners_rejoined": ", ".join(summary.learners.learners_rejoined) or "none",
+        "summary": dg.MetadataValue.json(summary.to_json()),
     })
 
 

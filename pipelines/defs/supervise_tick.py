@@ -187,7 +187,8 @@ def _supervise_syncer(context: dg.SensorEvaluationContext, artifacts, orch, stat
         return None, ""
     exp = artifacts.experiment
     lease = artifacts.get_syncer_lease()
-    state["syncer_seen"] = observe(state.get("syncer_seen"), {"syncer": lease}, now)
+    state["syncer_seen"] = observe(state.get("syncer_seen"),
+                                   {"syncer": None if lease is None else lease.to_json()}, now)
     records = context.instance.get_run_records(
         filters=dg.RunsFilter(job_name="syncer", tags={EXPERIMENT_TAG: exp}))
     running = [rec for rec in records if rec.dagster_run.status in IN_PROGRESS]
@@ -200,7 +201,7 @@ def _supervise_syncer(context: dg.SensorEvaluationContext, artifacts, orch, stat
         silent = silent_for(state["syncer_seen"], "syncer", now)
         started = running[0].start_time or running[0].create_timestamp.timestamp()
         timeout = orch.syncer_timeout_seconds
-        mine = (lease or {}).get("attempt") == attempt
+        mine = lease is not None and lease.attempt == attempt
         # Falling back costs nothing (the sensor decides after one timeout); ending the run
         # costs a relaunch and a warm-up, so it waits for three.
         if mine and silent is not None and silent > 3 * timeout:

@@ -3,6 +3,8 @@ summary: merges and their latency, its evals, what retention pruned."""
 
 from dataclasses import dataclass, field
 
+from resources.store.summary_records import HeldoutEval
+
 
 @dataclass
 class SyncerProgress:
@@ -13,6 +15,6 @@ class SyncerProgress:
     merges_since_eval: int = 0
     # The summary's evals, made with this process's warm eval program: version 0 of every
     # fragment (during the warm-up) and the last eval after a merge.
-    initial_eval: dict | None = None
-    last_eval: dict | None = None
+    initial_eval: HeldoutEval | None = None
+    last_eval: HeldoutEval | None = None
     pruned_objects: int = 0

@@ -54,6 +54,8 @@ from resources.compile_cache import enable_compilation_cache
 from resources.metrics_sink import open_sink
 from resources.store.artifact_store import ArtifactStore, Conflict, RejectedArtifact
 from resources.store.lease import LeaseLost, LeaseRefused, SyncerLease
+from resources.store.lease_record import LeaseRecord
+from resources.store.summary_records import Evals, RoundEval
 
 Log = Callable[[str], None]
 PROGRESS_SECONDS = 30.0     # how often a progress line goes to the log (Dagster's run log)
@@ -110,12 +112,12 @@ class SyncerService:
         self.log(f"{self.name}: standing by for the syncer (pid {parent_pid})")
         wait_for_parent()
         lease = self.lease.read()
-        record = lease.record if lease is not None else {}
-        if (self.store.finished() is not None or record.get("pid") != parent_pid
-                or record.get("status") != "syncing"):
+        record = lease.record if lease is not None else LeaseRecord()
+        if (self.store.finished() is not None or record.pid != parent_pid
+                or record.status != "syncing"):
             self.status = "not needed"
             self.log(f"{self.name}: the syncer (pid {parent_pid}) ended; the lease is "
-                     f"{record.get('status')} by pid {record.get('pid')}: not taking it")
+                     f"{record.status} by pid {record.pid}: not taking it")
             return self.record()
         self.log(f"{self.name}: the syncer (pid {parent_pid}) died holding the lease: "
                  "taking it over")
@@ -135,7 +137,7 @@ class SyncerService:
             self.log(f"syncer attempt {self.attempt}: refused: {err}")
             return self.record()
         self.log(f"syncer attempt {self.attempt} holds the lease (epoch "
-                 f"{self.lease.held.record['epoch']}); polling every "
+                 f"{self.lease.held.record.epoch}); polling every "
                  f"{orch.syncer_poll_seconds}s"
                  + (", compiling the merge and eval programs meanwhile"
                     if self.progress.initial_eval is None else ""))
@@ -313,10 +315,10 @@ class SyncerService:
         self.progress.last_eval = result
         round_index = int(self.state["round"])
         with contextlib.suppress(Conflict):   # a fallback merge run evaluated this round
-            self.store.put_eval(round_index, {**result, "by": "syncer"})
+            self.store.put_eval(round_index, RoundEval(**dict(result), by="syncer"))
         if self.metrics is not None:
-            self.metrics.scalars(round_index, {"eval/loss": result["loss"],
-                                               "eval/bits_per_byte": result["bits_per_byte"]})
+            self.metrics.scalars(round_index, {"eval/loss": result.loss,
+                                               "eval/bits_per_byte": result.bits_per_byte})
         self.progress.merges_since_eval = 0
         self.progress.last_eval_round = round_index
 
@@ -334,11 +336,12 @@ class SyncerService:
             if self._warm is not None:      # its eval is the summary's initial eval
                 self._warm.join(timeout=300)
             self.lease.check()
-            summary = build_summary(self.store, evals={"initial": self.progress.initial_eval,
-                                                       "final": self.progress.last_eval})
-            self.store.put_summary({**summary, "summarized_by": self.name})
+            summary = build_summary(self.store, evals=Evals(initial=self.progress.initial_eval,
+                                                            final=self.progress.last_eval))
+            self.store.put_summary(summary.model_copy(update={"summarized_by": self.name}))
             self.log(f"syncer: run summary written (held-out loss "
-                     f"{summary['initial_eval_loss']:.3f} -> {summary['final_eval_loss']:.3f})")
+                     f"{summary.outcome.initial_eval_loss:.3f} -> "
+                     f"{summary.outcome.final_eval_loss:.3f})")
         except LeaseLost:
             raise
         except Exception as err:  # noqa: BLE001 - the summarize run writes it instead

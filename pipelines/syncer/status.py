@@ -13,7 +13,6 @@ from dataclasses import dataclass, replace
 from diloco_core.config import ExperimentConfig
 from diloco_core.round_records import RoundDecision
 from resources.store.artifact_store import ArtifactStore
-from resources.store.lease import LeaseView
 
 
 def _age(now: float, then: float | None) -> float | None:
@@ -53,17 +52,17 @@ def syncer_status(store: ArtifactStore, cfg: ExperimentConfig,
         last.round, last.decided_by, _age(now, last.decided_at)))
     if cfg.orchestration.syncer != "service":
         return row
-    lease = LeaseView.of(store.get_syncer_lease())
+    lease = store.get_syncer_lease()
     if lease is None:
         return replace(row, state="none")
-    renewed = _age(now, lease.renewed_at)
+    renewed = _age(now, lease.time)
     if lease.status == "released":
         state = "released"
     elif renewed is not None and renewed > cfg.orchestration.syncer_timeout_seconds:
         state = "silent"
     else:
         state = "syncing"
-    return replace(row, state=state, holder=lease.name, attempt=lease.attempt,
+    return replace(row, state=state, holder=lease.holder_name, attempt=lease.attempt,
                    standby=lease.standby, epoch=lease.epoch, since=lease.since,
                    held_for_s=_age(now, lease.since), renewed_age_s=renewed)
 

@@ -36,17 +36,17 @@ who holds it, as its records say. Older records lack the last two.)
 """
 
 import json
-import math
 import os
 import socket
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from resources.store import layout
 from resources.store.artifact_store import ArtifactStore
 from resources.store.blobs import BlobNotFound, PreconditionFailed
+from resources.store.lease_record import LeaseRecord
 
 RENEW_SECONDS = 1.0
 
@@ -61,55 +61,8 @@ class LeaseLost(RuntimeError):
 
 @dataclass(frozen=True)
 class LeaseState:
-    record: dict
+    record: LeaseRecord
     generation: int
-
-
-def _int(value, default: int) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
-
-
-@dataclass(frozen=True)
-class LeaseView:
-    """The lease record as an observer reads it (`diloco status`): typed, with anything
-    missing or malformed as None. Times are the holder's wall clock."""
-    name: str
-    attempt: int | None
-    epoch: int | None
-    status: str
-    standby: bool
-    since: float | None
-    renewed_at: float | None
-
-    @classmethod
-    def of(cls, record: dict | None) -> "LeaseView | None":
-        if not isinstance(record, dict) or not record:
-            return None
-        attempt, epoch = _count(record.get("attempt")), _count(record.get("epoch"))
-        name = record.get("name")
-        if not isinstance(name, str) or not name:
-            name = "syncer" if attempt is None else f"syncer-a{attempt}"
-        return cls(name=name, attempt=attempt, epoch=epoch,
-                   status=str(record.get("status") or "unknown"),
-                   standby=name.endswith("-standby"),
-                   since=_time(record.get("since")), renewed_at=_time(record.get("time")))
-
-
-def _count(value) -> int | None:
-    value = _int(value, -1)
-    return value if value >= 0 else None
-
-
-def _time(value) -> float | None:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    return float(value) if ok else None
-
-
-def lease_marker(record: dict | None) -> str | None:
-    """What changes on every renewal (for observers' `liveness.observe`)."""
-    if not isinstance(record, dict):
-        return None
-    return f"{record.get('epoch')}|{record.get('beat')}|{record.get('status')}"
 
 
 class SyncerLease:
@@ -142,9 +95,9 @@ class SyncerLease:
                 continue
             try:
                 record = json.loads(data)
-            except (UnicodeDecodeError, json.JSONDecodeError):
+            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
                 record = {}
-            return LeaseState(record if isinstance(record, dict) else {}, info.generation)
+            return LeaseState(LeaseRecord.from_json(record), info.generation)
         raise LeaseRefused("the lease record keeps changing; cannot read it consistently")
 
     # ---- taking, keeping and giving it back ---------------------------------------------------
@@ -162,26 +115,27 @@ class SyncerLease:
                     return self.held
                 continue
             record = current.record
-            theirs, epoch = _int(record.get("attempt"), -1), _int(record.get("epoch"), 0)
+            theirs = -1 if record.attempt is None else record.attempt
+            epoch = record.epoch
             if theirs > self.attempt:
                 raise LeaseRefused(f"attempt {theirs} of the syncer holds the lease (this is "
                                    f"attempt {self.attempt})")
-            if dead is not None and str(record.get("holder", "")).startswith(dead):
+            if dead is not None and record.holder.startswith(dead):
                 pass     # the holder's process ended: nothing to wait for
-            elif record.get("status") != "released" and theirs == self.attempt:
-                marker, now = lease_marker(record), self.clock()
+            elif record.status != "released" and theirs == self.attempt:
+                marker, now = record.marker, self.clock()
                 if watched is None or watched[0] != marker:
                     watched = (marker, now)
                 if now - watched[1] < stale_after:
                     if now - started >= 2 * stale_after:
                         raise LeaseRefused(
                             f"another syncer of attempt {theirs} holds the lease and keeps "
-                            f"renewing it ({record.get('holder')})")
+                            f"renewing it ({record.holder})")
                     self.sleep(min(RENEW_SECONDS, stale_after / 4))
                     continue
             if self._write(self._record(epoch=epoch + 1), if_generation=current.generation):
                 log(f"syncer attempt {self.attempt}: took the lease (epoch {epoch + 1}) from "
-                    f"{record.get('holder')} (attempt {theirs}, {record.get('status')})")
+                    f"{record.holder} (attempt {theirs}, {record.status})")
                 return self.held
 
     def renew(self, force: bool = False) -> None:
@@ -191,12 +145,11 @@ class SyncerLease:
             raise LeaseLost("no lease held")
         if not force and self.clock() - self._renewed_at < RENEW_SECONDS:
             return
-        record = {**self.held.record, "beat": int(self.held.record["beat"]) + 1,
-                  "time": time.time()}
+        record = replace(self.held.record, beat=self.held.record.beat + 1, time=time.time())
         if not self._write(record, if_generation=self.held.generation):
             lost, self.held = self.held, None
             raise LeaseLost(f"syncer attempt {self.attempt} lost the lease (epoch "
-                            f"{lost.record['epoch']}): another syncer took over")
+                            f"{lost.record.epoch}): another syncer took over")
 
     def check(self) -> None:
         """Before a commit-point write: still ours? (one metadata read)."""
@@ -211,20 +164,20 @@ class SyncerLease:
         """Give the lease back (a clean exit), so the next syncer need not wait."""
         if self.held is None:
             return
-        self._write({**self.held.record, "status": "released", "time": time.time(),
-                     "beat": int(self.held.record["beat"]) + 1},
+        self._write(replace(self.held.record, status="released", time=time.time(),
+                            beat=self.held.record.beat + 1),
                     if_generation=self.held.generation)
         self.held = None
 
     # ---- plumbing -----------------------------------------------------------------------------
-    def _record(self, epoch: int) -> dict:
+    def _record(self, epoch: int) -> LeaseRecord:
         now = time.time()
-        return {"holder": self.holder, "attempt": self.attempt, "epoch": epoch, "beat": 0,
-                "status": "syncing", "time": now, "pid": os.getpid(), "name": self.name,
-                "since": now}
+        return LeaseRecord(holder=self.holder, attempt=self.attempt, epoch=epoch, beat=0,
+                           status="syncing", time=now, pid=os.getpid(), name=self.name,
+                           since=now)
 
-    def _write(self, record: dict, if_generation: int) -> bool:
-        data = json.dumps(record, sort_keys=True).encode()
+    def _write(self, record: LeaseRecord, if_generation: int) -> bool:
+        data = json.dumps(record.to_json(), sort_keys=True).encode()
         try:
             info = self.store.blobs.write(self.key, data, if_generation=if_generation)
         except PreconditionFailed:

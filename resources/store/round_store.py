@@ -32,6 +32,7 @@ from resources.store.store_base import (
     StoreBase,
     _json_bytes,
 )
+from resources.store.summary_records import RoundEval
 
 # Listings of prefixes that learners write are bounded (`BlobStore.list(limit=)`), generously
 # for honest runs: a round's contributions hold 2 objects per learner (manifest, payload); a
@@ -220,11 +221,12 @@ class RoundStore(StoreBase):
         """The merge record of a decided round that committed nothing, None if absent."""
         return self._read_typed(layout.round_outcome(self.experiment, round_index), StoredMerge)
 
-    def put_eval(self, round_index: int, result: Mapping[str, Any]) -> None:
-        self._write_once(layout.evaluation(self.experiment, round_index), _json_bytes(dict(result)))
+    def put_eval(self, round_index: int, result: RoundEval) -> None:
+        self._write_once(layout.evaluation(self.experiment, round_index),
+                         _json_bytes(result.to_json()))
 
-    def get_eval(self, round_index: int) -> dict | None:
-        return self._read_json(layout.evaluation(self.experiment, round_index))
+    def get_eval(self, round_index: int) -> RoundEval | None:
+        return self._read_model(layout.evaluation(self.experiment, round_index), RoundEval)
 
     def open_round(self, round_index: int, record: RoundOpen | Mapping[str, Any]) -> None:
         """Open a round: its record is write-once; then the OPEN pointer moves to it (learners

@@ -16,6 +16,7 @@ from diloco_core.round_records import MAX_INT, RecordError
 from resources.store import layout
 from resources.store.blobs import BlobNotFound, BlobStore, ListingTooLong, PreconditionFailed
 from resources.store.contention import retries
+from resources.store.lease_record import LeaseRecord
 from resources.store.names import check_name
 from resources.store.store_base import (
     Conflict,
@@ -24,6 +25,7 @@ from resources.store.store_base import (
     _json_bytes,
     _roster_of,
 )
+from resources.store.summary_records import RunSummary
 
 # Listings of faults/fired/ are bounded: learners write there in a chaos run.
 MAX_FIRED_LISTED = 10_000        # objects under faults/fired/
@@ -45,12 +47,14 @@ class RunRecords(StoreBase):
     # `run_summary` asset (the syncer service writes it first, under its own name).
     SUMMARY_RECORDED_BY = "summarize"
 
-    def put_summary(self, summary: Mapping[str, Any]) -> None:
+    def put_summary(self, summary: RunSummary) -> None:
         # The one object that is rewritten: the latest summary of a (possibly resumed) run.
-        self.blobs.write(layout.summary(self.experiment), _json_bytes(dict(summary)))
+        self.blobs.write(layout.summary(self.experiment), _json_bytes(summary.to_json()))
 
-    def get_summary(self) -> dict | None:
-        return self._read_json(layout.summary(self.experiment))
+    def get_summary(self) -> RunSummary | None:
+        """The run's summary, None before one is written; `RejectedArtifact` names the field
+        of a stored summary that is not what `RunSummary` describes."""
+        return self._read_model(layout.summary(self.experiment), RunSummary)
 
     def put_fault_tape(self, tape: Mapping[str, Any]) -> None:
         self._write_once(layout.fault_tape(self.experiment), _json_bytes(dict(tape)))
@@ -180,12 +184,14 @@ class RunRecords(StoreBase):
     def finished(self) -> dict | None:
         return self._read_json(layout.finished(self.experiment))
 
-    def get_syncer_lease(self) -> dict | None:
-        """The syncer's lease record as observers see it (`resources.store.lease`)."""
+    def get_syncer_lease(self) -> LeaseRecord | None:
+        """The syncer's lease record as observers see it (`resources.store.lease`); one that
+        cannot be read reads as a record of unknown holder and status."""
         try:
-            return self._read_json(layout.syncer_lease(self.experiment))
+            raw = self._read_json(layout.syncer_lease(self.experiment))
         except RejectedArtifact:
-            return {}
+            raw = {}
+        return None if raw is None else LeaseRecord.from_json(raw)
 
     def get_retention(self) -> dict | None:
         """How far retention got (written by the syncer), or None before its first pass."""

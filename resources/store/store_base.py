@@ -21,6 +21,7 @@ from resources.store.array_bundle import BadBundle, decode_bundle, encode_bundle
 from resources.store.blobs import BlobNotFound, BlobStore, PreconditionFailed
 from resources.store.fan_out import fan_out
 from resources.store.names import check_name
+from resources.store.summary_records import M, SummaryRecordError, parse_record
 
 FORMAT = 1
 DEFAULT_MAX_OBJECT_BYTES = 4 * 2**30
@@ -112,6 +113,16 @@ class StoreBase:
         try:
             return kind.from_json(raw)
         except RecordError as err:
+            raise RejectedArtifact(key, str(err)) from None
+
+    def _read_model(self, key: str, kind: type[M]) -> M | None:
+        """`_read_typed` for the pydantic records of a run's results (`summary_records`)."""
+        raw = self._read_json(key)
+        if raw is None:
+            return None
+        try:
+            return parse_record(kind, raw)
+        except SummaryRecordError as err:
             raise RejectedArtifact(key, str(err)) from None
 
     def _read_object(self, key: str, entry: Mapping[str, Any]) -> dict[str, np.ndarray]:
