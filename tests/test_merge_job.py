@@ -355,3 +355,20 @@ def test_a_version_whose_merge_record_is_malformed_reads_as_no_round(harness):
     _decide(h, 0, ["learner-0"])
     _merge(h, 0)                                 # the broken version is discarded, not kept
     assert h.store.current_version(0) == 1 and h.store.version_meta(0).round == 0
+
+
+def test_a_merge_given_its_decision_merges_it_and_refuses_another_rounds(harness):
+    """The syncer passes the decision it just wrote instead of the merge reading it back; a
+    decision of another round is refused, never merged as this one."""
+    from pipelines.syncer.store_merge import MergeInputError, MergePlan, merge_from_store
+
+    h = harness
+    h.offer("learner-0", 0)
+    _decide(h, 0, ["learner-0"])
+    decision = h.store.get_decision(0)
+    plan = MergePlan.of(h.cfg)
+    with pytest.raises(MergeInputError, match="round 1 was given round 0's decision"):
+        merge_from_store(h.store, 1, merge_plan=plan, decision=decision)
+    outcome = merge_from_store(h.store, 0, merge_plan=plan, decision=decision)
+    assert outcome.committed and outcome.decision == decision
+    assert h.store.version_meta(0).round == 0

@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable
 
 from diloco_core.config_loading import config_from_mapping
+from diloco_core.round_records import RoundDecision
 from pipelines.retention import Retention
 from pipelines.round_eval import evaluate_global
 from pipelines.round_metadata import global_params_metadata, round_scalars
@@ -205,7 +206,7 @@ class SyncerService:
             # Several merges in one poll (a hand-over's backlog, a slow store): keep the lease
             # moving between them (at most one write a second).
             self.lease.renew()
-            self._merge(decision.round)
+            self._merge(decision)
         self._maybe_eval(final=bool(self.state.get("finished")))
         return result.reason
 
@@ -245,13 +246,17 @@ class SyncerService:
                  f"{time.monotonic() - started:.1f}s")
 
     # ---- one round's merge --------------------------------------------------------------------
-    def _merge(self, round_index: int) -> MergeOutcome | None:
+    def _merge(self, decision: RoundDecision) -> MergeOutcome | None:
+        """Merge the round `decision` decided (this process wrote it this tick, or found it in
+        the store: the merge need not read it back)."""
+        round_index = decision.round
         self.hooks.before_merge(round_index)
         hooks = self.hooks.merge(round_index)
         for attempt in range(3):
             try:
                 outcome = merge_from_store(self.store, round_index, hooks, self.merge_plan,
-                                           guard=self.lease.check, merged_by=self.name)
+                                           guard=self.lease.check, merged_by=self.name,
+                                           decision=decision)
                 break
             except Conflict as err:
                 # A concurrent merger (a fallback merge run still finishing during a hand-over)

@@ -83,9 +83,12 @@ def merge_from_store(store: ArtifactStore, round_index: int,
                      hooks: MergeHooks | None = None,
                      merge_plan: MergePlan | None = None,
                      guard: Callable[[], None] | None = None,
-                     merged_by: str = "run") -> MergeOutcome:
+                     merged_by: str = "run",
+                     decision: RoundDecision | None = None) -> MergeOutcome:
     """`guard` runs before every write that commits (the syncer's lease check);
-    `merged_by` ("syncer" or "run") goes into the version's metadata."""
+    `merged_by` ("syncer" or "run") goes into the version's metadata. `decision`: the round's
+    decision as the caller wrote or read it from the store (read here when not given: a merge
+    run has only the round's number)."""
     started = time.monotonic()
     guard = guard or (lambda: None)
     hooks = MergeHooks() if hooks is None else hooks     # a chaos run's: its merge faults
@@ -93,7 +96,10 @@ def merge_from_store(store: ArtifactStore, round_index: int,
     if merge_plan is None:
         merge_plan = MergePlan.of(config_from_mapping(store.get_config()))
     cfg, plan, tx = merge_plan.cfg, merge_plan.plan, merge_plan.tx
-    decision = store.get_decision(round_index)
+    if decision is None:
+        decision = store.get_decision(round_index)
+    elif decision.round != round_index:
+        raise MergeInputError(f"round {round_index} was given round {decision.round}'s decision")
     if decision is None:
         raise MergeInputError(f"round {round_index} has no quorum decision in the store")
     fragment = decision.fragment
