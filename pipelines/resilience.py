@@ -10,7 +10,6 @@
   rejected, superseded) and time a learner was down both lower it.
 """
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +19,7 @@ import pydantic
 from diloco_core.config import ExperimentConfig
 from diloco_core.fault_tape import FAULT_KINDS
 from diloco_core.ledger import Ledger
+from diloco_core.round_records import finite_float
 from diloco_core.stored_merge import StoredMerge
 from resources.store.artifact_store import ArtifactStore
 from resources.store.summary_records import FiredFault, Rejoin, Resilience
@@ -93,9 +93,8 @@ def resilience_report(store: ArtifactStore, cfg: ExperimentConfig, merges: list[
 
 def _seconds(value) -> float | None:
     """A finite, non-negative number of seconds (a time or a duration), or None."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) and value >= 0 else None
+    seconds = finite_float(value)
+    return seconds if seconds is not None and seconds >= 0 else None
 
 
 def fired_fault(raw: Any, names: Sequence[str]) -> FiredFault | None:

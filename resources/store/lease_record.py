@@ -7,19 +7,15 @@ a field that is missing or malformed reads as unknown (None) or its initial valu
 error. (`resources.store.lease` has the protocol.)
 """
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from diloco_core.round_records import finite_float
 
 
 def _count(value: Any) -> int | None:
     ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
     return value if ok else None
-
-
-def _time(value: Any) -> float | None:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    return float(value) if ok else None
 
 
 def _text(value: Any, limit: int = 256) -> str | None:
@@ -50,8 +46,8 @@ class LeaseRecord:
         return cls(holder=_text(raw.get("holder")) or "", attempt=_count(raw.get("attempt")),
                    epoch=_count(raw.get("epoch")) or 0, beat=_count(raw.get("beat")) or 0,
                    status=_text(raw.get("status"), 64) or "unknown",
-                   time=_time(raw.get("time")), pid=_count(raw.get("pid")),
-                   name=_text(raw.get("name"), 128), since=_time(raw.get("since")))
+                   time=finite_float(raw.get("time")), pid=_count(raw.get("pid")),
+                   name=_text(raw.get("name"), 128), since=finite_float(raw.get("since")))
 
     def to_json(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None}

@@ -224,9 +224,6 @@ class RunSummary(_Frozen):
         out.update(self.model_dump(mode="json", exclude=set(_FLAT_GROUPS)))
         return out
 
-    def merged_rounds(self) -> list[RoundEntry]:
-        return [r for r in self.rounds if r.merged]
-
 
 class SummaryRecordError(ValueError):
     """A stored record that is not what its model describes; the message names the field's
