@@ -1,41 +1,53 @@
-"""The merge of one fragment, streamed tensor by tensor across the admitted contributions.
+"""The merge of one fragment, streamed group by group across the admitted contributions.
 
 Holding every member's decoded outer gradient at once costs M fp32 fragments, and the whole
 merged gradient, update and momentum a few more: ~25x one fragment at M = 8 (issue 37). Here a
-merge makes two passes over the tensors and keeps only what it publishes:
+merge makes two passes over the fragment's tensors, in groups of consecutive tensors whose
+working set stays under `_GROUP_BYTES` (a tensor larger than that is a group of its own), and
+keeps only what it publishes:
 
-  1. `gradient_stats`, per contribution: decode one tensor, check it is finite, reduce it to its
-     share of the whole-fragment norm, drop it. Screening and weights need only these norms and
-     the counters (diloco_core/syncer.py).
-  2. `merge_streamed`, per tensor: decode that tensor from every kept member, combine it (RDA,
-     weighted mean, or RDA per expert, with `merge.py`'s own functions), take the outer step on
-     it with its slice of the outer state (`outer.slice_outer_state`), and keep only the new
-     tensor and its new momentum.
+  1. `gradient_stats`, per contribution: decode one group, check it is finite, reduce each
+     tensor to its share of the whole-fragment norm, drop it. Screening and weights need only
+     these norms and the counters (diloco_core/syncer.py).
+  2. `merge_streamed`, per group: decode that group from every kept member, combine each tensor
+     (RDA, weighted mean, or RDA per expert, with `merge.py`'s own functions), take the outer
+     step on the group with its part of the outer state (`outer.pack_outer_state`), and keep
+     only the new tensors and their new momentum.
 
-Peak extra memory: the new fragment and its new outer state (what the merge publishes), plus M
-decoded copies of the largest tensor. Each contribution is decoded twice (once per pass); int4
-decodes at memory speed, so that is cheaper than keeping M decoded fragments.
+Peak extra memory: the new fragment and its new outer state (what the merge publishes), plus
+one group's working set. Each contribution is decoded twice (once per pass); int4 decodes at
+memory speed, so that is cheaper than keeping M decoded fragments.
+
+Why groups and not single tensors: a small fragment (the demo's: 13 tensors, 0.4M parameters)
+costs its dispatches and its waits, not its arithmetic. Per tensor, the merge dispatched ~16
+programs and waited on the host once; under four learners' load on two cores that made it 1.7x
+the fragment-wide merge it replaced (benchmarks/merge_under_load.py). Per group it is one
+program per contribution in pass 1, then one to decode, one to combine, a dozen elementwise ops
+for the outer step, one to split the result, and one wait at the end of the fragment.
 
 The merged values are bit for bit those of `merge.merge_outer_grads` and `outer.outer_step`:
-the same jitted RDA/mean on the same float32 values (XLA computes a tensor's reductions alike
-inside one program per fragment or one per tensor; tests/test_merge_stream.py checks), and the
-outer step runs op by op per tensor as it did per fragment. The whole-fragment norms are combined
-from per-tensor partial sums (float64 on the host) instead of one float32 program, so they may
-differ from `merge.tree_norm` in the last bits; the mean pairwise cosine (a diagnostic) comes from
-a float32 Gram matrix per tensor summed in float64, not from float64 copies of every gradient.
+the same RDA/mean on the same float32 values (XLA computes a tensor's reductions alike inside
+one program per fragment or one per group; tests/test_merge_stream.py checks), and the outer
+step runs op by op, as it did per fragment, on the group's tensors concatenated into one vector
+(elementwise ops give each value the same bits; a jitted step would not: XLA fuses and contracts
+its multiply-adds). The whole-fragment norms are combined from per-tensor partial sums (float64
+on the host) instead of one float32 program, so they may differ from `merge.tree_norm` in the
+last bits; the mean pairwise cosine (a diagnostic) comes from a float32 Gram matrix per tensor
+summed in float64, not from float64 copies of every gradient.
 
-Where the time goes (benchmarks/merge_cost.py): not memory traffic but XLA's CPU code for the
-decode and for RDA's passes over the [M, N] stack of a tensor (norms, units, their weighted
-sum), tens of times slower per value than a copy.
+Where the time goes on large fragments (benchmarks/merge_cost.py): not memory traffic but XLA's
+CPU code for the decode and for RDA's passes over the [M, N] stack of a tensor (norms, units,
+their weighted sum), tens of times slower per value than a copy.
 
-Programs are jitted per tensor and cached by shape (and by member count), so a fragment of many
-tensors of a few shapes compiles a few small programs, not one per tensor.
+Programs are jitted per group and cached by its tensors' shapes, encodings and kinds (and by
+member count): the syncer's warm-up compiles each fragment's for every member count.
 """
 
 import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -45,14 +57,26 @@ import optax
 from diloco_core.compression import _BITS, Encoded, _dequantize, decode
 from diloco_core.merge import radial_directional_average, weighted_mean
 from diloco_core.moe import is_expert_stack
-from diloco_core.outer import join_outer_states, outer_step, slice_outer_state
+from diloco_core.outer import (
+    PACKED,
+    join_outer_states,
+    outer_step,
+    pack_outer_state,
+    unpack_outer_state,
+)
 
 FlatParams = dict[str, jax.Array]
 
-# JAX dispatches asynchronously: unchecked, the loop over tensors would queue every tensor's
-# program, each holding its inputs and outputs, and the peak would be the whole fragment's
-# again. The loop waits for the queued tensors once they could hold this much.
-_QUEUED_BYTES = 64 << 20
+# A group's working set (decoded copies, merged tensors, the step's temporaries) stays under
+# this. JAX dispatches asynchronously: unchecked, the loop over groups would queue every group's
+# programs, each holding its inputs and outputs, and the peak would be the whole fragment's
+# again, so the loop also waits for the queued groups once they could hold this much.
+_GROUP_BYTES = 64 << 20
+# The cosine's Gram matrices: XLA's CPU dot is ~5x slower than the host's BLAS on a [8, 4M]
+# stack (and on [4, 1M]) but needs no wait on the host, which costs more for a group of small
+# tensors (on [4, 400k] XLA's is the faster). Groups of
+# more values per member than this hand their stacks to the host.
+_HOST_GRAM_VALUES = 1 << 19
 
 
 @dataclass(frozen=True)
@@ -64,13 +88,39 @@ class GradSource:
     base: Mapping[str, jax.Array] | None = None
 
 
-def _decode_traced(payload: jax.Array, scales: jax.Array | None, encoding: str,
-                   block_size: int, shape: tuple[int, ...]) -> jax.Array:
+class _Wire(NamedTuple):
+    """How one tensor arrives (static in the programs: each combination compiles once)."""
+
+    shape: tuple[int, ...]
+    encoding: str
+    block_size: int
+
+    @classmethod
+    def of(cls, e: Encoded) -> "_Wire":
+        return cls(tuple(e.shape), e.encoding, e.block_size)
+
+
+def _groups(names: Sequence[str], shapes: Mapping[str, tuple[int, ...]],
+            bytes_per_value: int) -> list[tuple[str, ...]]:
+    """Consecutive runs of `names` whose working set (`bytes_per_value` a parameter) stays
+    under `_GROUP_BYTES`; a larger tensor is a group of its own."""
+    groups, current, size = [], [], 0
+    for name in names:
+        cost = bytes_per_value * math.prod(shapes[name])
+        if current and size + cost > _GROUP_BYTES:
+            groups.append(tuple(current))
+            current, size = [], 0
+        current.append(name)
+        size += cost
+    return groups + [tuple(current)] if current else groups
+
+
+def _decode_traced(payload: jax.Array, scales: jax.Array | None, wire: _Wire) -> jax.Array:
     """`compression.decode` inside a program (the wire form was checked before)."""
-    if encoding in _BITS:
-        return _dequantize(payload, scales, _BITS[encoding], block_size,
-                           math.prod(shape)).reshape(shape)
-    return payload.astype(jnp.float32).reshape(shape)
+    if wire.encoding in _BITS:
+        return _dequantize(payload, scales, _BITS[wire.encoding], wire.block_size,
+                           math.prod(wire.shape)).reshape(wire.shape)
+    return payload.astype(jnp.float32).reshape(wire.shape)
 
 
 def _peak_and_scaled_square_sum(x: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -81,16 +131,25 @@ def _peak_and_scaled_square_sum(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     return peak, jnp.sum(jnp.square(x / scale))
 
 
-@functools.partial(jax.jit, static_argnames=("encoding", "block_size", "shape"))
-def _tensor_stats(payload, scales, current, base, encoding, block_size, shape):
-    delta = _decode_traced(payload, scales, encoding, block_size, shape)
-    grad = delta if base is None else (current - base) + delta
-    return (jnp.all(jnp.isfinite(delta)),) + _peak_and_scaled_square_sum(grad)
+def _stacked_norm_parts(xs: Sequence[jax.Array]) -> tuple[jax.Array, jax.Array]:
+    parts = [_peak_and_scaled_square_sum(x) for x in xs]
+    return jnp.stack([p for p, _ in parts]), jnp.stack([s for _, s in parts])
+
+
+@functools.partial(jax.jit, static_argnames=("wires",))
+def _group_stats(payloads, scales, currents, bases, wires):
+    """Pass 1 for one group of one contribution: per tensor, whether the decoded delta is
+    finite, and the outer gradient's (peak, scaled square sum)."""
+    deltas = [_decode_traced(p, s, w) for p, s, w in zip(payloads, scales, wires, strict=True)]
+    grads = [d if b is None else (c - b) + d
+             for d, c, b in zip(deltas, currents, bases, strict=True)]
+    finite = jnp.stack([jnp.all(jnp.isfinite(d)) for d in deltas])
+    return (finite,) + _stacked_norm_parts(grads)
 
 
 @jax.jit
-def _difference_stats(new: jax.Array, old: jax.Array):
-    return _peak_and_scaled_square_sum(new - old)
+def _difference_stats(new: tuple[jax.Array, ...], old: tuple[jax.Array, ...]):
+    return _stacked_norm_parts([n - o for n, o in zip(new, old, strict=True)])
 
 
 def fragment_norm(parts: Sequence[tuple[float, float]]) -> float:
@@ -102,40 +161,89 @@ def fragment_norm(parts: Sequence[tuple[float, float]]) -> float:
     return float(peak * math.sqrt(total))
 
 
+def _pairs(peaks: Sequence[np.ndarray], sums: Sequence[np.ndarray]) -> list[tuple[float, float]]:
+    return list(zip(np.concatenate(peaks).tolist(), np.concatenate(sums).tolist(), strict=True))
+
+
 def gradient_stats(params: Mapping[str, jax.Array], source: GradSource,
                    names: Sequence[str]) -> tuple[bool, float]:
     """Pass 1 for one contribution: whether its decoded delta is finite everywhere, and the L2
-    norm of its outer gradient over the whole fragment. One tensor decoded at a time."""
+    norm of its outer gradient over the whole fragment. One group decoded at a time."""
     results = []
-    for name in names:
-        e = source.delta[name]
-        base = None if source.base is None else source.base[name]
-        results.append(_tensor_stats(e.payload, e.scales, None if base is None else params[name],
-                                     base, e.encoding, e.block_size, tuple(e.shape)))
+    shapes = {n: tuple(source.delta[n].shape) for n in names}
+    for group in _groups(names, shapes, 4 * 3):
+        encoded = [source.delta[n] for n in group]
+        stale = source.base is not None
+        results.append(_group_stats(
+            tuple(e.payload for e in encoded), tuple(e.scales for e in encoded),
+            tuple(params[n] if stale else None for n in group),
+            tuple(source.base[n] if stale else None for n in group),
+            tuple(_Wire.of(e) for e in encoded)))
     results = jax.device_get(results)    # one wait for the whole contribution
-    finite = all(bool(f) for f, _, _ in results)
-    return finite, fragment_norm([(p, s) for _, p, s in results]) if finite else float("nan")
+    if not all(bool(np.all(f)) for f, _, _ in results):
+        return False, float("nan")
+    return True, fragment_norm(_pairs([p for _, p, _ in results], [s for _, _, s in results]))
 
 
-@functools.partial(jax.jit, static_argnames=("encoding", "block_size", "shape"))
-def _decoded_stack(payloads, scales, encoding, block_size, shape):
-    """[M, *shape] float32: one tensor decoded from every member's wire form, written once.
-    (Decoding inside the combining program instead is slower: XLA re-decodes in each of its
-    passes over the members.)"""
-    return jnp.stack([_decode_traced(p, s, encoding, block_size, shape)
-                      for p, s in zip(payloads, scales, strict=True)])
+@functools.partial(jax.jit, static_argnames=("kinds", "gram"))
+def _combine(stacks, weights, kinds, gram: str):
+    """`merge.merge_outer_grads` for each tensor of a group (its [M, ...] stack): the merged
+    tensors packed (`_packed`), their norm parts, and with `gram="program"` their [M, M] Gram
+    matrices for the diagnostic cosine."""
+    merged = []
+    for stack, kind in zip(stacks, kinds, strict=True):
+        if kind == "mean":
+            merged.append(weighted_mean(stack, weights))
+        elif kind == "expert":   # [M, E, ...]: RDA over the learners, per expert
+            merged.append(jax.vmap(radial_directional_average, in_axes=(1, None))(stack, weights))
+        else:
+            merged.append(radial_directional_average(stack, weights))
+    grams = None
+    if gram == "program":
+        # Contracting both operands' value axes: no transposed copy of the stack.
+        grams = jnp.stack([jax.lax.dot_general(f, f, (((1,), (1,)), ((), ())),
+                                               precision=jax.lax.Precision.HIGHEST)
+                           for f in (s.reshape(s.shape[0], -1) for s in stacks)])
+    return (_packed(merged),) + _stacked_norm_parts(merged) + (grams,)
 
 
-@functools.partial(jax.jit, static_argnames=("kind",))
-def _combine(stack: jax.Array, weights: jax.Array, kind: str):
-    """`merge.merge_outer_grads` for one tensor, and the merged tensor's share of its norm."""
-    if kind == "mean":
-        merged = weighted_mean(stack, weights)
-    elif kind == "expert":   # [M, E, ...]: RDA over the learners, per expert
-        merged = jax.vmap(radial_directional_average, in_axes=(1, None))(stack, weights)
-    else:
-        merged = radial_directional_average(stack, weights)
-    return (merged,) + _peak_and_scaled_square_sum(merged)
+@functools.partial(jax.jit, static_argnames=("wires",))
+def _decoded_stacks(payloads, scales, wires):
+    """Per tensor of a group, [M, *shape] float32: decoded from every member's wire form,
+    written once. (Decoding inside the combining program instead is slower: XLA re-decodes in
+    each of its passes over the members, or with a barrier holds more at once.)"""
+    return tuple(jnp.stack([_decode_traced(p, s, w) for p, s in zip(ps, ss, strict=True)])
+                 for ps, ss, w in zip(payloads, scales, wires, strict=True))
+
+
+def _packed(tensors: Sequence[jax.Array]) -> jax.Array:
+    """A group's tensors as the one array its outer step runs on: their concatenation, or a
+    lone tensor as it is (a large tensor is a group of its own; copying it would cost memory)."""
+    return tensors[0] if len(tensors) == 1 else jnp.concatenate([t.ravel() for t in tensors])
+
+
+_pack = jax.jit(_packed)
+
+
+@functools.partial(jax.jit, static_argnames=("shapes",))
+def _unpack_concatenated(flat: jax.Array, shapes: tuple[tuple[int, ...], ...]
+                         ) -> tuple[jax.Array, ...]:
+    out, offset = [], 0
+    for shape in shapes:
+        size = math.prod(shape)
+        out.append(flat[offset:offset + size].reshape(shape))
+        offset += size
+    return tuple(out)
+
+
+def _pack_tensors(tensors: Mapping[str, jax.Array], group: Sequence[str]) -> jax.Array:
+    """`_packed` of the group's tensors, without a dispatch for a lone tensor."""
+    return tensors[group[0]] if len(group) == 1 else _pack(tuple(tensors[n] for n in group))
+
+
+def _unpack(packed: jax.Array, shapes: tuple[tuple[int, ...], ...]) -> tuple[jax.Array, ...]:
+    """The inverse of `_packed`."""
+    return (packed,) if len(shapes) == 1 else _unpack_concatenated(packed, shapes)
 
 
 def _tensor_grad(params: Mapping[str, jax.Array], source: GradSource, name: str) -> jax.Array:
@@ -168,7 +276,7 @@ def merge_streamed(params: Mapping[str, jax.Array], outer_state: optax.OptState,
                    sources: Sequence[GradSource], weights: np.ndarray, rule: str,
                    is_embedding: Callable[[str], bool], tx: optax.GradientTransformation,
                    average: bool = False) -> StreamedMerge:
-    """Pass 2: merge the kept members' outer gradients tensor by tensor and step each tensor.
+    """Pass 2: merge the kept members' outer gradients group by group and step each group.
 
     `average` (a final round under `outer.final_rounds = "average"`): new = Theta - merged, the
     weighted average of the members' fragments, and the outer state stays as it is.
@@ -186,48 +294,68 @@ def merge_streamed(params: Mapping[str, jax.Array], outer_state: optax.OptState,
             raise ValueError("outer gradients cover different tensors")
     w = jnp.asarray(weights, jnp.float32)
     stale = any(s.base is not None for s in sources)
-    gram_wanted = len(sources) > 1
-    new_params, new_slices, merged_parts, update_parts = {}, {}, [], []
+    with_gram = len(sources) > 1
     gram = np.zeros((len(sources), len(sources)))
-    queued, queued_bytes = [], 0
-    for name in names:
-        kind = ("mean" if rule == "mean" or is_embedding(name)
-                else "expert" if is_expert_stack(name) else "rda")
+    shapes = {n: tuple(params[n].shape) for n in names}
+    new_params, state_parts, held = {}, [], []
+    merged_peaks, merged_sums, update_peaks, update_sums, grams = [], [], [], [], []
+    queued_bytes = 0
+    for group in _groups(names, shapes, 4 * (len(sources) + 4)):
+        group_shapes = tuple(shapes[n] for n in group)
+        where = ("none" if not with_gram else "host"
+                 if sum(math.prod(s) for s in group_shapes) > _HOST_GRAM_VALUES else "program")
+        kinds = tuple("mean" if rule == "mean" or is_embedding(n)
+                      else "expert" if is_expert_stack(n) else "rda" for n in group)
         if stale:   # the anchor's correction op by op, as the fragment-wide merge made it
-            stack = jnp.stack([_tensor_grad(params, s, name).astype(jnp.float32)
-                               for s in sources])
+            stacks = tuple(jnp.stack([_tensor_grad(params, s, n).astype(jnp.float32)
+                                      for s in sources]) for n in group)
         else:
-            first = sources[0].delta[name]
-            stack = _decoded_stack(tuple(s.delta[name].payload for s in sources),
-                                   tuple(s.delta[name].scales for s in sources),
-                                   first.encoding, first.block_size, tuple(first.shape))
-        merged, peak, square_sum = _combine(stack, w, kind)
-        merged_parts.append((peak, square_sum))
-        if gram_wanted:   # float32 BLAS on the host: XLA's [M, N] x [N, M] is slower here
-            flat = np.asarray(stack).reshape(len(sources), -1)
-            gram += (flat @ flat.T).astype(np.float64)
-        del stack
+            stacks = _decoded_stacks(
+                tuple(tuple(s.delta[n].payload for s in sources) for n in group),
+                tuple(tuple(s.delta[n].scales for s in sources) for n in group),
+                tuple(_Wire.of(sources[0].delta[n]) for n in group))
+        merged, peaks, sums, group_grams = _combine(stacks, w, kinds, where)
+        merged_peaks.append(peaks)
+        merged_sums.append(sums)
+        if where == "program":
+            grams.append(group_grams)
+        elif where == "host":    # float32 BLAS on the host, one stack at a time
+            for stack in stacks:
+                flat = np.asarray(stack).reshape(len(sources), -1)
+                gram += (flat @ flat.T).astype(np.float64)
+        del stacks
+        old = _pack_tensors(params, group)
         if average:
-            new_params[name] = params[name] - merged
+            new = old - merged
         else:
-            stepped, new_slices[name] = outer_step(
-                tx, {name: params[name]}, slice_outer_state(outer_state, name_set, name),
-                {name: merged})
-            new_params[name] = stepped[name]
-        update_parts.append(_difference_stats(new_params[name], params[name]))
-        del merged
-        # The tensor's working set: M decoded copies, the merged tensor, the step's temporaries.
-        queued.append((new_params[name], new_slices.get(name)))
-        queued_bytes += 4 * math.prod(params[name].shape) * (len(sources) + 4)
-        if queued_bytes > _QUEUED_BYTES:
-            jax.block_until_ready(queued)
-            queued, queued_bytes = [], 0
-    new_state = (outer_state if average
-                 else join_outer_states(outer_state, name_set, new_slices))
-    # One wait at the end: the tensors' programs are dispatched without waiting on the host.
-    merged_parts, update_parts = jax.device_get((merged_parts, update_parts))
+            stepped, packed_state = outer_step(
+                tx, {PACKED: old}, pack_outer_state(
+                    outer_state, name_set, lambda d, g=group: _pack_tensors(d, g)),
+                {PACKED: merged})
+            new = stepped[PACKED]
+            state_parts.append((frozenset(group), unpack_outer_state(
+                packed_state, lambda v, g=group, s=group_shapes: dict(zip(
+                    g, _unpack(v, s), strict=True)))))
+        del merged, old
+        tensors = _unpack(new, group_shapes)
+        new_params.update(zip(group, tensors, strict=True))
+        peaks, sums = _difference_stats(tensors, tuple(params[n] for n in group))
+        update_peaks.append(peaks)
+        update_sums.append(sums)
+        held.append((tensors, state_parts[-1][1] if state_parts else None))
+        queued_bytes += sum(4 * math.prod(s) for s in group_shapes) * (len(sources) + 4)
+        if queued_bytes > _GROUP_BYTES:
+            jax.block_until_ready(held)
+            held, queued_bytes = [], 0
+    new_state = outer_state if average else join_outer_states(outer_state, name_set, state_parts)
+    # One wait at the end: the groups' programs are dispatched without waiting on the host.
+    merged_peaks, merged_sums, update_peaks, update_sums, grams = jax.device_get(
+        (merged_peaks, merged_sums, update_peaks, update_sums, grams))
+    for g in grams:
+        gram += g.astype(np.float64).sum(axis=0)
     # The fragment-wide step returned its tensors in sorted order (a pytree map); keep that.
     order = names if average else sorted(names)
     return StreamedMerge({k: new_params[k] for k in order}, new_state,
-                         fragment_norm(merged_parts), fragment_norm(update_parts),
-                         _mean_cosine(gram) if gram_wanted else None)
+                         fragment_norm(_pairs(merged_peaks, merged_sums)),
+                         fragment_norm(_pairs(update_peaks, update_sums)),
+                         _mean_cosine(gram) if with_gram else None)

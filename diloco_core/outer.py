@@ -13,7 +13,7 @@ With `lr_schedule = "inner"` the learning rate is a cosine of the same step coun
 outer steps a fragment takes in the run (`outer_optimizer_for` reads them from the config).
 """
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import jax
 import optax
@@ -52,41 +52,64 @@ def outer_step(tx: optax.GradientTransformation, global_fragment: Mapping[str, j
     return optax.apply_updates(params, updates), new_state
 
 
-# ---- one tensor at a time ----------------------------------------------------------------------
-# The streaming merge (diloco_core/merge_stream.py) steps a fragment tensor by tensor so that it
-# never holds a whole merged outer gradient, its update and the new momentum at once. That is
-# exact for the optimizers built here: SGD, momentum, Nesterov, their schedules and
-# inject_hyperparams are all elementwise per leaf, so a leaf's new value depends only on that
-# leaf, its own slice of the state and the state's shared scalars (step counts, injected
-# hyperparameters), which every tensor's step computes alike. The state's per-tensor parts are
-# the dicts keyed by exactly the fragment's tensor names (what `tx.init(fragment)` builds).
+# ---- a group of tensors at a time ------------------------------------------------------------
+# The streaming merge (diloco_core/merge_stream.py) steps a fragment group by group (consecutive
+# tensors up to a byte budget) so that it never holds a whole merged outer gradient, its update
+# and the new momentum at once. That is exact for the optimizers built here: SGD, momentum,
+# Nesterov, their schedules and inject_hyperparams are all elementwise per leaf, so a leaf's new
+# value depends only on that leaf, its own slice of the state and the state's shared scalars
+# (step counts, injected hyperparameters), which every group's step computes alike. The state's
+# per-tensor parts are the dicts keyed by exactly the fragment's tensor names (what
+# `tx.init(fragment)` builds).
+#
+# A group is stepped as one flat vector, the concatenation of its tensors (key `PACKED`): the
+# step's elementwise ops, run one by one as before, give every value the same bits as per
+# tensor, in one dispatch per op for the group instead of one per op per tensor.
+
+PACKED = "packed"
 
 
 def _per_tensor(names: frozenset[str]) -> Callable[[object], bool]:
     return lambda x: isinstance(x, dict) and x.keys() == names
 
 
-def slice_outer_state(opt_state: optax.OptState, names: frozenset[str],
-                      name: str) -> optax.OptState:
-    """`opt_state` as the state of the one-tensor fragment {name}: every dict of the fragment's
-    tensors cut down to `name`, the shared leaves (counts, hyperparameters) as they are."""
-    return jax.tree.map(lambda x: {name: x[name]} if _per_tensor(names)(x) else x, opt_state,
-                        is_leaf=_per_tensor(names))
+def pack_outer_state(opt_state: optax.OptState, names: frozenset[str],
+                     pack: Callable[[Mapping[str, jax.Array]], jax.Array]) -> optax.OptState:
+    """`opt_state` as the state of the one-tensor fragment {PACKED}: every dict of the
+    fragment's tensors replaced by {PACKED: pack(that dict)}, the shared leaves (counts,
+    hyperparameters) as they are."""
+    is_tensors = _per_tensor(names)
+    return jax.tree.map(lambda x: {PACKED: pack(x)} if is_tensors(x) else x, opt_state,
+                        is_leaf=is_tensors)
+
+
+def unpack_outer_state(packed: optax.OptState,
+                       unpack: Callable[[jax.Array], dict[str, jax.Array]]) -> optax.OptState:
+    """The inverse of `pack_outer_state` for one group: every {PACKED: v} becomes unpack(v),
+    the group's tensors by name."""
+    is_packed = _per_tensor(frozenset((PACKED,)))
+    return jax.tree.map(lambda x: unpack(x[PACKED]) if is_packed(x) else x, packed,
+                        is_leaf=is_packed)
 
 
 def join_outer_states(opt_state: optax.OptState, names: frozenset[str],
-                      slices: Mapping[str, optax.OptState]) -> optax.OptState:
-    """The fragment's state from its tensors' stepped slices (`slices[name]` from stepping
-    `slice_outer_state(opt_state, names, name)`), in `opt_state`'s structure and key order;
-    shared leaves from the first slice (every slice stepped them alike)."""
+                      parts: Sequence[tuple[frozenset[str], optax.OptState]]) -> optax.OptState:
+    """The fragment's state from its groups' stepped states (`(group, state)`, the groups
+    covering `names`, each state's per-tensor dicts keyed by its group), in `opt_state`'s
+    structure and key order; shared leaves from the first part (every group stepped them
+    alike)."""
     leaves, treedef = jax.tree.flatten(opt_state, is_leaf=_per_tensor(names))
-    sliced = {}
-    for name, state in slices.items():
-        parts, tdef = jax.tree.flatten(state, is_leaf=_per_tensor(frozenset((name,))))
+    by_name: dict[str, list] = {}
+    first = None
+    for group, state in parts:
+        flat, tdef = jax.tree.flatten(state, is_leaf=_per_tensor(group))
         if tdef != treedef:
-            raise ValueError(f"the outer state of tensor {name} changed structure: {tdef}")
-        sliced[name] = parts
-    first = sliced[next(iter(slices))]
-    joined = [{k: sliced[k][i][k] for k in leaf} if _per_tensor(names)(leaf) else first[i]
+            raise ValueError(f"the outer state of tensors {sorted(group)} changed structure: "
+                             f"{tdef}")
+        first = flat if first is None else first
+        by_name.update({name: flat for name in group})
+    if first is None or by_name.keys() != names:
+        raise ValueError("the groups' states do not cover the fragment's tensors")
+    joined = [{k: by_name[k][i][k] for k in leaf} if _per_tensor(names)(leaf) else first[i]
               for i, leaf in enumerate(leaves)]
     return jax.tree.unflatten(treedef, joined)

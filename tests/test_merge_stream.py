@@ -13,7 +13,13 @@ from diloco_core.compression import encode
 from diloco_core.config import OuterOptConfig, SyncConfig
 from diloco_core.contribution import Contribution
 from diloco_core.fragments import plan_fragments
-from diloco_core.outer import build_outer_optimizer, join_outer_states, slice_outer_state
+from diloco_core.outer import (
+    PACKED,
+    build_outer_optimizer,
+    join_outer_states,
+    pack_outer_state,
+    unpack_outer_state,
+)
 from diloco_core.syncer import FragmentState, SyncerState, merge_fragment, merge_round
 
 SHAPES = {"embed": (40, 24), "blocks/0/attn/q": (24, 24), "blocks/0/moe/experts_up": (3, 24, 16),
@@ -109,18 +115,52 @@ def test_one_member_and_every_member_refused_match_too():
             _assert_same(new, old)
 
 
-def test_the_outer_state_slices_and_joins_back_to_itself():
+def test_the_outer_state_packs_by_group_and_joins_back_to_itself():
     tx = build_outer_optimizer(OPTIMIZERS["warm-up, cosine"], horizon_steps=10)
     params = _random(np.random.default_rng(0))
     state = tx.init(params)
     names = frozenset(params)
-    slices = {n: slice_outer_state(state, names, n) for n in params}
-    # One per-tensor dict in this state (the momentum); the rest shared scalars.
-    for s in slices.values():
-        assert len(jax.tree.leaves(s)) == len(jax.tree.leaves(state)) - (len(params) - 1)
-    joined = join_outer_states(state, names, slices)
+    groups = [("embed", "blocks/0/attn/q"), ("blocks/0/moe/experts_up",),
+              ("blocks/0/norm/scale", "blocks/0/mlp/odd")]
+    parts = []
+    for group in groups:
+        packed = pack_outer_state(state, names,
+                                  lambda d, g=group: jnp.concatenate([d[n].ravel() for n in g]))
+        # One per-tensor dict in this state (the momentum), packed into one vector; the rest
+        # shared scalars, untouched.
+        assert len(jax.tree.leaves(packed)) == len(jax.tree.leaves(state)) - (len(params) - 1)
+        parts.append((frozenset(group), unpack_outer_state(packed, lambda v, g=group: {
+            n: x.reshape(params[n].shape) for n, x in zip(
+                g, jnp.split(v, np.cumsum([params[n].size for n in g])[:-1]), strict=True)})))
+        assert PACKED in str(jax.tree.structure(packed))
+    joined = join_outer_states(state, names, parts)
     assert jax.tree.structure(joined) == jax.tree.structure(state)
     assert _bits(joined) == _bits(state)
+    with pytest.raises(ValueError, match="do not cover"):
+        join_outer_states(state, names, parts[:2])
+
+
+def test_a_fragment_merged_in_several_groups_equals_the_fragment_wide_merge(monkeypatch):
+    """The same merge with a group budget so small that every tensor is its own group (and
+    the queue waits after each), the cosine's Gram matrices on the host: bit for bit the
+    reference too."""
+    import diloco_core.merge_stream as merge_stream
+    monkeypatch.setattr(merge_stream, "_GROUP_BYTES", 4096)
+    monkeypatch.setattr(merge_stream, "_HOST_GRAM_VALUES", 0)
+    assert len(merge_stream._groups(list(SHAPES), SHAPES, 4 * 8)) == len(SHAPES)
+    rng = np.random.default_rng(11)
+    names = list(SHAPES)
+    cfg = SyncConfig(num_fragments=1, sync_period=4, encoding="int4")
+    tx = build_outer_optimizer(OPTIMIZERS["nesterov"], horizon_steps=10)
+    params = _random(rng)
+    outer = tx.init(params)
+    for round_index in range(2):
+        current = FragmentState(params, 0, outer, lambda _: None)
+        offers = [_offer(rng, x, "int4", 0) for x in "abc"]
+        args = (current, names, 1, round_index, 0, offers, cfg, tx, IS_EMBEDDING, "test")
+        new = merge_fragment(*args)
+        _assert_same(new, reference_merge_fragment(*args))
+        params, outer = new[0], new[1]
 
 
 def test_history_is_kept_only_for_the_global_anchor_and_only_as_deep_as_accepted():
