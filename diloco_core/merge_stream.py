@@ -15,15 +15,19 @@ keeps only what it publishes:
      only the new tensors and their new momentum.
 
 Peak extra memory: the new fragment and its new outer state (what the merge publishes), plus
-one group's working set. Each contribution is decoded twice (once per pass); int4 decodes at
-memory speed, so that is cheaper than keeping M decoded fragments.
+one group's working set (JAX dispatches asynchronously: before dispatching a group that would
+take what is queued past the budget, the loop waits for it). Each contribution is decoded twice
+(once per pass); int4 decodes at memory speed, so that is cheaper than keeping M decoded
+fragments.
 
 Why groups and not single tensors: a small fragment (the demo's: 13 tensors, 0.4M parameters)
 costs its dispatches and its waits, not its arithmetic. Per tensor, the merge dispatched ~16
 programs and waited on the host once; under four learners' load on two cores that made it 1.7x
 the fragment-wide merge it replaced (benchmarks/merge_under_load.py). Per group it is one
 program per contribution in pass 1, then one to decode, one to combine, a dozen elementwise ops
-for the outer step, one to split the result, and one wait at the end of the fragment.
+for the outer step with a few to pack the group's parameters and momentum into one vector and
+back, and one for the update's norm; the host waits once per fragment (and per group whose
+Gram matrices it computes, or whose dispatch would overrun the budget).
 
 The merged values are bit for bit those of `merge.merge_outer_grads` and `outer.outer_step`:
 the same RDA/mean on the same float32 values (XLA computes a tensor's reductions alike inside
@@ -40,7 +44,8 @@ CPU code for the decode and for RDA's passes over the [M, N] stack of a tensor (
 their weighted sum), tens of times slower per value than a copy.
 
 Programs are jitted per group and cached by its tensors' shapes, encodings and kinds (and by
-member count): the syncer's warm-up compiles each fragment's for every member count.
+member count): the syncer's warm-up compiles each fragment's for every member count (pass 1
+against an older base, under the "global" anchor, compiles on the first such offer).
 """
 
 import functools
@@ -97,7 +102,10 @@ class _Wire(NamedTuple):
 
     @classmethod
     def of(cls, e: Encoded) -> "_Wire":
-        return cls(tuple(e.shape), e.encoding, e.block_size)
+        # A block size means something only to a quantized encoding, and the syncer checks it
+        # only there: left in the key of a bf16 or fp32 wire, each value a learner sent would
+        # compile the group's programs again.
+        return cls(tuple(e.shape), e.encoding, e.block_size if e.encoding in _BITS else 0)
 
 
 def _groups(names: Sequence[str], shapes: Mapping[str, tuple[int, ...]],
@@ -246,6 +254,16 @@ def _unpack(packed: jax.Array, shapes: tuple[tuple[int, ...], ...]) -> tuple[jax
     return (packed,) if len(shapes) == 1 else _unpack_concatenated(packed, shapes)
 
 
+def _host_gram(stacks: Sequence[jax.Array]) -> np.ndarray:
+    """sum over the stacks of their [M, M] Gram matrices, in float32 BLAS on the host, one
+    stack at a time (nothing of them is held once this returns)."""
+    gram = 0.0
+    for stack in stacks:
+        flat = np.asarray(stack).reshape(stack.shape[0], -1)
+        gram = gram + (flat @ flat.T).astype(np.float64)
+    return gram
+
+
 def _tensor_grad(params: Mapping[str, jax.Array], source: GradSource, name: str) -> jax.Array:
     delta = decode(source.delta[name])
     if source.base is None:
@@ -299,9 +317,16 @@ def merge_streamed(params: Mapping[str, jax.Array], outer_state: optax.OptState,
     shapes = {n: tuple(params[n].shape) for n in names}
     new_params, state_parts, held = {}, [], []
     merged_peaks, merged_sums, update_peaks, update_sums, grams = [], [], [], [], []
+    # A group's working set a parameter: M decoded copies, the merged tensor, the packed
+    # parameters and momentum, the step's temporaries, the new values packed and unpacked.
+    per_value = 4 * (len(sources) + 8)
     queued_bytes = 0
-    for group in _groups(names, shapes, 4 * (len(sources) + 4)):
+    for group in _groups(names, shapes, per_value):
         group_shapes = tuple(shapes[n] for n in group)
+        cost = per_value * sum(math.prod(s) for s in group_shapes)
+        if held and queued_bytes + cost > _GROUP_BYTES:
+            jax.block_until_ready(held)     # what is queued finishes before more is dispatched
+            held, queued_bytes = [], 0
         where = ("none" if not with_gram else "host"
                  if sum(math.prod(s) for s in group_shapes) > _HOST_GRAM_VALUES else "program")
         kinds = tuple("mean" if rule == "mean" or is_embedding(n)
@@ -319,10 +344,8 @@ def merge_streamed(params: Mapping[str, jax.Array], outer_state: optax.OptState,
         merged_sums.append(sums)
         if where == "program":
             grams.append(group_grams)
-        elif where == "host":    # float32 BLAS on the host, one stack at a time
-            for stack in stacks:
-                flat = np.asarray(stack).reshape(len(sources), -1)
-                gram += (flat @ flat.T).astype(np.float64)
+        elif where == "host":
+            gram += _host_gram(stacks)
         del stacks
         old = _pack_tensors(params, group)
         if average:
@@ -338,15 +361,15 @@ def merge_streamed(params: Mapping[str, jax.Array], outer_state: optax.OptState,
                     g, _unpack(v, s), strict=True)))))
         del merged, old
         tensors = _unpack(new, group_shapes)
+        del new     # packed copies (a group of several tensors): not kept to the next group
+        if not average:
+            del stepped, packed_state
         new_params.update(zip(group, tensors, strict=True))
         peaks, sums = _difference_stats(tensors, tuple(params[n] for n in group))
         update_peaks.append(peaks)
         update_sums.append(sums)
         held.append((tensors, state_parts[-1][1] if state_parts else None))
-        queued_bytes += sum(4 * math.prod(s) for s in group_shapes) * (len(sources) + 4)
-        if queued_bytes > _GROUP_BYTES:
-            jax.block_until_ready(held)
-            held, queued_bytes = [], 0
+        queued_bytes += cost
     new_state = outer_state if average else join_outer_states(outer_state, name_set, state_parts)
     # One wait at the end: the groups' programs are dispatched without waiting on the host.
     merged_peaks, merged_sums, update_peaks, update_sums, grams = jax.device_get(

@@ -182,7 +182,7 @@ def merge_fragment(current: FragmentState, names: Sequence[str], num_fragments: 
     """
     rejected: dict[str, str] = {}
     # Pass 1 (diloco_core/merge_stream.py): each contribution checked and reduced to its norm
-    # one tensor at a time; nothing decoded is kept.
+    # one group of tensors at a time; nothing decoded is kept.
     accepted: list[tuple[Contribution, GradSource, float]] = []
     bases: dict[int, FlatParams | None] = {}
     for c in contributions:
@@ -230,7 +230,7 @@ def merge_fragment(current: FragmentState, names: Sequence[str], num_fragments: 
                                             [c.steps for c in members], cfg.weighting),
                          share_caps([c.learner for c in members], step_tokens,
                                     cfg.max_weight_share))
-    # Pass 2: tensor by tensor, merged across the kept members and stepped.
+    # Pass 2: group by group, merged across the kept members and stepped.
     merged = merge_streamed(current.params, current.outer_state, [g for _, g, _ in kept],
                             weights, cfg.merge_rule, is_embedding, tx, average=average)
     record = MergeRecord(

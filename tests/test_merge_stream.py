@@ -3,6 +3,8 @@ fragment-wide merge it replaced (tests/merge_reference.py, kept verbatim): the s
 parameters and outer state bit for bit, the same decision record (norms to the last bits, see
 merge_stream's docstring), on a fragment of several tensors of different kinds and shapes."""
 
+from dataclasses import replace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -68,9 +70,23 @@ def _assert_same(new, old):
         assert new_rec.mean_cosine == pytest.approx(old_rec.mean_cosine, abs=1e-6)
 
 
+# How the merge groups the fragment's tensors: all in one group (the defaults, on these small
+# tensors), or a budget that makes groups of two, two and one tensor, with the cosine's Gram
+# matrices on the host for the first two and in the program for the last.
+GROUPINGS = {"one group": None, "several groups": (70_000, 1_000)}
+
+
+@pytest.mark.parametrize("grouping", list(GROUPINGS))
 @pytest.mark.parametrize("encoding", ["int4", "bf16"])
 @pytest.mark.parametrize("stale", [False, True], ids=["fresh", "stale-base"])
-def test_streaming_merge_equals_the_fragment_wide_merge(encoding, stale):
+def test_streaming_merge_equals_the_fragment_wide_merge(encoding, stale, grouping, monkeypatch):
+    import diloco_core.merge_stream as merge_stream
+    if GROUPINGS[grouping] is not None:
+        budget, host_gram = GROUPINGS[grouping]
+        monkeypatch.setattr(merge_stream, "_GROUP_BYTES", budget)
+        monkeypatch.setattr(merge_stream, "_HOST_GRAM_VALUES", host_gram)
+        # 3 kept members: 4 * (3 + 8) bytes a value.
+        assert [len(g) for g in merge_stream._groups(list(SHAPES), SHAPES, 44)] == [2, 2, 1]
     rng = np.random.default_rng(7)
     names = list(SHAPES)
     # Version 2 is current; version 0 is still kept, version 1 is not (refused if offered).
@@ -140,14 +156,13 @@ def test_the_outer_state_packs_by_group_and_joins_back_to_itself():
         join_outer_states(state, names, parts[:2])
 
 
-def test_a_fragment_merged_in_several_groups_equals_the_fragment_wide_merge(monkeypatch):
-    """The same merge with a group budget so small that every tensor is its own group (and
-    the queue waits after each), the cosine's Gram matrices on the host: bit for bit the
-    reference too."""
+def test_every_tensor_its_own_group_equals_the_fragment_wide_merge_too(monkeypatch):
+    """A budget so small that every tensor is a group of its own and the loop waits before
+    each: bit for bit the reference too."""
     import diloco_core.merge_stream as merge_stream
     monkeypatch.setattr(merge_stream, "_GROUP_BYTES", 4096)
     monkeypatch.setattr(merge_stream, "_HOST_GRAM_VALUES", 0)
-    assert len(merge_stream._groups(list(SHAPES), SHAPES, 4 * 8)) == len(SHAPES)
+    assert len(merge_stream._groups(list(SHAPES), SHAPES, 4 * 11)) == len(SHAPES)
     rng = np.random.default_rng(11)
     names = list(SHAPES)
     cfg = SyncConfig(num_fragments=1, sync_period=4, encoding="int4")
@@ -161,6 +176,35 @@ def test_a_fragment_merged_in_several_groups_equals_the_fragment_wide_merge(monk
         new = merge_fragment(*args)
         _assert_same(new, reference_merge_fragment(*args))
         params, outer = new[0], new[1]
+
+
+def test_a_block_size_sent_with_an_unquantized_encoding_compiles_nothing_new():
+    """The syncer checks a block size only where there are scales (int4, int8): a learner
+    sending bf16 with a block size of its choosing must not make the merge compile its
+    programs again (one compile per value it sends)."""
+    import diloco_core.merge_stream as merge_stream
+    rng = np.random.default_rng(5)
+    cfg = SyncConfig(num_fragments=1, sync_period=4, encoding="bf16")
+    tx = build_outer_optimizer(OPTIMIZERS["nesterov"])
+    params = _random(rng)
+    current = FragmentState(params, 0, tx.init(params), lambda _: None)
+
+    def offers(block_size):
+        made = [_offer(rng, x, "bf16", 0) for x in "ab"]
+        return [replace(o, delta={n: replace(e, block_size=block_size)
+                                  for n, e in o.delta.items()}) for o in made]
+
+    merged = merge_fragment(current, list(SHAPES), 1, 0, 0, offers(64), cfg, tx, IS_EMBEDDING,
+                            "test")
+    assert merged[2].members == ("a", "b")
+    compiled = (merge_stream._decoded_stacks._cache_size(),
+                merge_stream._group_stats._cache_size())
+    for block_size in (7, 4096):
+        merged = merge_fragment(current, list(SHAPES), 1, 0, 0, offers(block_size), cfg, tx,
+                                IS_EMBEDDING, "test")
+        assert merged[2].members == ("a", "b"), merged[2].rejected
+    assert (merge_stream._decoded_stacks._cache_size(),
+            merge_stream._group_stats._cache_size()) == compiled
 
 
 def test_history_is_kept_only_for_the_global_anchor_and_only_as_deep_as_accepted():
