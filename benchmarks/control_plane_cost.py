@@ -203,7 +203,7 @@ def _child(args) -> dict:
         delay = (int(args.backend[len("latency"):]) / 1e3
                  if args.backend.startswith("latency") else 0.0)
         counted = _counting(open_blob_store(uri), delay)
-        service = SyncerService(ArtifactStore(counted, "cp"), attempt=0, log=lambda _: None)
+        service = SyncerService(ArtifactStore(counted, "cp"), attempt=0)
         service.lease.acquire(cfg.orchestration.syncer_timeout_seconds)
         ticks: list[dict] = []
         tick = service.controller.tick

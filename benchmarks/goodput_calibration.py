@@ -8,10 +8,12 @@ import dataclasses
 import json
 import os
 import platform
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
 from diloco_core.goodput import GoodputParams, goodput_with_ci
+from pipelines.reporting import code_revision
 
 OUT = Path(__file__).parent / "results" / "goodput_calibration.json"
 # Published cells (MTBI 1 year per chip, Decoupled DiLoCo with M = 8), in percent.
@@ -59,6 +61,8 @@ def main() -> dict:
             print(f"{name} x{factor} ({value}): worst |error| {worst(table):.1f}")
     report = {"benchmark": "goodput_calibration",
               "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
+              "commit": code_revision(),
+              "command": "python benchmarks/goodput_calibration.py " + " ".join(sys.argv[1:]),
               "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
                           "python": platform.python_version()},
               "parameters": defaults, "cells": {str(k): v for k, v in base.items()},

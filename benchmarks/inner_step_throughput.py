@@ -38,6 +38,7 @@ from diloco_core.inner_optimizer import build_inner_optimizer
 from diloco_core.inner_step import InnerStep
 from diloco_core.learner import LearnerSync
 from diloco_core.model import apply_model, init_model, param_count
+from pipelines.reporting import code_revision
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "inner_step_throughput.json"
 
@@ -173,6 +174,9 @@ def main(argv: list[str] | None = None) -> dict:
     report = {
         "benchmark": "inner_step_throughput",
         "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
+        "commit": code_revision(),
+        "command": "python benchmarks/inner_step_throughput.py "
+                   + " ".join(argv or sys.argv[1:]),
         "machine": machine_info(),
         "settings": {"preset": args.preset, "param_count": param_count(cfg),
                      "batch_size": args.batch_size, "seq_len": args.seq_len,

@@ -32,6 +32,7 @@ from diloco_core.fragments import plan_fragments, split_params  # noqa: E402
 from diloco_core.learner import FragmentSync, LearnerSync  # noqa: E402
 from diloco_core.model import abstract_params  # noqa: E402
 from diloco_core.outer import build_outer_optimizer  # noqa: E402
+from pipelines.reporting import code_revision  # noqa: E402
 from resources.store.artifact_store import ArtifactStore  # noqa: E402
 from resources.store.backends import open_blob_store  # noqa: E402
 
@@ -128,6 +129,8 @@ def main(argv=None) -> dict:
     report = {
         "benchmark": "store_throughput",
         "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
+        "commit": code_revision(),
+        "command": "python benchmarks/store_throughput.py " + " ".join(argv or sys.argv[1:]),
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
                     "cpu_count": os.cpu_count(), "jax": jax.__version__},
         "settings": {"parameters": int(n_params), "fp32_bytes": fp32_bytes,

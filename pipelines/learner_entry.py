@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from dagster_pipes import PipesDefaultContextLoader, PipesEnvVarParamsLoader, open_dagster_pipes
 
 from resources.learner.distributed import join_from_env
+from resources.process_log import at_level, stdout_logger
 
 
 def honour_termination() -> None:
@@ -64,18 +65,15 @@ def pipes_session(process_id: int):
     channel = pipes_channel()
     if process_id == 0:
         with open_dagster_pipes(**channel) as pipes:
-            yield ({k: pipes.get_extra(k) for k in LEARNER_EXTRAS}, pipes.log.info,
+            yield ({k: pipes.get_extra(k) for k in LEARNER_EXTRAS}, at_level(pipes.log),
                    pipes.report_custom_message)
         return
     loader = channel.get("context_loader") or PipesDefaultContextLoader()
     with loader.load_context(PipesEnvVarParamsLoader().load_context_params()) as data:
         extras = data.get("extras") or {}
         params = {k: extras[k] for k in LEARNER_EXTRAS}
-
-    def log(message: str) -> None:
-        print(f"[process {process_id}] {message}", flush=True)
-
-    yield params, log, lambda record: None
+    yield params, stdout_logger(f"learner-process-{process_id}", f"[process {process_id}] "), \
+        lambda record: None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,11 +110,7 @@ def _command_line_session(argv: list[str] | None):
     parser.add_argument("--attempt", type=int, default=0)
     parser.add_argument("--no-ocdbt", dest="use_ocdbt", action="store_false")
     params = vars(parser.parse_args(argv))
-
-    def log(message: str) -> None:
-        print(message, flush=True)
-
-    yield params, log, lambda record: None
+    yield params, stdout_logger("learner"), lambda record: None
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ def main() -> None:
     store = ArtifactStore(open_blob_store(uri), experiment)
     if slow_flag is not None:
         _instrument(store, attempt, slow_flag, write_log)
-    link = StoreLink(store, "learner-0", 1, [0], poll_seconds=0.0005, log=lambda _: None,
+    link = StoreLink(store, "learner-0", 1, [0], poll_seconds=0.0005,
                      attempt=attempt)
     until = time.monotonic() + seconds
     while time.monotonic() < until and link.superseded_by is None:

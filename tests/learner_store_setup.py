@@ -1,7 +1,9 @@
 """Shared by the scripts that run a learner runtime in a fresh interpreter without Dagster
 (tests/spmd_runtime_check.py, tests/multihost_learner_check.py): a store set up as the `train`
-job sets it up, and a bounded wait. Import it after the script has set XLA_FLAGS."""
+job sets it up, a logger whose lines a script can read back, and a bounded wait. Import it
+after the script has set XLA_FLAGS."""
 
+import logging
 import time
 
 import jax
@@ -33,3 +35,20 @@ def wait(predicate, what: str, timeout: float = 120.0) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out waiting for {what}")
         time.sleep(0.05)
+
+
+class _Lines(logging.Handler):
+    def __init__(self, lines: list[str]):
+        super().__init__()
+        self.lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def collecting_logger(name: str, lines: list[str]) -> logging.Logger:
+    """A logger that appends each message to `lines` (what the runtime logged, for asserts)."""
+    logger = logging.getLogger(f"test.{name}")
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(_Lines(lines))
+    return logger

@@ -37,7 +37,7 @@ join_from_env()   # as pipelines/learner_entry.py does, before anything touches 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
-from learner_store_setup import committed_experiment  # noqa: E402
+from learner_store_setup import collecting_logger, committed_experiment  # noqa: E402
 from learner_store_setup import wait as wait_until  # noqa: E402
 
 from diloco_core.compression import decode  # noqa: E402
@@ -107,7 +107,8 @@ def run() -> dict:
     multihost_utils.sync_global_devices("store set up")
     store, seen = watched(ArtifactStore(open_blob_store(root), NAME))
     logs: list[str] = []
-    runtime = LearnerRuntime(store, "learner-0", 0, log=logs.append, max_steps=8)
+    log = collecting_logger("runtime", logs)
+    runtime = LearnerRuntime(store, "learner-0", 0, log=log, max_steps=8)
     errors: list = []
     if process_id == 0:
         threading.Thread(target=play_syncer, args=(store, errors), daemon=True).start()
@@ -146,7 +147,7 @@ def run() -> dict:
 
 def restore() -> dict:
     store, seen = watched(ArtifactStore(open_blob_store(root), NAME))
-    again = LearnerRuntime(store, "learner-0", 1, log=lambda m: None)
+    again = LearnerRuntime(store, "learner-0", 1)
     restored_from = again._start_state()
     out = {"restored_from": restored_from, "restored_step": int(again.train.step),
            "store_writes": ["/".join(k) for k in seen["writes"]],
@@ -166,7 +167,7 @@ def reference(steps: int) -> dict:
         def heartbeat(self, *args, **kwargs):
             pass
 
-    runtime = LearnerRuntime(store, "learner-0", 0, log=lambda m: None)
+    runtime = LearnerRuntime(store, "learner-0", 0)
     runtime.progress.rejoined_from = runtime._start_state()
     runtime.link, runtime.progress.status = NoLink(), "training"
     for _ in range(steps):

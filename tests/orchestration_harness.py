@@ -155,7 +155,7 @@ class Harness:
             return (lambda: self.tick()), None
         from pipelines.syncer.service import SyncerService
 
-        service = SyncerService(self.store, attempt=0, log=lambda _: None)
+        service = SyncerService(self.store, attempt=0)
         service.lease.clock = lambda: self.now
         service.lease.acquire(4)
 

@@ -23,7 +23,7 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from learner_store_setup import committed_experiment, wait  # noqa: E402
+from learner_store_setup import collecting_logger, committed_experiment, wait  # noqa: E402
 
 from diloco_core.config import ConfigError  # noqa: E402
 from diloco_core.round_records import Heartbeat  # noqa: E402
@@ -66,7 +66,8 @@ def placement(runtime: LearnerRuntime) -> dict:
 def train_offer_merge_restore(root: str) -> dict:
     store = new_store(root, "spmd-fsdp", ["learners.sharding=fsdp"])
     logs: list[str] = []
-    runtime = LearnerRuntime(store, "learner-0", 0, log=logs.append, max_steps=8)
+    log = collecting_logger("runtime", logs)
+    runtime = LearnerRuntime(store, "learner-0", 0, log=log, max_steps=8)
     result: dict = {}
     thread = threading.Thread(target=lambda: result.update(runtime.run()), daemon=True)
     thread.start()
@@ -91,7 +92,7 @@ def train_offer_merge_restore(root: str) -> dict:
            "merged_equal": bool(np.array_equal(
                np.asarray(runtime.sync.fragments[1].anchor[merged_name]),
                store.load_global(1).params[merged_name]))}
-    again = LearnerRuntime(store, "learner-0", 1, log=logs.append)
+    again = LearnerRuntime(store, "learner-0", 1, log=log)
     out["restored_from"] = again._start_state()
     out["restored_step"] = int(again.train.step)
     out["after_restore"] = placement(again)
@@ -101,7 +102,7 @@ def train_offer_merge_restore(root: str) -> dict:
 def refusal(root: str, name: str, overrides: list[str], learner: str) -> dict | None:
     store = new_store(root, name, overrides)
     try:
-        LearnerRuntime(store, learner, 0, log=lambda m: None)
+        LearnerRuntime(store, learner, 0)
     except ConfigError as err:
         return {"field": err.field, "message": str(err)}
     return None
@@ -112,11 +113,11 @@ def continue_on_fewer_devices(root: str) -> dict:
     store = ArtifactStore(open_blob_store(root), "spmd-fsdp")
     # The first part ended its process with the run's stop record; this run goes on.
     store.blobs.delete(layout.stop(store.experiment))
-    runtime = LearnerRuntime(store, "learner-0", 2, log=lambda m: None, max_steps=12)
+    runtime = LearnerRuntime(store, "learner-0", 2, max_steps=12)
     restored_from = runtime._start_state()
     restored = {"from": restored_from, "step": int(runtime.train.step),
                 "placement": placement(runtime)}
-    runtime = LearnerRuntime(store, "learner-0", 2, log=lambda m: None, max_steps=12)
+    runtime = LearnerRuntime(store, "learner-0", 2, max_steps=12)
     result: dict = {}
     thread = threading.Thread(target=lambda: result.update(runtime.run()), daemon=True)
     thread.start()

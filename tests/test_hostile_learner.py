@@ -93,7 +93,7 @@ def test_every_hostile_record_is_refused_and_the_honest_rounds_merge(tmp_path):
     with dg.instance_for_test() as instance:
         h = Harness(instance, str(tmp_path / "store"), overrides=SERVICE)
         h.start()
-        service = SyncerService(h.store, attempt=0, log=lambda _: None)
+        service = SyncerService(h.store, attempt=0)
         service.lease.clock = lambda: h.now
         service.lease.acquire(4)
         for name in (*HONEST, HOSTILE):
@@ -103,7 +103,7 @@ def test_every_hostile_record_is_refused_and_the_honest_rounds_merge(tmp_path):
         # The hostile learner's fault, as the tape drives it: one record per step.
         tape = tape_from_mapping({"faults": [{"kind": "hostile_records", "learner": HOSTILE,
                                               "at_step": 0, "params": {"every_steps": 1}}]})
-        faults = LearnerFaults(h.store, tape, HOSTILE, 0, log=lambda _: None)
+        faults = LearnerFaults(h.store, tape, HOSTILE, 0)
         state = {"step": 0}
 
         def attack():

@@ -57,7 +57,8 @@ SESSION = """
 import json, sys
 from pipelines.learner_entry import pipes_session
 with pipes_session(int(sys.argv[1])) as (params, log, report):
-    log("hello from the learner")
+    log.info("hello from the learner")
+    log.warning("a warning from the learner")
     report({"status": "done"})
 print(json.dumps(params))
 """
@@ -88,9 +89,16 @@ def test_only_process_0_of_a_multi_host_learner_opens_the_pipes_session(tmp_path
         out = subprocess.run([sys.executable, "-c", SESSION, str(process_id)], cwd=REPO,
                              env=env, capture_output=True, text=True, timeout=60, check=True)
         assert json.loads(out.stdout.strip().splitlines()[-1]) == extras
-        written[process_id] = ([json.loads(line)["method"]
-                                for line in messages.read_text().splitlines()]
-                               if messages.exists() else [])
+        lines = messages.read_text().splitlines() if messages.exists() else []
+        written[process_id] = [json.loads(line)["method"] for line in lines]
+        if process_id == 1:     # its own stdout (the pod's log), each line with its level
+            assert "INFO [process 1] hello from the learner" in out.stdout
+            assert "WARNING [process 1] a warning from the learner" in out.stdout
+        else:                   # the run's log, through Pipes, at each line's level
+            logged = [json.loads(line)["params"] for line in lines
+                      if json.loads(line)["method"] == "log"]
+            assert [(m["level"], m["message"]) for m in logged] == [
+                ("INFO", "hello from the learner"), ("WARNING", "a warning from the learner")]
     assert written[1] == []
     assert written[0][0] == "opened" and written[0][-1] == "closed"
     assert {"log", "report_custom_message"} <= set(written[0])

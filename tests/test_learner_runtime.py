@@ -10,6 +10,7 @@ from pathlib import Path
 import dagster as dg
 import numpy as np
 import pytest
+from learner_store_setup import collecting_logger
 from orchestration_harness import Harness, wait_until
 
 from diloco_core.round_records import Heartbeat
@@ -42,7 +43,7 @@ def _wait(predicate, timeout=60.0, what="condition"):
 
 
 def _start(h: Harness, learner: str, attempt: int = 0, max_steps: int = 8):
-    runtime = LearnerRuntime(h.store, learner, attempt, log=lambda m: None, max_steps=max_steps)
+    runtime = LearnerRuntime(h.store, learner, attempt, max_steps=max_steps)
     result: dict = {}
     thread = threading.Thread(target=lambda: result.update(runtime.run()), daemon=True)
     thread.start()
@@ -98,7 +99,7 @@ def test_a_learner_offers_receives_checkpoints_stops_and_resumes(harness):
     assert result["tokens_total"] == 8 * h.cfg.tokens_per_learner_step
 
     # Restart: its own checkpoint is fresh (versions within 1 of the global ones).
-    again = LearnerRuntime(h.store, "learner-0", 1, log=lambda m: None)
+    again = LearnerRuntime(h.store, "learner-0", 1)
     source = again._start_state()
     assert source.startswith("own")
     assert int(again.train.step) == 8 and again.book.answered == 1
@@ -199,7 +200,7 @@ def test_a_stale_learner_rejoins_from_a_peers_adamw_state_and_the_global_params(
         thread.join(30)
         assert not thread.is_alive()
     _bump(h, 0, 3)                       # learner-0's fragment 0 is now 3 versions behind
-    rejoined = LearnerRuntime(h.store, "learner-0", 2, log=lambda m: None)
+    rejoined = LearnerRuntime(h.store, "learner-0", 2)
     source = rejoined._start_state()
     assert source.startswith("peer") and "learner-1 at step 8" in source
     assert int(rejoined.train.step) == 8                     # the peer's step and AdamW state
@@ -393,7 +394,8 @@ def test_a_replaced_attempt_writes_no_offer(harness):
     h = harness
     P = h.cfg.sync.num_fragments
     logs: list[str] = []
-    zombie = StoreLink(h.store, "learner-0", P, [0] * P, 60.0, logs.append, attempt=0)
+    log = collecting_logger("zombie-link", logs)
+    zombie = StoreLink(h.store, "learner-0", P, [0] * P, 60.0, log, attempt=0)
     h.store.put_heartbeat("learner-0", {"learner": "learner-0", "status": "training",
                                         "time": h.now, "attempt": 1, "step": 0,
                                         "tokens_total": 0})      # the relaunched process
@@ -402,7 +404,7 @@ def test_a_replaced_attempt_writes_no_offer(harness):
     assert h.store.contribution_manifest(0, "learner-0") is None
     assert zombie.superseded_by == 1
     assert any("dropped" in m and "replaced attempt 0" in m for m in logs), logs
-    current = StoreLink(h.store, "learner-0", P, [0] * P, 60.0, logs.append, attempt=1)
+    current = StoreLink(h.store, "learner-0", P, [0] * P, 60.0, log, attempt=1)
     current.offer(h.contribution("learner-0", 0), {"attempt": 1})
     current.close()
     assert h.store.contribution_manifest(0, "learner-0").extra["attempt"] == 1
@@ -417,7 +419,7 @@ def test_a_failed_poll_skips_no_merged_fragment(harness, monkeypatch):
     P = h.cfg.sync.num_fragments
     _bump(h, 0, 1, round_index=0)
     _bump(h, 1, 1, round_index=1)
-    link = StoreLink(h.store, "learner-0", P, [0] * P, 3600.0, lambda _: None)
+    link = StoreLink(h.store, "learner-0", P, [0] * P, 3600.0)
     link.close()                      # the thread polled once, before the failure was set
     link.take_merged()
     link._known = [0] * P
@@ -443,7 +445,7 @@ def test_a_checkpoint_slower_than_the_learner_timeout_keeps_the_heartbeat_alive(
         h = Harness(instance, str(tmp_path / "store"),
                     [*FAST, "orchestration.learner_timeout_seconds=1"])
         h.start()
-        runtime = LearnerRuntime(h.store, "learner-0", 0, log=lambda m: None, max_steps=4)
+        runtime = LearnerRuntime(h.store, "learner-0", 0, max_steps=4)
         real_save, saving = runtime.checkpoints.save, threading.Event()
 
         def slow_save(*args, **kwargs):
@@ -483,7 +485,7 @@ def test_a_background_checkpoint_lets_the_learner_train_on_and_is_reported_once_
         h = Harness(instance, str(tmp_path / "store"),
                     [*FAST, f"orchestration.async_checkpoints={str(background).lower()}"])
         h.start()
-        runtime = LearnerRuntime(h.store, "learner-0", 0, log=lambda m: None, max_steps=12)
+        runtime = LearnerRuntime(h.store, "learner-0", 0, max_steps=12)
         manager = runtime.checkpoints.manager
         launched, release = threading.Event(), threading.Event()
         real_save, real_wait = manager.save, manager.wait_until_finished
@@ -630,9 +632,9 @@ def test_a_relaunch_into_a_round_its_refused_offer_sits_in_counts_the_round_answ
     h.store.open_round(0, {"fragment": 0, "opened_at": time.time(), "final": False})
     key = f"{layout.contribution_dir(h.store.experiment, 0, 'learner-0')}/{layout.MANIFEST}"
     h.store.blobs.write(key, b'{"fragment": "zero"}')
-    again = LearnerRuntime(h.store, "learner-0", 1, log=lambda m: None)
+    again = LearnerRuntime(h.store, "learner-0", 1)
     again._start_state()
     assert again.book.answered == 0
-    other = LearnerRuntime(h.store, "learner-1", 0, log=lambda m: None)
+    other = LearnerRuntime(h.store, "learner-1", 0)
     other._start_state()
     assert other.book.answered == -1            # a learner that did not offer still will

@@ -222,7 +222,7 @@ def _play(store_dir: str, path: str) -> tuple:
         h = Harness(instance, store_dir, overrides=[f"orchestration.syncer={path}", *JUMPS])
         h.start()
         if path == "service":
-            service = SyncerService(h.store, attempt=0, log=lambda _: None)
+            service = SyncerService(h.store, attempt=0)
             service.lease.clock = lambda: h.now
             service.lease.acquire(4)
             _scenario(h, lambda: service.step(now=h.now))

@@ -72,7 +72,7 @@ def test_a_learner_process_writes_only_where_its_rules_allow(tmp_path):
         h.start()
         before = _files(root)
         control = ArtifactStore(Recording(h.store.blobs), h.store.experiment)
-        runtime = LearnerRuntime(h.store, "learner-0", 0, log=lambda m: None, max_steps=12)
+        runtime = LearnerRuntime(h.store, "learner-0", 0, max_steps=12)
         thread = threading.Thread(target=runtime.run, daemon=True)
         thread.start()
         beat = lambda: h.store.get_heartbeat("learner-0") or Heartbeat("none", 0.0)  # noqa: E731

@@ -157,22 +157,7 @@ def test_a_killed_syncer_is_replaced_by_its_standby_and_rounds_go_on_merged_once
         standby = _standby_pid(log)
         assert standby and _alive(standby)
 
-        def learners_train(rounds: int) -> None:
-            target = _open_round(h.store) + rounds
-            deadline = time.monotonic() + 180
-            while _open_round(h.store) < target:
-                assert time.monotonic() < deadline, f"no round {target} within 180 s"
-                h.now = time.time()
-                for name in NAMES:
-                    h.beat(name, 2)
-                latest = h.store.latest_open_round()
-                if latest is not None:
-                    for name in ("learner-0", "learner-1"):
-                        if h.store.contribution_manifest(latest.round, name) is None:
-                            h.offer(name, latest.round)
-                time.sleep(0.3)
-
-        learners_train(2)
+        _learners_train(h, 2)
         epoch = h.store.get_syncer_lease().epoch
         killed_at = time.time()
         os.kill(first.pid, signal.SIGKILL)       # by hand: no clean exit, the lease held
@@ -186,7 +171,7 @@ def test_a_killed_syncer_is_replaced_by_its_standby_and_rounds_go_on_merged_once
         shown = run_status(h.store).syncer        # what `diloco status` shows
         assert (shown.holder, shown.attempt, shown.standby) == (
             "syncer-a0-standby", 0, True), shown
-        learners_train(3)                        # rounds go on, decided by the standby
+        _learners_train(h, 3)                        # rounds go on, decided by the standby
         decided = {h.store.get_decision(r).decided_by
                    for r in range(h.store.latest_open_round().round)
                    if h.store.get_decision(r) is not None}
@@ -199,7 +184,7 @@ def test_a_killed_syncer_is_replaced_by_its_standby_and_rounds_go_on_merged_once
         shown = run_status(h.store).syncer
         assert (shown.state, shown.holder, shown.standby) == (
             "syncing", "syncer-a1", False), shown
-        learners_train(2)
+        _learners_train(h, 2)
         wait_until(lambda: not _alive(standby), "the fenced standby's exit", 60, interval=0.2)
         assert "exiting without writing" in log.read_text()
         # A syncer that ends cleanly (terminated) ends its standby first and gives its lease
@@ -231,6 +216,67 @@ def test_a_killed_syncer_is_replaced_by_its_standby_and_rounds_go_on_merged_once
         d.decided_by for d in decisions}, decisions
     assert all(d.decided_at < killed_at for d in decisions
                if d.decided_by == "syncer-a0"), decisions
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_hung_syncer_is_ended_by_its_standby_which_takes_over(tmp_path):
+    """A syncer alive but stalled (SIGSTOP: it holds the lease and never renews it) is killed
+    by its standby once the lease has not moved for the timeout, and the standby decides the
+    rounds from then on; nothing else here could take the lease (no sensor, no relaunch)."""
+    timeout = 8.0
+    with dg.instance_for_test() as instance:
+        h = Harness(instance, str(tmp_path / "store"), overrides=[
+            "orchestration.syncer=service", f"orchestration.syncer_timeout_seconds={timeout}"])
+        h.start()
+        log = tmp_path / "syncer.log"
+        first = _spawn(h.resource.base_uri, 0, log)
+        standby = 0
+        try:
+            wait_until(lambda: getattr(h.store.get_syncer_lease(), "pid", None) == first.pid,
+                       "the syncer's lease", 180, interval=0.2)
+            wait_until(lambda: "standing by" in log.read_text(), "its standby standing by",
+                       300, interval=0.5)
+            standby = _standby_pid(log)
+            assert _alive(standby)
+            _learners_train(h, 1)
+            time.sleep(2 * timeout)     # a live syncer is left alone: its lease moves
+            assert _alive(first.pid) and "hung" not in log.read_text()
+            os.kill(first.pid, signal.SIGSTOP)
+            stopped_at = time.monotonic()
+            wait_until(lambda: getattr(h.store.get_syncer_lease(), "pid", None) == standby,
+                       "the standby's takeover", 120, interval=0.2)
+            took = time.monotonic() - stopped_at
+            assert first.wait(30) == -signal.SIGKILL        # ended by its standby
+            assert "is alive but has not renewed its lease" in log.read_text()
+            assert took >= timeout, f"taken over {took:.1f}s after the stall"
+            _learners_train(h, 2)        # rounds go on, decided by the standby
+            decided_by = {d.decided_by for r in range(_open_round(h.store))
+                          if (d := h.store.get_decision(r)) is not None}
+            assert "syncer-a0-standby" in decided_by, decided_by
+        finally:
+            if first.poll() is None:
+                first.kill()
+                first.wait()
+            if standby and _alive(standby):
+                os.kill(standby, signal.SIGKILL)
+
+
+def _learners_train(h: Harness, rounds: int) -> None:
+    """Scripted learners beat and offer until `rounds` more rounds have opened."""
+    target = _open_round(h.store) + rounds
+    deadline = time.monotonic() + 180
+    while _open_round(h.store) < target:
+        assert time.monotonic() < deadline, f"no round {target} within 180 s"
+        h.now = time.time()
+        for name in NAMES:
+            h.beat(name, 2)
+        latest = h.store.latest_open_round()
+        if latest is not None:
+            for name in ("learner-0", "learner-1"):
+                if h.store.contribution_manifest(latest.round, name) is None:
+                    h.offer(name, latest.round)
+        time.sleep(0.3)
 
 
 def _open_round(store) -> int:

@@ -62,7 +62,7 @@ def _versions_by_round(store, num_fragments: int) -> dict[int, list[tuple[int, i
 
 def _service_after_round_0(h: Harness, attempt: int = 0) -> SyncerService:
     """A syncer holding the lease that has decided and merged round 0."""
-    service = SyncerService(h.store, attempt=attempt, log=lambda _: None)
+    service = SyncerService(h.store, attempt=attempt)
     # The lease renews once a second on its clock: the harness's scripted one here, so that
     # whether it moved between two ticks does not depend on how fast this machine is.
     service.lease.clock = lambda: h.now
@@ -151,7 +151,7 @@ def test_a_stale_lease_hands_the_rounds_to_the_sensor_and_back_without_double_me
 def test_a_zombie_syncer_is_fenced_before_it_writes(harness):
     h = harness
     old = _service_after_round_0(h)
-    new = SyncerService(h.store, attempt=1, log=lambda _: None)
+    new = SyncerService(h.store, attempt=1)
     new.lease.acquire(4)                        # a newer attempt takes over at once
     for name in NAMES:
         h.beat(name, 2)
@@ -356,7 +356,7 @@ def test_retention_deletes_what_left_the_window_and_a_new_syncer_carries_on(tmp_
 
         # A relaunched syncer carries on from the record: round 9 prunes round 7 and
         # fragment 1's version 3, nothing before.
-        successor = SyncerService(h.store, attempt=1, log=lambda _: None)
+        successor = SyncerService(h.store, attempt=1)
         assert (successor.retention.versions_from, successor.retention.rounds_from) == (
             [4, 3], 7)
 

@@ -22,7 +22,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "syncer_trace"
 
 
 def _syncer(h: Harness, attempt: int) -> SyncerService:
-    service = SyncerService(h.store, attempt=attempt, log=lambda _: None)
+    service = SyncerService(h.store, attempt=attempt)
     service.lease.clock = lambda: h.now
     service.lease.acquire(4)
     return service

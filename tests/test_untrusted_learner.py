@@ -35,7 +35,7 @@ def _harness(instance, tmp_path, overrides=()) -> Harness:
 
 
 def _service(h: Harness) -> SyncerService:
-    service = SyncerService(h.store, attempt=0, log=lambda _: None)
+    service = SyncerService(h.store, attempt=0)
     service.lease.clock = lambda: h.now
     service.lease.acquire(4)
     return service
@@ -489,7 +489,7 @@ def test_a_replayed_base_is_refused_across_a_syncer_restart(tmp_path):
         assert HOSTILE in h.store.version_meta(0).members
         _open(h, service, 2)
         h.now += 10                              # the syncer is gone; its lease runs out
-        successor = SyncerService(h.store, attempt=1, log=lambda _: None)
+        successor = SyncerService(h.store, attempt=1)
         successor.lease.clock = lambda: h.now
         successor.lease.acquire(4)
         for name in HONEST:

@@ -72,7 +72,7 @@ def _to_metrics_sink(context: dg.AssetExecutionContext, artifacts, round_index: 
         sink.close()
 
 
-def _merge_faults(artifacts, round_index: int, log):
+def _merge_faults(artifacts, round_index: int, log: dg.DagsterLogManager):
     """A chaos run's faults for this merge (none unless the experiment has a fault tape)."""
     from resources.chaos.faults import syncer_faults
 
@@ -101,8 +101,8 @@ def global_params(context: dg.AssetExecutionContext, store: ArtifactStoreResourc
     artifacts = run_store(context, store)
     round_index = run_round(context)
     try:
-        outcome = merge_from_store(artifacts, round_index, _merge_faults(artifacts, round_index,
-                                                                         context.log.warning))
+        outcome = merge_from_store(artifacts, round_index,
+                                   _merge_faults(artifacts, round_index, context.log))
     except MergeInputError as err:
         raise dg.Failure(description=str(err)) from None
     record, decision = outcome.record, outcome.decision

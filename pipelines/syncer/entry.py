@@ -7,16 +7,21 @@ final record comes back as a custom message.
 
 Once its merge and eval programs are compiled, the syncer starts its **warm standby**: the same
 module with `--standby-for <its pid>`, a child process that compiles the same programs (from
-the persistent compilation cache), then blocks reading a pipe from the syncer. The pipe
-closes only when the syncer's process has ended; if it ended holding the lease (SIGKILL, a
-crash, the OOM killer) the standby takes the lease over at once and carries on. On a clean
-exit, or a termination, the syncer ends its standby first. `DILOCO_SYNCER_STANDBY=0` starts
-none (the quorum sensor's fallback and the supervisor's relaunch bridge the gap instead).
+the persistent compilation cache), then waits on a pipe from the syncer, reading the lease
+once a second. The pipe closes only when the syncer's process has ended; if it ended holding
+the lease (SIGKILL, a crash, the OOM killer) the standby takes the lease over at once and
+carries on. If the syncer is alive but its lease has not moved for
+`orchestration.syncer_timeout_seconds` (hung), the standby kills it and takes over the same
+way. On a clean exit, or a termination, the syncer ends its standby first.
+`DILOCO_SYNCER_STANDBY=0` starts none (the quorum sensor's fallback and the supervisor's
+relaunch bridge the gap instead).
 """
 
 import argparse
 import contextlib
+import logging
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -26,6 +31,7 @@ from dagster_pipes import PipesEnvVarParamsLoader, open_dagster_pipes
 from pipelines.learner_entry import honour_termination, pipes_channel
 from pipelines.syncer.service import SyncerService
 from resources.chaos.faults import syncer_faults
+from resources.process_log import at_level, stdout_logger
 from resources.store.artifact_store import ArtifactStore
 from resources.store.backends import open_blob_store
 
@@ -33,7 +39,7 @@ from resources.store.backends import open_blob_store
 class Standby:
     """The syncer's warm standby process (see the module docstring)."""
 
-    def __init__(self, store: str, experiment: str, attempt: int, log):
+    def __init__(self, store: str, experiment: str, attempt: int, log: logging.Logger):
         self.argv = [sys.executable, "-m", "pipelines.syncer.entry", "--store", store,
                      "--experiment", experiment, "--attempt", str(attempt),
                      "--standby-for", str(os.getpid())]
@@ -47,7 +53,7 @@ class Standby:
         # Not a Pipes process: the run's Pipes session belongs to this one.
         env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")}
         self.process = subprocess.Popen(self.argv, stdin=subprocess.PIPE, env=env)
-        self.log(f"syncer: warm standby started (pid {self.process.pid})")
+        self.log.info(f"syncer: warm standby started (pid {self.process.pid})")
 
     def stop(self) -> None:
         """End the standby (before this syncer gives its lease back: a standby must never
@@ -62,12 +68,14 @@ class Standby:
             self.process.wait()
 
 
-def _wait_for_parent() -> None:
-    """Block until the syncer that started this standby has ended: the pipe it holds open as
-    this process's stdin reads EOF only once its process is gone."""
-    with contextlib.suppress(OSError):
-        while sys.stdin.buffer.read(65536):
-            pass
+def _parent_ended(seconds: float) -> bool:
+    """Whether the syncer that started this standby has ended, waiting at most `seconds`: the
+    pipe it holds open as this process's stdin reads EOF only once its process is gone."""
+    try:
+        readable, _, _ = select.select([sys.stdin.fileno()], [], [], seconds)
+        return bool(readable) and not os.read(sys.stdin.fileno(), 65536)
+    except OSError:
+        return True         # no pipe to watch: nothing keeps the standby waiting
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     with open_dagster_pipes(**pipes_channel()) as pipes:
         if under_pipes:
             params = {k: pipes.get_extra(k) for k in ("store", "experiment", "attempt")}
-            log = pipes.log.info
+            log = at_level(pipes.log)
         else:
             parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
             parser.add_argument("--store", required=True)
@@ -88,9 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.add_argument("--standby-for", type=int, default=None,
                                 help="stand by for the syncer process with this pid")
             params = vars(parser.parse_args(argv))
-
-            def log(message: str) -> None:
-                print(message, flush=True)
+            log = stdout_logger("syncer")
         store = ArtifactStore(open_blob_store(params["store"]), params["experiment"])
         # The driver boundary: a chaos run's fault tape, if it has one, hooks into the merges.
         hooks = syncer_faults(store, log)
@@ -98,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         if parent is not None:
             with contextlib.suppress(KeyboardInterrupt):    # ended by its syncer: not needed
                 SyncerService(store, int(params["attempt"]), log=log, standby=True,
-                              hooks=hooks).stand_by(parent, _wait_for_parent)
+                              hooks=hooks).stand_by(
+                    parent, _parent_ended, lambda: os.kill(parent, signal.SIGKILL))
             return 0
         standby = (Standby(params["store"], params["experiment"], int(params["attempt"]), log)
                    if Standby.wanted() else None)

@@ -15,8 +15,11 @@ programs kept warm: decision to published is the merge itself, not a run launch.
   compiled) waits beside it, imported and compiled, for its process to end: if it ends
   without giving the lease back (killed, crashed), the standby takes the lease over at once
   and carries on in its place (records say `syncer-a<n>-standby`) until the supervisor's
-  relaunch, a newer attempt, takes it from the standby in turn. A hung syncer is not its
-  business: the quorum sensor and the supervisor deal with a lease that stopped moving.
+  relaunch, a newer attempt, takes it from the standby in turn. A syncer alive but hung (its
+  lease unmoved for `orchestration.syncer_timeout_seconds`, the sensor's own threshold: a
+  merge stuck in a store call, a stalled host) is ended by its standby, which then takes
+  over as from a dead one; without a standby the quorum sensor falls back after that timeout
+  and the supervisor ends the run after three.
 - Everything it decides is written to the store first (round records, decisions, versions),
   so a relaunched syncer, or the quorum sensor while no syncer is live, carries on from the
   store; a round is never decided or merged twice (write-once records, idempotent merges).
@@ -30,6 +33,7 @@ programs kept warm: decision to published is the merge itself, not a run launch.
 """
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -58,12 +62,12 @@ from resources.store.lease import LeaseLost, LeaseRefused, SyncerLease
 from resources.store.lease_record import LeaseRecord
 from resources.store.summary_records import Evals, RoundEval
 
-Log = Callable[[str], None]
+_logger = logging.getLogger(__name__)
 PROGRESS_SECONDS = 30.0     # how often a progress line goes to the log (Dagster's run log)
 
 
 class SyncerService:
-    def __init__(self, store: ArtifactStore, attempt: int = 0, log: Log = print,
+    def __init__(self, store: ArtifactStore, attempt: int = 0, log: logging.Logger = _logger,
                  standby: bool = False, on_warm: Callable[[], None] | None = None,
                  hooks: SyncerHooks | None = None):
         config = store.get_config()
@@ -87,7 +91,7 @@ class SyncerService:
         self.progress = SyncerProgress()
         self.state: dict | None = None
         self.metrics = open_sink(self.cfg.orchestration.tensorboard_dir, store.experiment,
-                                 self.name, log)
+                                 self.name, log.warning)
         self.retention = Retention.resume(store, self.cfg)
         self._warm: threading.Thread | None = None   # compiles beside the loop (`_run`)
 
@@ -103,30 +107,60 @@ class SyncerService:
             if self.metrics is not None:
                 self.metrics.close()
 
-    def stand_by(self, parent_pid: int, wait_for_parent: Callable[[], None]) -> dict:
-        """The warm standby of the syncer process `parent_pid`: compile, wait (blocking in
-        `wait_for_parent`, no polling) until that process has ended, then take its lease over
-        at once if it still holds it, and run the rounds; returns the final record (status
-        "not needed" when the syncer gave its lease back or another one holds it)."""
+    def stand_by(self, parent_pid: int, parent_ended: Callable[[float], bool],
+                 end_parent: Callable[[], None]) -> dict:
+        """The warm standby of the syncer process `parent_pid`: compile, wait until that
+        process has ended (`parent_ended(seconds)` blocks at most that long and says whether
+        it has), ending it with `end_parent` if it hangs (`_watch`), then take its lease
+        over at once if it still holds it, and run the rounds; returns the final record
+        (status "not needed" when the syncer gave its lease back or another one holds it)."""
         self.status = "standby"
         self.warm_up()
-        self.log(f"{self.name}: standing by for the syncer (pid {parent_pid})")
-        wait_for_parent()
+        self.log.info(f"{self.name}: standing by for the syncer (pid {parent_pid})")
+        self._watch(parent_pid, parent_ended, end_parent)
         lease = self.lease.read()
         record = lease.record if lease is not None else LeaseRecord()
         if (self.store.finished() is not None or record.pid != parent_pid
                 or record.status != "syncing"):
             self.status = "not needed"
-            self.log(f"{self.name}: the syncer (pid {parent_pid}) ended; the lease is "
-                     f"{record.status} by pid {record.pid}: not taking it")
+            self.log.info(f"{self.name}: the syncer (pid {parent_pid}) ended; the lease is "
+                          f"{record.status} by pid {record.pid}: not taking it")
             return self.record()
-        self.log(f"{self.name}: the syncer (pid {parent_pid}) died holding the lease: "
-                 "taking it over")
+        self.log.warning(f"{self.name}: the syncer (pid {parent_pid}) died holding the lease: "
+                         "taking it over")
         try:
             return self._run(None, dead_pid=parent_pid)
         finally:
             if self.metrics is not None:
                 self.metrics.close()
+
+    def _watch(self, parent_pid: int, parent_ended: Callable[[float], bool],
+               end_parent: Callable[[], None]) -> None:
+        """Until the syncer `parent_pid` has ended. While it holds the lease, a lease that has
+        not moved for the timeout the quorum sensor falls back at means it is alive but hung:
+        it is ended (killed: a stalled process must never wake up to write; the lease's
+        fencing alone would stop it only at its next check), so that the warm standby takes
+        over now instead of the sensor's fallback merges and, three timeouts on, the
+        supervisor's cold relaunch."""
+        stale_after = self.cfg.orchestration.syncer_timeout_seconds
+        watched: tuple[str, float] | None = None
+        while not parent_ended(min(1.0, stale_after / 4)):
+            lease = self.lease.read()
+            record = None if lease is None else lease.record
+            if record is None or record.pid != parent_pid or record.status != "syncing":
+                watched = None       # not holding it (yet, or any more): nothing to judge
+                continue
+            now = time.monotonic()
+            if watched is None or watched[0] != record.marker:
+                watched = (record.marker, now)
+            elif now - watched[1] >= stale_after:
+                self.log.warning(f"{self.name}: the syncer (pid {parent_pid}) is alive but has "
+                                 f"not renewed its lease for {now - watched[1]:.0f}s: hung; "
+                                 "ending it")
+                end_parent()
+                while not parent_ended(1.0):
+                    pass
+                return
 
     def _run(self, max_seconds: float | None, dead_pid: int | None = None) -> dict:
         orch = self.cfg.orchestration
@@ -135,13 +169,13 @@ class SyncerService:
             self.lease.acquire(orch.syncer_timeout_seconds, self.log, dead_pid=dead_pid)
         except LeaseRefused as err:
             self.status = "refused"
-            self.log(f"syncer attempt {self.attempt}: refused: {err}")
+            self.log.warning(f"syncer attempt {self.attempt}: refused: {err}")
             return self.record()
-        self.log(f"syncer attempt {self.attempt} holds the lease (epoch "
-                 f"{self.lease.held.record.epoch}); polling every "
-                 f"{orch.syncer_poll_seconds}s"
-                 + (", compiling the merge and eval programs meanwhile"
-                    if self.progress.initial_eval is None else ""))
+        self.log.info(f"syncer attempt {self.attempt} holds the lease (epoch "
+                      f"{self.lease.held.record.epoch}); polling every "
+                      f"{orch.syncer_poll_seconds}s"
+                      + (", compiling the merge and eval programs meanwhile"
+                         if self.progress.initial_eval is None else ""))
         self.status = "syncing"
         next_report = time.monotonic() + PROGRESS_SECONDS
         # Rounds open and are decided from the first poll: the programs compile on a thread
@@ -158,19 +192,20 @@ class SyncerService:
                 reason = self.step()
                 if self.state.get("finished"):
                     self.status = "done"
-                    self.log(f"syncer: the run is finished ({self.progress.merged} rounds merged)")
+                    self.log.info(f"syncer: the run is finished ({self.progress.merged} rounds "
+                                  "merged)")
                     self._summarize()
                     break
                 if max_seconds is not None and time.monotonic() - started > max_seconds:
                     self.status = "stopped"
                     break
                 if time.monotonic() >= next_report:
-                    self.log(self._progress_line(reason))
+                    self.log.info(self._progress_line(reason))
                     next_report = time.monotonic() + PROGRESS_SECONDS
                 time.sleep(orch.syncer_poll_seconds)
         except LeaseLost as err:
             self.status = "fenced"
-            self.log(f"syncer attempt {self.attempt}: {err}; exiting without writing")
+            self.log.warning(f"syncer attempt {self.attempt}: {err}; exiting without writing")
             return self.record()
         except KeyboardInterrupt:
             # Terminated (Pipes forwards a run's termination as SIGINT; SIGTERM too, see the
@@ -189,12 +224,12 @@ class SyncerService:
         try:
             self.warm_up()
         except Exception as err:  # noqa: BLE001 - the loop compiles on demand instead
-            self.log(f"syncer: warm-up failed ({err!r}); merges compile on demand")
+            self.log.warning(f"syncer: warm-up failed ({err!r}); merges compile on demand")
         if self.on_warm is not None:
             try:
                 self.on_warm()
             except Exception as err:  # noqa: BLE001 - the syncer runs on without a standby
-                self.log(f"syncer: could not start its standby ({err!r})")
+                self.log.warning(f"syncer: could not start its standby ({err!r})")
 
     def step(self, now: float | None = None) -> str:
         """One poll: renew the lease, tick the round controller, merge what it decided,
@@ -242,8 +277,8 @@ class SyncerService:
                     all_finite(merged)
         # The eval program compiles on the initial parameters: the summary's first eval.
         self.progress.initial_eval = evaluate_global(self.store, version=0)
-        self.log(f"syncer: merge and eval programs compiled in "
-                 f"{time.monotonic() - started:.1f}s")
+        self.log.info(f"syncer: merge and eval programs compiled in "
+                      f"{time.monotonic() - started:.1f}s")
 
     # ---- one round's merge --------------------------------------------------------------------
     def _merge(self, decision: RoundDecision) -> MergeOutcome | None:
@@ -261,9 +296,9 @@ class SyncerService:
             except Conflict as err:
                 # A concurrent merger (a fallback merge run still finishing during a hand-over)
                 # committed first: the next try finds its commit.
-                self.log(f"round {round_index}: {err}; retrying ({attempt + 1})")
+                self.log.warning(f"round {round_index}: {err}; retrying ({attempt + 1})")
             except MergeInputError as err:
-                self.log(f"round {round_index} cannot be merged: {err}")
+                self.log.error(f"round {round_index} cannot be merged: {err}")
                 return None
             except (LeaseLost, OSError):
                 # Fenced, or the store itself failing: the supervisor relaunches the syncer
@@ -275,11 +310,11 @@ class SyncerService:
                 # merged, with the error, and go on with the next.
                 record_unmergeable(self.store, round_index, err, guard=self.lease.check)
                 self.progress.not_merged += 1
-                self.log(f"round {round_index} NOT merged, the merge raised {err!r}; moving "
-                         "on")
+                self.log.error(f"round {round_index} NOT merged, the merge raised {err!r}; moving "
+                               "on")
                 return None
         else:
-            self.log(f"round {round_index}: gave up after 3 conflicting tries")
+            self.log.error(f"round {round_index}: gave up after 3 conflicting tries")
             return None
         record = outcome.record
         if outcome.committed and not outcome.already_committed:
@@ -295,9 +330,9 @@ class SyncerService:
             self._prune(outcome.fragment, outcome.version, round_index)
         elif not outcome.committed:
             self.progress.not_merged += 1
-            self.log(f"round {round_index} not merged: {record.reason}")
+            self.log.warning(f"round {round_index} not merged: {record.reason}")
         if record.rejected:
-            self.log(f"round {round_index}: rejected {dict(record.rejected)}")
+            self.log.warning(f"round {round_index}: rejected {dict(record.rejected)}")
         return outcome
 
     def _prune(self, fragment: int, version: int, round_index: int) -> None:
@@ -308,7 +343,7 @@ class SyncerService:
             self.progress.pruned_objects += self.retention.after_merge(fragment, version,
                                                                        round_index)
         except (OSError, Conflict, RejectedArtifact) as err:
-            self.log(f"round {round_index}: retention failed, will retry: {err!r}")
+            self.log.warning(f"round {round_index}: retention failed, will retry: {err!r}")
 
     def _maybe_eval(self, final: bool = False) -> None:
         every = self.cfg.orchestration.eval_every_rounds or self.cfg.sync.num_fragments
@@ -344,14 +379,14 @@ class SyncerService:
             summary = build_summary(self.store, evals=Evals(initial=self.progress.initial_eval,
                                                             final=self.progress.last_eval))
             self.store.put_summary(summary.model_copy(update={"summarized_by": self.name}))
-            self.log(f"syncer: run summary written (held-out loss "
-                     f"{summary.outcome.initial_eval_loss:.3f} -> "
-                     f"{summary.outcome.final_eval_loss:.3f})")
+            self.log.info(f"syncer: run summary written (held-out loss "
+                          f"{summary.outcome.initial_eval_loss:.3f} -> "
+                          f"{summary.outcome.final_eval_loss:.3f})")
         except LeaseLost:
             raise
         except Exception as err:  # noqa: BLE001 - the summarize run writes it instead
-            self.log(f"syncer: could not write the run summary ({err!r}); the summarize run "
-                     "will")
+            self.log.warning(f"syncer: could not write the run summary ({err!r}); the "
+                             "summarize run will")
 
     # ---- reporting ----------------------------------------------------------------------------
     def _progress_line(self, reason: str) -> str:

@@ -35,7 +35,7 @@ from resources.store import layout
 from resources.store.artifact_store import ArtifactStore, RejectedArtifact
 from resources.store.blobs import BlobInfo, BlobStore
 
-Log = Callable[[str], None]
+Log = Callable[[str], None]     # where `load_tape` says why a tape is refused
 _logger = logging.getLogger(__name__)
 
 
@@ -154,7 +154,7 @@ class LearnerFaults(LearnerHooks):
     """The tape's faults for one learner process: the hooks its runtime calls."""
 
     def __init__(self, store: ArtifactStore, tape: FaultTape, learner: str, attempt: int,
-                 log: Log = print):
+                 log: logging.Logger = _logger):
         self.store, self.learner, self.attempt, self.log = store, learner, attempt, log
         self.tape = tape
         self.faults = tape.for_learner(learner)
@@ -202,18 +202,18 @@ class LearnerFaults(LearnerHooks):
             if not self._fire(f.id, f.kind, step):
                 continue
             if f.kind == "learner_kill":
-                self.log(f"fault {f.id}: SIGKILL at step {step}")
+                self.log.warning(f"fault {f.id}: SIGKILL at step {step}")
                 flush_record("killed")   # the ledger must know exactly what this process did
                 os.kill(os.getpid(), signal.SIGKILL)
             elif f.kind == "learner_hang":
                 seconds = float(f.param("seconds"))
-                self.log(f"fault {f.id}: hanging at step {step} for {seconds} s")
+                self.log.warning(f"fault {f.id}: hanging at step {step} for {seconds} s")
                 _sleep(seconds)
             elif f.kind == "clock_skew":
                 self._skew = float(f.param("seconds"))
-                self.log(f"fault {f.id}: clock skewed by {self._skew:+.0f} s")
+                self.log.warning(f"fault {f.id}: clock skewed by {self._skew:+.0f} s")
             else:
-                self.log(f"fault {f.id}: {f.kind} from step {step}")
+                self.log.warning(f"fault {f.id}: {f.kind} from step {step}")
 
     def _hostile_records(self, step: int) -> None:
         """A `hostile_records` fault: one hostile record every `every_steps` steps of its
@@ -226,7 +226,7 @@ class LearnerFaults(LearnerHooks):
                 continue
             if f.id not in self._fired:
                 self._fire(f.id, f.kind, step)
-                self.log(f"fault {f.id}: writing hostile records from step {step}")
+                self.log.warning(f"fault {f.id}: writing hostile records from step {step}")
             if self.hostile is None:
                 sync = (self.store.get_config() or {}).get("sync") or {}
                 self.hostile = HostileWriter(self.store, self.learner,
@@ -234,7 +234,7 @@ class LearnerFaults(LearnerHooks):
             try:
                 self.hostile.write_next()
             except Exception as err:  # noqa: BLE001 - the attack failing is not the learner's
-                self.log(f"fault {f.id}: a hostile write failed: {err!r}")
+                self.log.warning(f"fault {f.id}: a hostile write failed: {err!r}")
 
     def offer(self, contribution: Contribution, round_index: int
               ) -> tuple[Contribution, AfterPut | None, dict]:
@@ -327,7 +327,7 @@ class MergeFaults:
     """The tape's faults for the merge run of one round."""
 
     def __init__(self, store: ArtifactStore, tape: FaultTape | None, round_index: int,
-                 log: Log = print):
+                 log: logging.Logger = _logger):
         self.store, self.round, self.log = store, round_index, log
         self.crashes = {} if tape is None else {
             f.param("phase"): f for f in tape.at_round("merge_crash", round_index)}
@@ -347,7 +347,7 @@ class MergeFaults:
     def at(self, phase: str) -> None:
         f = self.crashes.get(phase)
         if f is not None and self._fire(f.id, f.kind, {"phase": phase}):
-            self.log(f"fault {f.id}: merge of round {self.round} crashes {phase}")
+            self.log.warning(f"fault {f.id}: merge of round {self.round} crashes {phase}")
             raise InjectedFault(f"injected crash of the round {self.round} merge at {phase} "
                                 f"({f.id})")
 
@@ -363,7 +363,7 @@ class SyncerFaults:
     (`syncer_hang`: the sensor fallback takes over, the supervisor ends the hung run). A crash
     mid-commit is the merge's own `merge_crash`, which the syncer's merges honour too."""
 
-    def __init__(self, store: ArtifactStore, tape: FaultTape, log: Log = print):
+    def __init__(self, store: ArtifactStore, tape: FaultTape, log: logging.Logger = _logger):
         self.store, self.tape, self.log = store, tape, log
 
     def merge(self, round_index: int) -> MergeFaults:
@@ -372,14 +372,14 @@ class SyncerFaults:
     def before_merge(self, round_index: int) -> None:
         for f in self.tape.at_round("syncer_kill", round_index):
             if self._fire(f, round_index):
-                self.log(f"fault {f.id}: the syncer kills itself before merging round "
-                         f"{round_index}")
+                self.log.warning(f"fault {f.id}: the syncer kills itself before merging round "
+                                 f"{round_index}")
                 os.kill(os.getpid(), signal.SIGKILL)
         for f in self.tape.at_round("syncer_hang", round_index):
             if self._fire(f, round_index):
                 seconds = float(f.param("seconds"))
-                self.log(f"fault {f.id}: the syncer hangs for {seconds}s before merging round "
-                         f"{round_index}")
+                self.log.warning(f"fault {f.id}: the syncer hangs for {seconds}s before "
+                                 f"merging round {round_index}")
                 _sleep(seconds)
 
     def _fire(self, f, round_index: int) -> bool:
@@ -388,18 +388,18 @@ class SyncerFaults:
                                                   "pid": os.getpid()})
 
 
-def syncer_faults(store: ArtifactStore, log: Log = print) -> SyncerFaults | None:
+def syncer_faults(store: ArtifactStore, log: logging.Logger = _logger) -> SyncerFaults | None:
     """A chaos run's faults for its syncer (the hooks `SyncerService` takes); None when the
     experiment has no fault tape."""
-    tape = load_tape(store, log=log)
+    tape = load_tape(store, log=log.warning)
     return None if tape is None else SyncerFaults(store, tape, log)
 
 
-def learner_faults(store: ArtifactStore, learner: str, attempt: int, log: Log = print
-                   ) -> LearnerFaults | None:
+def learner_faults(store: ArtifactStore, learner: str, attempt: int,
+                   log: logging.Logger = _logger) -> LearnerFaults | None:
     """A chaos run's faults for one learner process (the hooks `LearnerRuntime` takes); None
     when the experiment has no fault tape."""
-    tape = load_tape(store, log=log)
+    tape = load_tape(store, log=log.warning)
     return None if tape is None else LearnerFaults(store, tape, learner, attempt, log)
 
 

@@ -30,9 +30,9 @@ heartbeats, attempt records and progress lines): `resources/learner/progress.py`
 
 import contextlib
 import dataclasses
+import logging
 import math
 import time
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -65,13 +65,14 @@ from resources.store.checkpoints import LearnerCheckpoints
 from resources.store.learner_view import LearnerView
 from resources.store.store_base import RejectedArtifact
 
-Log = Callable[[str], None]
+_logger = logging.getLogger(__name__)
 PROGRESS_SECONDS = 30.0   # how often a progress line goes to the log (Dagster's run log)
 
 
 class LearnerRuntime:
     def __init__(self, store: LearnerView, learner: str, attempt: int = 0,
-                 log: Log = print, use_ocdbt: bool = True, max_steps: int | None = None,
+                 log: logging.Logger = _logger, use_ocdbt: bool = True,
+                 max_steps: int | None = None,
                  hooks: LearnerHooks | None = None):
         config = store.get_config()
         if config is None:
@@ -208,8 +209,9 @@ class LearnerRuntime:
         cfg, orch = self.cfg, self.cfg.orchestration
         progress = self.progress
         progress.rejoined_from = self._start_state()
-        self.log(f"{self.name} (attempt {self.attempt}) starting from {progress.rejoined_from}")
-        self.log(self.model.describe(self.name))
+        self.log.info(f"{self.name} (attempt {self.attempt}) starting from "
+                      f"{progress.rejoined_from}")
+        self.log.info(self.model.describe(self.name))
         if self.lockstep.multi:
             # Only the leader links to the store; every process sees its view (SharedLink).
             link = (StoreLink(self.store, self.name, cfg.sync.num_fragments,
@@ -235,8 +237,8 @@ class LearnerRuntime:
                     self.link.sync()   # this iteration's view of the store, the same everywhere
                 if self.link.superseded_by is not None:
                     progress.status = "superseded"
-                    self.log(f"{self.name} attempt {self.attempt}: attempt "
-                             f"{self.link.superseded_by} has started; exiting")
+                    self.log.warning(f"{self.name} attempt {self.attempt}: attempt "
+                                     f"{self.link.superseded_by} has started; exiting")
                     break
                 self._apply_merged()
                 stop = self.link.stop
@@ -250,7 +252,7 @@ class LearnerRuntime:
                         progress.training_seconds = seen_here - progress.loop_started
                         leaving = bool(stop.get("leave"))
                         progress.status = "leaving" if leaving else "stopping"
-                        self.log(f"{self.name}: " + (
+                        self.log.info(f"{self.name}: " + (
                             f"leaving ({stop.get('reason')}); offering what it has to the "
                             "coming rounds" if leaving else
                             f"stop requested ({stop.get('reason')}); offering the final "
@@ -277,7 +279,7 @@ class LearnerRuntime:
                     self._beat()
                     next_beat = time.monotonic() + orch.heartbeat_seconds
                 if time.monotonic() >= next_report:
-                    self.log(progress_line(self))
+                    self.log.info(progress_line(self))
                     next_report = time.monotonic() + PROGRESS_SECONDS
             if progress.status != "superseded":
                 progress.status = "left" if leaving else "done"
@@ -430,8 +432,8 @@ class LearnerRuntime:
 
     def _checkpoint(self) -> None:
         if self.link.fenced():
-            self.log(f"{self.name} attempt {self.attempt}: not checkpointing, attempt "
-                     f"{self.link.superseded_by} has replaced it")
+            self.log.warning(f"{self.name} attempt {self.attempt}: not checkpointing, attempt "
+                             f"{self.link.superseded_by} has replaced it")
             return
         step = int(self.train.step)
         meta = {"learner": self.name, "step": step, "tokens_total": self.tokens_total,
@@ -471,8 +473,8 @@ class LearnerRuntime:
         try:
             self._note_durable_checkpoint(wait=True)
         except Exception as err:  # noqa: BLE001 - the loop's own exception, if any, comes first
-            self.log(f"{self.name}: the last checkpoint save failed: {type(err).__name__}: "
-                     f"{str(err)[:200]}")
+            self.log.error(f"{self.name}: the last checkpoint save failed: {type(err).__name__}: "
+                           f"{str(err)[:200]}")
 
     def heartbeat_record(self) -> dict:
         return heartbeat_record(self)

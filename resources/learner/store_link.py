@@ -9,10 +9,11 @@ cycle; the thread never raises into the training loop, it reports through `log`.
 """
 
 import dataclasses
+import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +24,8 @@ from resources.learner.hooks import AfterPut
 from resources.store.artifact_store import Conflict, RejectedArtifact
 from resources.store.learner_view import LearnerView
 
-Log = Callable[[str], None]
+_logger = logging.getLogger(__name__)
+
 # Versions skipped between two polls whose metadata is read to learn which merges took this
 # learner's offer; an offer further back than that is taken as merged (the rule before).
 MERGES_LOOKED_BACK = 16
@@ -55,7 +57,8 @@ class Polled:
 
 class StoreLink:
     def __init__(self, store: LearnerView, learner: str, num_fragments: int,
-                 known_versions: list[int], poll_seconds: float, log: Log, attempt: int = 0,
+                 known_versions: list[int], poll_seconds: float,
+                 log: logging.Logger = _logger, attempt: int = 0,
                  standby: tuple[str, ...] = ()):
         self.store, self.learner, self.poll_seconds, self.log = store, learner, poll_seconds, log
         self._num_fragments = num_fragments
@@ -170,23 +173,23 @@ class StoreLink:
                 # After the write-ahead record (its claim then reads as an offer not stored,
                 # and the ledger still balances), before the offer.
                 if self.fenced():
-                    self.log(f"offer to round {contribution.round} dropped: attempt "
-                             f"{self.superseded_by} of {self.learner} has replaced attempt "
-                             f"{self.attempt}")
+                    self.log.warning(f"offer to round {contribution.round} dropped: attempt "
+                                     f"{self.superseded_by} of {self.learner} has replaced attempt "
+                                     f"{self.attempt}")
                     self._pending.pop(0)
                     continue
                 self.bytes_up += self.store.put_contribution(contribution, extra)
                 if after_put is not None:
                     after_put(self.store)
-                self.log(f"offered fragment {contribution.fragment} to round "
-                         f"{contribution.round} ({contribution.steps} steps, "
-                         f"{contribution.tokens} tokens, base v{contribution.base_version})")
+                self.log.info(f"offered fragment {contribution.fragment} to round "
+                              f"{contribution.round} ({contribution.steps} steps, "
+                              f"{contribution.tokens} tokens, base v{contribution.base_version})")
             except Conflict as err:
                 # Already offered to that round (e.g. by this learner before a restart):
                 # write-once means the first offer stands; retrying can never succeed.
-                self.log(f"offer to round {contribution.round} dropped: {err}")
+                self.log.warning(f"offer to round {contribution.round} dropped: {err}")
             except Exception as err:  # noqa: BLE001 - retried; the loop must not die on I/O
-                self.log(f"store write failed, will retry: {err!r}")
+                self.log.warning(f"store write failed, will retry: {err!r}")
                 return
             self._pending.pop(0)
 
@@ -207,7 +210,7 @@ class StoreLink:
             try:
                 self._put_record(record)
             except Exception as err:  # noqa: BLE001 - the next heartbeat carries a newer one
-                self.log(f"attempt record write failed, will retry: {err!r}")
+                self.log.warning(f"attempt record write failed, will retry: {err!r}")
                 with self._lock:
                     self._record = self._record or record
         if beat is None:
@@ -224,7 +227,7 @@ class StoreLink:
                 return
             self.store.put_heartbeat(self.learner, beat, if_generation=generation)
         except Exception as err:  # noqa: BLE001 - the next heartbeat will try again
-            self.log(f"heartbeat write failed, will retry: {err!r}")
+            self.log.warning(f"heartbeat write failed, will retry: {err!r}")
             with self._lock:
                 self._beat = self._beat or beat
 
@@ -234,7 +237,7 @@ class StoreLink:
             record, _ = self.store.capacity(self._standby)
         except RejectedArtifact as err:
             # Only the control plane writes it; a malformed one must not stop training.
-            self.log(f"capacity record refused, ignored: {err}")
+            self.log.warning(f"capacity record refused, ignored: {err}")
             return None
         if self.learner not in record.absent:
             return None
@@ -274,7 +277,7 @@ class StoreLink:
         except Exception as err:  # noqa: BLE001 - a failed poll is retried next cycle
             # Nothing of it is taken as known: a fragment read before the failure is read
             # again next cycle, never skipped.
-            self.log(f"store poll failed, will retry: {err!r}")
+            self.log.warning(f"store poll failed, will retry: {err!r}")
             return
         for p, arrival in arrived.items():
             self._known[p] = arrival.version

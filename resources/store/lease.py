@@ -36,6 +36,7 @@ who holds it, as its records say. Older records lack the last two.)
 """
 
 import json
+import logging
 import os
 import socket
 import time
@@ -47,6 +48,8 @@ from resources.store import layout
 from resources.store.artifact_store import ArtifactStore
 from resources.store.blobs import BlobNotFound, PreconditionFailed
 from resources.store.lease_record import LeaseRecord
+
+_logger = logging.getLogger(__name__)
 
 RENEW_SECONDS = 1.0
 
@@ -101,7 +104,7 @@ class SyncerLease:
         raise LeaseRefused("the lease record keeps changing; cannot read it consistently")
 
     # ---- taking, keeping and giving it back ---------------------------------------------------
-    def acquire(self, stale_after: float, log: Callable[[str], None] = print,
+    def acquire(self, stale_after: float, log: logging.Logger = _logger,
                 dead_pid: int | None = None) -> LeaseState:
         """Take the lease (see the module docstring), waiting at most `stale_after` seconds
         for a same-attempt holder to go quiet; `LeaseRefused` otherwise. A holder that is
@@ -134,7 +137,10 @@ class SyncerLease:
                     self.sleep(min(RENEW_SECONDS, stale_after / 4))
                     continue
             if self._write(self._record(epoch=epoch + 1), if_generation=current.generation):
-                log(f"syncer attempt {self.attempt}: took the lease (epoch {epoch + 1}) from "
+                # A hand-over from a syncer that gave the lease back is routine; any other
+                # take-over means a syncer died or stalled holding it.
+                (log.info if record.status == "released" else log.warning)(
+                    f"syncer attempt {self.attempt}: took the lease (epoch {epoch + 1}) from "
                     f"{record.holder} (attempt {theirs}, {record.status})")
                 return self.held
 
