@@ -39,6 +39,7 @@ def worst(table: dict) -> float:
 
 
 def main() -> dict:
+    revision = code_revision()     # at the start: the code this process runs
     defaults = {f.name: f.default for f in dataclasses.fields(GoodputParams)
                 if f.name != "chips"}
     base = cells({}, seeds=10)
@@ -61,7 +62,7 @@ def main() -> dict:
             print(f"{name} x{factor} ({value}): worst |error| {worst(table):.1f}")
     report = {"benchmark": "goodput_calibration",
               "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
-              "commit": code_revision(),
+              "commit": revision,
               "command": "python benchmarks/goodput_calibration.py " + " ".join(sys.argv[1:]),
               "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
                           "python": platform.python_version()},

@@ -87,6 +87,7 @@ def make_bare_step(model_def, optimizer: optax.GradientTransformation):
 
 
 def main(argv: list[str] | None = None) -> dict:
+    revision = code_revision()     # at the start: the code this process runs
     args = parse_args(argv)
     cfg = ModelConfig.from_preset(args.preset)
     if args.seq_len > cfg.max_seq_len:
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> dict:
     report = {
         "benchmark": "inner_step_throughput",
         "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
-        "commit": code_revision(),
+        "commit": revision,
         "command": "python benchmarks/inner_step_throughput.py "
                    + " ".join(argv or sys.argv[1:]),
         "machine": machine_info(),

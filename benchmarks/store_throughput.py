@@ -76,6 +76,7 @@ def run_backend(store: ArtifactStore, params, plan, tx, encodings, block, repeat
 
 
 def main(argv=None) -> dict:
+    revision = code_revision()     # at the start: the code this process runs
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--d-model", type=int, default=768)
     parser.add_argument("--n-layers", type=int, default=14)
@@ -129,7 +130,7 @@ def main(argv=None) -> dict:
     report = {
         "benchmark": "store_throughput",
         "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
-        "commit": code_revision(),
+        "commit": revision,
         "command": "python benchmarks/store_throughput.py " + " ".join(argv or sys.argv[1:]),
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
                     "cpu_count": os.cpu_count(), "jax": jax.__version__},
