@@ -42,6 +42,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import statistics
 import sys
@@ -100,7 +101,7 @@ def make_tape(seed: int, budget: int, kills: int, restarts: list[tuple[str, floa
     return mapping
 
 
-def soak_run(cfg, tape_path: Path | None, workdir: Path) -> dict:
+def soak_run(cfg, tape_path: Path | None, workdir: Path, keep: Path | None = None) -> dict:
     from benchmarks.quality.store_scoring import score_store
     from pipelines.commands.demo import run_demo
     from resources.store.artifact_store import ArtifactStore
@@ -124,6 +125,20 @@ def soak_run(cfg, tape_path: Path | None, workdir: Path) -> dict:
         if e:
             evals.append((r["published_at"], e.loss))
     summary["eval_curve"] = sorted(evals)
+    # A round decided only when the round timeout ran out held the run up for that long (the
+    # round open at STOP waits for every live learner that neither offered nor declined).
+    summary["timed_out_rounds"] = [
+        {"round": d.round, "waited": round(d.decided_at - d.opened_at, 1),
+         "missing": list(d.missing), "reason": d.reason[:200]}
+        for r in summary["rounds"]
+        if (d := store.get_decision(r["round"])) is not None and "timed out" in d.reason]
+    if keep is not None and summary["timed_out_rounds"]:
+        # The evidence to find out why, before the temporary directory goes: its store (the
+        # learners' heartbeats and attempt records, the decisions) and the Dagster run logs.
+        target = keep / workdir.name
+        shutil.copytree(workdir / "demo", target, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("jax-cache", "checkpoints"))
+        print(f"soak: a round timed out; kept the run in {target}", flush=True)
     # Scored while the run's store exists (the soaks run in a temporary directory).
     summary["test_slice"] = score_store(store)
     return summary
@@ -199,6 +214,7 @@ def figures(s: dict, reference: dict | None, quorum: int) -> dict:
         "ledger_tokens": ledger["tokens"], "tokens_processed": ledger["tokens_processed"],
         "restarts": [{k: r[k] for k in ("kind", "seconds", "reaped_runs")}
                      for r in s.get("restarts", [])],
+        "timed_out_rounds": s.get("timed_out_rounds", []),
     }
     if reference is not None:
         out["final_eval_loss_vs_fault_free"] = (s["final_eval_loss"]
@@ -267,6 +283,9 @@ def main() -> None:
                              "(e.g. sync.receive_rule=rebase)")
     parser.add_argument("--methods", nargs="+", choices=("decoupled", "synchronous"),
                         default=["decoupled", "synchronous"])
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="copy a run whose round waited out the round timeout here "
+                             "(its store and Dagster home), to look into it later")
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     parser.add_argument("--plot", default=str(PLOT))
     parser.add_argument("--plot-only", action="store_true",
@@ -307,7 +326,8 @@ def main() -> None:
                 name = f"{method}/{faulty}"
                 print(f"soak: {name}", flush=True)
                 started = time.time()
-                s = soak_run(cfg, paths.get(faulty), Path(tmp) / name.replace("/", "-"))
+                s = soak_run(cfg, paths.get(faulty), Path(tmp) / name.replace("/", "-"),
+                             args.keep)
                 runs[name] = {**s, "started": started}
     result = {
         "benchmark": "chaos_soak",
