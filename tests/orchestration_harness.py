@@ -76,6 +76,29 @@ class Harness:
         self.cfg = config_from_mapping(self.store.get_config())
 
     # ---- scripted learners --------------------------------------------------------------------
+    def open_round_index(self) -> int:
+        """The newest open round (-1 before the first)."""
+        latest = self.store.latest_open_round()
+        return -1 if latest is None else latest.round
+
+    def train_rounds(self, rounds: int, beating: list[str], offering: tuple[str, ...],
+                     timeout: float) -> None:
+        """Scripted learners against a live syncer: `beating` heartbeat and `offering` offer
+        each open round, until `rounds` more rounds have opened."""
+        target = self.open_round_index() + rounds
+        deadline = time.monotonic() + timeout
+        while self.open_round_index() < target:
+            assert time.monotonic() < deadline, f"no round {target} within {timeout:.0f} s"
+            self.now = time.time()
+            for name in beating:
+                self.beat(name, 2)
+            latest = self.store.latest_open_round()
+            if latest is not None:
+                for name in offering:
+                    if self.store.contribution_manifest(latest.round, name) is None:
+                        self.offer(name, latest.round)
+            time.sleep(0.3)
+
     def beat(self, learner: str, steps: int = 0, status: str = "training") -> None:
         tokens = self.tokens.get(learner, 0) + steps * self.cfg.tokens_per_learner_step
         self.tokens[learner] = tokens

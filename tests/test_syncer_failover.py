@@ -157,7 +157,7 @@ def test_a_killed_syncer_is_replaced_by_its_standby_and_rounds_go_on_merged_once
         standby = _standby_pid(log)
         assert standby and _alive(standby)
 
-        _learners_train(h, 2)
+        h.train_rounds(2, NAMES, ("learner-0", "learner-1"), 180)
         epoch = h.store.get_syncer_lease().epoch
         killed_at = time.time()
         os.kill(first.pid, signal.SIGKILL)       # by hand: no clean exit, the lease held
@@ -171,7 +171,7 @@ def test_a_killed_syncer_is_replaced_by_its_standby_and_rounds_go_on_merged_once
         shown = run_status(h.store).syncer        # what `diloco status` shows
         assert (shown.holder, shown.attempt, shown.standby) == (
             "syncer-a0-standby", 0, True), shown
-        _learners_train(h, 3)                        # rounds go on, decided by the standby
+        h.train_rounds(3, NAMES, ("learner-0", "learner-1"), 180)   # decided by the standby
         decided = {h.store.get_decision(r).decided_by
                    for r in range(h.store.latest_open_round().round)
                    if h.store.get_decision(r) is not None}
@@ -184,7 +184,7 @@ def test_a_killed_syncer_is_replaced_by_its_standby_and_rounds_go_on_merged_once
         shown = run_status(h.store).syncer
         assert (shown.state, shown.holder, shown.standby) == (
             "syncing", "syncer-a1", False), shown
-        _learners_train(h, 2)
+        h.train_rounds(2, NAMES, ("learner-0", "learner-1"), 180)
         wait_until(lambda: not _alive(standby), "the fenced standby's exit", 60, interval=0.2)
         assert "exiting without writing" in log.read_text()
         # A syncer that ends cleanly (terminated) ends its standby first and gives its lease
@@ -239,7 +239,7 @@ def test_a_hung_syncer_is_ended_by_its_standby_which_takes_over(tmp_path):
                        300, interval=0.5)
             standby = _standby_pid(log)
             assert _alive(standby)
-            _learners_train(h, 1)
+            h.train_rounds(1, NAMES, ("learner-0", "learner-1"), 180)
             time.sleep(2 * timeout)     # a live syncer is left alone: its lease moves
             assert _alive(first.pid) and "hung" not in log.read_text()
             os.kill(first.pid, signal.SIGSTOP)
@@ -249,9 +249,11 @@ def test_a_hung_syncer_is_ended_by_its_standby_which_takes_over(tmp_path):
             took = time.monotonic() - stopped_at
             assert first.wait(30) == -signal.SIGKILL        # ended by its standby
             assert "is alive but has not renewed its lease" in log.read_text()
-            assert took >= timeout, f"taken over {took:.1f}s after the stall"
-            _learners_train(h, 2)        # rounds go on, decided by the standby
-            decided_by = {d.decided_by for r in range(_open_round(h.store))
+            # Not before the lease had stood still for the timeout: its last renewal came up to
+            # a renewal period (1 s) before the stop, and the standby reads it once a second.
+            assert took >= timeout - 2.0, f"taken over {took:.1f}s after the stall"
+            h.train_rounds(2, NAMES, ("learner-0", "learner-1"), 180)   # decided by the standby
+            decided_by = {d.decided_by for r in range(h.open_round_index())
                           if (d := h.store.get_decision(r)) is not None}
             assert "syncer-a0-standby" in decided_by, decided_by
         finally:
@@ -260,25 +262,3 @@ def test_a_hung_syncer_is_ended_by_its_standby_which_takes_over(tmp_path):
                 first.wait()
             if standby and _alive(standby):
                 os.kill(standby, signal.SIGKILL)
-
-
-def _learners_train(h: Harness, rounds: int) -> None:
-    """Scripted learners beat and offer until `rounds` more rounds have opened."""
-    target = _open_round(h.store) + rounds
-    deadline = time.monotonic() + 180
-    while _open_round(h.store) < target:
-        assert time.monotonic() < deadline, f"no round {target} within 180 s"
-        h.now = time.time()
-        for name in NAMES:
-            h.beat(name, 2)
-        latest = h.store.latest_open_round()
-        if latest is not None:
-            for name in ("learner-0", "learner-1"):
-                if h.store.contribution_manifest(latest.round, name) is None:
-                    h.offer(name, latest.round)
-        time.sleep(0.3)
-
-
-def _open_round(store) -> int:
-    latest = store.latest_open_round()
-    return -1 if latest is None else latest.round

@@ -192,33 +192,18 @@ def test_real_syncer_processes_race_for_the_lease(harness, tmp_path):
         assert "refused" in (tmp_path / "b.log").read_text()
         assert h.store.get_syncer_lease().pid == first.pid
 
-        def learners_train(rounds: int) -> None:
-            target = _open_round(h.store) + rounds
-            deadline = time.monotonic() + 120
-            while _open_round(h.store) < target:
-                assert time.monotonic() < deadline, f"no round {target} within 120 s"
-                h.now = time.time()
-                for name in NAMES:
-                    h.beat(name, 2)
-                latest = h.store.latest_open_round()
-                if latest is not None:
-                    for name in ("learner-0", "learner-1"):
-                        if h.store.contribution_manifest(latest.round, name) is None:
-                            h.offer(name, latest.round)
-                time.sleep(0.3)
-
-        learners_train(3)
+        h.train_rounds(3, NAMES, ("learner-0", "learner-1"), 120)
         os.kill(first.pid, signal.SIGSTOP)      # the holder freezes (a long GC, a VM pause)
         takeover_at = time.time()
         third = _spawn(uri, 1, tmp_path / "c.log")
         try:
             wait_until(lambda: getattr(h.store.get_syncer_lease(), "pid", None) == third.pid,
                        "the newer attempt's takeover", 120, interval=0.2)
-            learners_train(3)
+            h.train_rounds(3, NAMES, ("learner-0", "learner-1"), 120)
             os.kill(first.pid, signal.SIGCONT)  # the zombie wakes up mid-loop
             assert first.wait(60) == 0
             assert "exiting without writing" in (tmp_path / "a.log").read_text()
-            learners_train(2)
+            h.train_rounds(2, NAMES, ("learner-0", "learner-1"), 120)
         finally:
             third.terminate()
             third.wait(60)
@@ -496,8 +481,3 @@ def test_at_start_up_a_syncer_run_that_never_takes_the_lease_is_decided_around(h
     assert json.loads(h.cursor)["mode"] == "mirror"
     h.tick(advance=3 * 4 + 60)                    # past the supervisor's allowance
     assert json.loads(h.cursor)["mode"] == "fallback"
-
-
-def _open_round(store) -> int:
-    latest = store.latest_open_round()
-    return -1 if latest is None else latest.round
