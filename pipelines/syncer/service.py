@@ -145,7 +145,12 @@ class SyncerService:
         stale_after = self.cfg.orchestration.syncer_timeout_seconds
         watched: tuple[str, float] | None = None
         while not parent_ended(min(1.0, stale_after / 4)):
-            lease = self.lease.read()
+            try:
+                lease = self.lease.read()
+            except Exception as err:  # noqa: BLE001 - a failed read must not end the standby
+                self.log.warning(f"{self.name}: could not read the lease ({err!r}); retrying")
+                watched = None       # judged only on reads that succeed, never on a gap
+                continue
             record = None if lease is None else lease.record
             if record is None or record.pid != parent_pid or record.status != "syncing":
                 watched = None       # not holding it (yet, or any more): nothing to judge
