@@ -109,19 +109,27 @@ def final_rounds(num_fragments: int) -> int:
 
 def decide_round(now: float, arrivals: Mapping[str, float], live: Collection[str],
                  estimates: Estimates, cfg: ExperimentConfig, *, stopping: bool,
-                 opened_at: float, declined: Collection[str] = ()) -> Decision:
+                 opened_at: float, declined: Collection[str] = (),
+                 refused: Collection[str] = ()) -> Decision:
     """Rule 3: the decision on the open round at `now`. `arrivals`: learner -> when its offer
-    arrived (the decider's clock); `stopping`: STOP was written (or the round is final)."""
+    arrived (the decider's clock); `stopping`: STOP was written (or the round is final).
+    After STOP the round waits for an answer from every live learner: an offer, a decline
+    (`declined`), or an offer the decider refused (`refused`: its learner counts the round
+    answered and will not offer it again, so waiting for it could only run out the timeout)."""
     if not stopping:
         return decide(now, arrivals, live, estimates, cfg.sync)
     members = tuple(sorted(arrivals, key=lambda n: (arrivals[n], n)))
-    skipped = sorted((set(live) - set(arrivals)) & set(declined))
-    missing = tuple(sorted(set(live) - set(arrivals) - set(declined)))
+    unmerged = set(live) - set(arrivals)
+    skipped = sorted(unmerged & set(declined) - set(refused))
+    turned_away = sorted(unmerged & set(refused))
+    missing = tuple(sorted(unmerged - set(declined) - set(refused)))
     waited = now - opened_at
     if missing and waited < cfg.orchestration.round_timeout_seconds:
         return Decision(False, (), (), missing, f"final round waiting for {', '.join(missing)}")
-    why = ("every live learner offered" if not missing else
+    why = ("every live learner answered" if not missing else
            f"final round timed out after {waited:.0f}s without {', '.join(missing)}")
     if skipped:
         why += f" ({', '.join(skipped)}: nothing new on this fragment)"
+    if turned_away:
+        why += f" ({', '.join(turned_away)}: offer refused)"
     return Decision(True, members, (), missing, f"final round: {why}")

@@ -398,7 +398,8 @@ def _decide(t: _Tick, live: list[str], estimates: Estimates, now: float) -> None
     final = t.get("final")
     decision = decide_round(now, arrivals, live, estimates, t.cfg,
                             stopping=bool(final or t.get("stop")),
-                            opened_at=t.get("opened_at"), declined=declined)
+                            opened_at=t.get("opened_at"), declined=declined,
+                            refused=t.refused)
     if not decision.merge:
         t.reason = f"round {r}: {decision.reason}"
         if decision.deadline is not None:

@@ -425,3 +425,32 @@ def test_the_machine_says_when_to_wake_it_for_a_grace_window_and_a_final_round()
     ended = s.tick(advance=waiting.wake_at - s.now)
     assert [a.decision.missing for a in ended.actions if isinstance(a, Decide)] == [
         ("learner-1",)]
+
+
+def test_a_refused_offer_to_a_final_round_answers_it_so_the_round_does_not_wait_out_the_timeout():
+    """After STOP a round waits for every live learner: an offer or a decline from each. A
+    learner whose offer the machine refuses (here a replay: trained on a version no newer than
+    the one its last merged offer was on) has answered the round too; its book counts it
+    answered and it will not offer again. (Before, the refused learner stayed `missing`, and
+    the chaos soak's tape 8 saw a final round wait out the whole round timeout.)"""
+    cfg = _cfg("token_budget=12288")        # three rounds of two learners' 2 steps
+    s = Script(cfg)
+    s.train_and_offer()                                    # round 0 (fragment 0): both merged
+    for _ in range(100):                                   # train and offer to the budget
+        if s.state.stop:
+            break
+        s.train_and_offer()
+    assert s.state.stop and s.state.final and not s.state.decided, s.state
+    for _ in range(4):                                     # on to fragment 0's final round
+        if s.state.fragment == 0 and not s.state.decided:
+            break
+        r = s.state.round
+        s.tick([_offer(n, r, cfg, base=s.store.base(r)) for n in NAMES])
+    r = s.state.round
+    replay = _offer("learner-1", r, cfg, base=0)           # base 0: merged in round 0 already
+    stepped = s.tick([_offer("learner-0", r, cfg, base=s.store.base(r)), replay])
+    decided = [a.decision for a in stepped.actions if isinstance(a, Decide)]
+    assert len(decided) == 1, (stepped.reason, s.state)
+    assert decided[0].members == ("learner-0",) and decided[0].missing == ()
+    assert "a replay" in decided[0].refused["learner-1"]
+    assert "learner-1: offer refused" in decided[0].reason
