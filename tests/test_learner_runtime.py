@@ -138,6 +138,44 @@ def test_a_round_opened_right_after_its_fragment_arrived_is_offered_after_the_ne
     assert result["status"] == "done"
 
 
+def test_a_merge_that_arrives_with_the_round_it_opened_is_taken_before_the_offer(
+        harness, monkeypatch):
+    """A poll replaces the open round and queues the merges it found together. The loop reads
+    the round before taking the merges, so a merge published before the round was seen open
+    is in what it offers on. (Read the other way round, a poll landing between the two made
+    the offer on the version before: the syncer refuses that as a replay of the learner's
+    merged offer, and after STOP the round waited out its timeout for it; the chaos soak's
+    tape 8 saw a final round do so.) Here the poll is made to land exactly there."""
+    from resources.learner.store_link import StoreLink
+
+    unpatched = StoreLink.open_round.fget
+
+    def polled_on_read(link):
+        if getattr(link, "poll_on_read", False):
+            link.poll_on_read = False
+            link._poll()                   # the background poll, at the worst moment
+        return unpatched(link)
+
+    monkeypatch.setattr(StoreLink, "open_round", property(polled_on_read))
+    h = harness
+    runtime, thread, result = _start(h, "learner-0", max_steps=8)
+    _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "step", 0) >= 8,
+          what="8 steps")
+    runtime.link.poll_seconds = 3600.0     # the link's own polls stop after the next one
+    time.sleep(0.5)
+    _bump(h, 0, 1)                         # a merge of fragment 0, then its round opens
+    h.store.open_round(1, {"fragment": 0, "opened_at": time.time(), "final": False})
+    runtime.link.poll_on_read = True
+    time.sleep(0.5)
+    runtime.max_steps = 10                 # news on fragment 0 after the merge, if it took it
+    _wait(lambda: h.store.list_contributions(1) == ["learner-0"], what="the offer")
+    assert h.store.load_contribution(1, "learner-0").base_version == 1
+    h.store.request_stop({"reason": "test"})
+    runtime.link.poll_on_read = True       # the link polls no more by itself: it sees STOP so
+    thread.join(60)
+    assert result["status"] == "done"
+
+
 def test_a_final_round_with_nothing_new_is_declined_in_the_heartbeat(harness):
     # After STOP a learner trains no more: a final round for a fragment it just received can
     # never get an offer from it, so it says so (the syncer then stops waiting for it).

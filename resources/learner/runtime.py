@@ -240,9 +240,14 @@ class LearnerRuntime:
                     self.log.warning(f"{self.name} attempt {self.attempt}: attempt "
                                      f"{self.link.superseded_by} has started; exiting")
                     break
+                # The open round is read before the merges are taken: a poll replaces the
+                # round and queues the merges it found together, so every merge published
+                # before this round was seen open is applied before it is offered (read the
+                # other way round, a poll landing in between made an offer on the version
+                # before, which the syncer refuses as a replay of its merged offer).
+                rnd, stop = self.link.open_round, self.link.stop
                 self._apply_merged()
-                stop = self.link.stop
-                offered = self._maybe_offer()
+                offered = self._maybe_offer(rnd, stopped=stop is not None)
                 if offered is not None and offered.final:
                     final_offered.add(offered.fragment)
                 if stop is not None:
@@ -364,8 +369,7 @@ class LearnerRuntime:
         except RejectedArtifact:
             return True
 
-    def _maybe_offer(self) -> RoundOpen | None:
-        rnd = self.link.open_round
+    def _maybe_offer(self, rnd: RoundOpen | None, stopped: bool) -> RoundOpen | None:
         if rnd is None:
             return None
         p = rnd.fragment
@@ -373,7 +377,7 @@ class LearnerRuntime:
         # while an offer of it awaits its merge a second offer would count its tokens twice.
         self._settle()
         choice = self.book.choice(rnd.round, p, rnd.final,
-                                  self.sync.fragments[p].steps, stopped=self.link.stop is not None)
+                                  self.sync.fragments[p].steps, stopped=stopped)
         if choice in ("answered", "wait"):
             return None
         if choice == "decline":
