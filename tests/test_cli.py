@@ -49,6 +49,9 @@ def test_params_counts_presets(capsys):
     assert main(["params", "--preset", "tiny", "--json"]) == 0
     (row,) = json.loads(capsys.readouterr().out)
     assert row["parameters"] == 37_024 and row["fp32_bytes"] == 4 * 37_024
+    assert main(["params"]) == 0       # the table: one column per figure, however long a name
+    lines = capsys.readouterr().out.splitlines()
+    assert len({line.index(" M params") for line in lines}) == 1, lines
 
 
 def test_simulate_writes_results_and_plot(capsys, tmp_path):

@@ -42,8 +42,9 @@ def _cmd_params(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
+        width = max(len(r["preset"]) for r in rows)
         for r in rows:
-            print(f"{r['preset']:>6}  {r['parameters'] / 1e6:12.2f} M params  "
+            print(f"{r['preset']:>{width}}  {r['parameters'] / 1e6:12.2f} M params  "
                   f"{r['fp32_bytes'] / 2**30:9.3f} GiB fp32")
     return 0
 
