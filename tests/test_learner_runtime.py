@@ -176,6 +176,36 @@ def test_a_merge_that_arrives_with_the_round_it_opened_is_taken_before_the_offer
     assert result["status"] == "done"
 
 
+def test_a_relaunched_learner_keeps_its_earlier_attempts_offer_in_flight(tmp_path):
+    """A learner never killed does not offer a fragment again until its last offer's merge
+    arrives. A relaunched attempt starts with an empty book: it used to offer the fragment at
+    once on the version the earlier offer was made on, which the syncer refuses as a replay
+    once that merge is published (after STOP the round then waited for it). It inherits the
+    earlier attempt's offer as in flight instead, and offers on the merged version."""
+    with dg.instance_for_test() as instance:
+        h = Harness(instance, str(tmp_path / "store"),
+                    FAST + ["orchestration.round_timeout_seconds=5"])   # patience
+        h.start()
+        first, thread, _ = _offered_round_0(h)        # attempt 0: fragment 0 on version 0
+        first.max_steps = 8
+        again, thread_again, result = _start(h, "learner-0", attempt=1, max_steps=12)
+        thread.join(30)                               # attempt 0 steps aside
+        _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "step", 0) >= 12,
+              what="attempt 1 training")
+        h.store.open_round(2, {"fragment": 0, "opened_at": time.time(), "final": False})
+        time.sleep(1.5)                               # round 0's merge is not published yet
+        assert h.store.list_contributions(2) == []
+        _bump(h, 0, 1, round_index=0)                 # it is: attempt 1 takes it and offers
+        _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "versions", None) == (1, 0),
+              what="round 0's merge")
+        again.max_steps = 14
+        _wait(lambda: h.store.list_contributions(2) == ["learner-0"], what="the offer")
+        assert h.store.load_contribution(2, "learner-0").base_version == 1
+        h.store.request_stop({"reason": "test"})
+        thread_again.join(60)
+        assert result["status"] == "done"
+
+
 def test_a_final_round_with_nothing_new_is_declined_in_the_heartbeat(harness):
     # After STOP a learner trains no more: a final round for a fragment it just received can
     # never get an offer from it, so it says so (the syncer then stops waiting for it).

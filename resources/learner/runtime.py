@@ -50,6 +50,7 @@ from resources.compile_cache import enable_compilation_cache
 from resources.corpus import load_corpus
 from resources.learner.beacon import CompileBeacon
 from resources.learner.hooks import LearnerHooks
+from resources.learner.inherited_offers import as_ints, as_pending, offered_before, offers_in_flight
 from resources.learner.lockstep import Lockstep
 from resources.learner.model import LearnerModel
 from resources.learner.progress import (
@@ -63,7 +64,6 @@ from resources.learner.shared_link import SharedLink
 from resources.learner.store_link import StoreLink
 from resources.store.checkpoints import LearnerCheckpoints
 from resources.store.learner_view import LearnerView
-from resources.store.store_base import RejectedArtifact
 
 _logger = logging.getLogger(__name__)
 PROGRESS_SECONDS = 30.0   # how often a progress line goes to the log (Dagster's run log)
@@ -155,17 +155,23 @@ class LearnerRuntime:
         # Tokens this learner processed over all its attempts (lost ones included): the syncer
         # stops the run when the learners' totals reach the budget.
         # Never offer a round twice (offers are write-once): a relaunched learner may already
-        # have offered the round that is open now.
+        # have offered the round open now, and its earlier offers awaiting a merge stay in flight.
+        inherited = [-1] * (2 * P)
         if self.lockstep.leader:
             latest = self.store.latest_open_round()
-            if latest is not None and self._offered(latest.round):
+            if latest is not None and offered_before(self.store, self.name, latest.round):
                 answered = max(answered, latest.round)
             previous = self.store.get_heartbeat(self.name)
             self.tokens_total = 0 if previous is None else previous.tokens_total
+            inherited = as_ints(offers_in_flight(
+                self.store, self.name, None if latest is None else latest.round,
+                [f.version for f in self.sync.fragments], self.log), P)
         else:
             self.tokens_total = 0
-        answered, self.tokens_total = self.lockstep.ints([answered, self.tokens_total])
-        self.book = OfferBook(answered=answered)
+        answered, self.tokens_total, *inherited = self.lockstep.ints(
+            [answered, self.tokens_total, *inherited])
+        self.book = OfferBook(answered=answered, pending=as_pending(
+            inherited, int(self.train.step), self._now()))
         self._place_state()
         return f"{plan.source}: {plan.reason}"
 
@@ -240,11 +246,8 @@ class LearnerRuntime:
                     self.log.warning(f"{self.name} attempt {self.attempt}: attempt "
                                      f"{self.link.superseded_by} has started; exiting")
                     break
-                # The open round is read before the merges are taken: a poll replaces the
-                # round and queues the merges it found together, so every merge published
-                # before this round was seen open is applied before it is offered (read the
-                # other way round, a poll landing in between made an offer on the version
-                # before, which the syncer refuses as a replay of its merged offer).
+                # The round before the merges: a poll queues both at once, so a merge published
+                # before the round opened is applied before it is offered (`inherited_offers`).
                 rnd, stop = self.link.open_round, self.link.stop
                 self._apply_merged()
                 offered = self._maybe_offer(rnd, stopped=stop is not None)
@@ -360,14 +363,6 @@ class LearnerRuntime:
             self.book = self.book.received_merge(p, self.sync.fragments[p].version,
                                                   arrival.merged_round, fate)
             self.ledger = self.ledger.received(p, keeps_local=s.receive_rule == "rebase")
-
-    def _offered(self, round_index: int) -> bool:
-        """Whether this learner's offer to the round is in the store: a manifest the store
-        refuses counts too (offers are write-once: another could not land)."""
-        try:
-            return self.store.contribution_manifest(round_index, self.name) is not None
-        except RejectedArtifact:
-            return True
 
     def _maybe_offer(self, rnd: RoundOpen | None, stopped: bool) -> RoundOpen | None:
         if rnd is None:
