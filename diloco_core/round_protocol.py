@@ -126,7 +126,7 @@ def decide_round(now: float, arrivals: Mapping[str, float], live: Collection[str
     waited = now - opened_at
     if missing and waited < cfg.orchestration.round_timeout_seconds:
         return Decision(False, (), (), missing, f"final round waiting for {', '.join(missing)}")
-    why = ("every live learner answered" if not missing else
+    why = ("every live learner offered" if not missing else
            f"final round timed out after {waited:.0f}s without {', '.join(missing)}")
     if skipped:
         why += f" ({', '.join(skipped)}: nothing new on this fragment)"

@@ -56,7 +56,7 @@ def test_the_book_is_broadcast_as_integers_and_read_back_the_same():
     found = {1: (9, 4)}
     flat = as_ints(found, 2)
     assert flat == [-1, -1, 9, 4]
-    pending = as_pending(flat, step=120, now=50.0)
+    pending = as_pending(flat, step=120, since=50.0)
     assert list(pending) == [9]
     assert (pending[9].round, pending[9].fragment, pending[9].version,
             pending[9].step, pending[9].since) == (9, 1, 4, 120, 50.0)

@@ -61,8 +61,8 @@ def as_ints(found: dict[int, tuple[int, int]], num_fragments: int) -> list[int]:
     return flat
 
 
-def as_pending(flat: Sequence[int], step: int, now: float) -> dict[int, PendingOffer]:
+def as_pending(flat: Sequence[int], step: int, since: float) -> dict[int, PendingOffer]:
     """The book's pending offers (round -> offer) from `as_ints`' list, counted from `step`
-    and `now` (pacing and patience run from the relaunch)."""
-    return {r: PendingOffer(r, p, base, step, now)
+    and `since` (pacing and patience run from the relaunch)."""
+    return {r: PendingOffer(r, p, base, step, since)
             for p, (r, base) in enumerate(zip(flat[::2], flat[1::2], strict=True)) if r >= 0}

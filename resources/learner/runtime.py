@@ -170,8 +170,9 @@ class LearnerRuntime:
             self.tokens_total = 0
         answered, self.tokens_total, *inherited = self.lockstep.ints(
             [answered, self.tokens_total, *inherited])
+        # Their wait is timed from the start of the loop, on the link's clock (`run`).
         self.book = OfferBook(answered=answered, pending=as_pending(
-            inherited, int(self.train.step), self._now()))
+            inherited, int(self.train.step), since=0.0))
         self._place_state()
         return f"{plan.source}: {plan.reason}"
 
@@ -229,6 +230,8 @@ class LearnerRuntime:
             self.link = StoreLink(self.store, self.name, cfg.sync.num_fragments,
                                   [f.version for f in self.sync.fragments], orch.poll_seconds,
                                   self.log, self.attempt, cfg.learners.standby_names)
+        self.book = dataclasses.replace(self.book, pending={   # inherited: they wait from now
+            r: dataclasses.replace(p, since=self._now()) for r, p in self.book.pending.items()})
         progress.status = "training"
         self._beat()
         next_beat = time.monotonic() + orch.heartbeat_seconds
