@@ -17,6 +17,7 @@ interleaved (plain, offer, work, copy, plain, ...) so drifts in machine load hit
 Reported: medians, hold = offer - plain, and work / copy.
 
     python benchmarks/offer_hold.py                  # 132M parameters, P = 2: ~10 min on 2 cores
+    bash benchmarks/offer_hold_device.sh DIR         # the same settings on an accelerator
 """
 
 import argparse
@@ -126,7 +127,8 @@ def main(argv: list[str] | None = None) -> dict:
         "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
         "commit": revision,
         "command": "python benchmarks/offer_hold.py " + " ".join(argv or sys.argv[1:]),
-        "machine": {**machine_info(), "backend": jax.default_backend()},
+        "machine": {**machine_info(), "backend": jax.default_backend(),
+                    "device": jax.devices()[0].device_kind, "jax": jax.__version__},
         "settings": {"model": SHAPE, "param_count": param_count(cfg),
                      "fragment_params": fragment_params, "num_fragments": args.num_fragments,
                      "batch_size": args.batch_size, "seq_len": args.seq_len,
