@@ -1,0 +1,269 @@
+"""A long haul of the syncer service: many rounds, what grows and what stays flat (issue 37).
+
+The real syncer (`python -m pipelines.syncer.entry`, its own process: lease, round controller,
+merge, retention) runs an experiment against a local store while M synthetic learners in this
+process use it as real ones do, without training: each round every learner writes a heartbeat
+with its progress, and once the syncer opens the round every learner offers a prepared int4
+contribution (its scales nudged each round, so that no two offers carry the same bytes). Time
+is compressed: the syncer polls every 0.02 s instead of 0.25 s and the learners offer as soon
+as a round opens, so rounds run back to back as fast as the syncer decides, merges and
+publishes them (the protocol waits on nothing else here: every learner offers every round).
+
+Every `--sample-every` rounds it records the syncer's resident memory and CPU seconds
+(/proc), the store's objects and bytes (a walk of the directory), and the rounds' decision ->
+published latency (each round's decision record against its version's `published_at`) and
+period over the window. At the end: each series' slope over the run (least squares), and a
+month at the paper's cadence (a round a second, 2,592,000 rounds) projected from it.
+
+Not in it (yet): the Dagster daemon and the quorum sensor mirroring the rounds into Dagster
+(run records, events, the SQLite database), which the issue's long haul also asks for.
+
+    python benchmarks/long_haul.py --rounds 5000           # ~15 min on 2 cores
+    python benchmarks/long_haul.py --rounds 100000 --sample-every 5000
+"""
+
+import argparse
+import functools
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from learner_store_setup import committed_experiment  # noqa: E402
+
+from diloco_core.compression import Encoded, encode  # noqa: E402
+from diloco_core.config_loading import config_from_mapping  # noqa: E402
+from diloco_core.contribution import Contribution  # noqa: E402
+from pipelines.reporting import code_revision, machine_info  # noqa: E402
+
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "long_haul.json"
+MONTH_ROUNDS = 30 * 24 * 3600      # the paper's cadence: a fragment round every second
+EXPERIMENT = "haul"
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=5000, help="merged rounds to run")
+    p.add_argument("--learners", type=int, default=16)
+    p.add_argument("--sample-every", type=int, default=250, help="rounds between samples")
+    p.add_argument("--poll-seconds", type=float, default=0.02, help="the syncer's poll")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    return p.parse_args(argv)
+
+
+def _proc(pid: int) -> tuple[float, float]:
+    """(resident MB, CPU seconds) of process `pid`."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    rss_kb = next(int(line.split()[1]) for line in status.splitlines()
+                  if line.startswith("VmRSS:"))
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return rss_kb / 1024, (int(fields[11]) + int(fields[12])) / ticks
+
+
+def _store_size(root: Path) -> tuple[int, int, dict]:
+    """(objects, bytes, {kind: [objects, bytes]}): a kind is an object's path with its round,
+    version and learner numbers replaced by `N` (`rounds/N/contributions/learner-N/...`)."""
+    objects = size = 0
+    kinds: dict[str, list[int]] = {}
+    for dirpath, _, files in os.walk(root):
+        kind_dir = re.sub(r"\d+", "N", os.path.relpath(dirpath, root))
+        for f in files:
+            try:
+                n = os.stat(os.path.join(dirpath, f)).st_size
+            except FileNotFoundError:
+                continue        # pruned while walking
+            objects, size = objects + 1, size + n
+            k = kinds.setdefault(f"{kind_dir}/{re.sub(r'[0-9]+', 'N', f)}", [0, 0])
+            k[0], k[1] = k[0] + 1, k[1] + n
+    return objects, size, kinds
+
+
+def _pct(values, q):
+    values = sorted(values)
+    return values[min(len(values) - 1, max(0, int(round(q * len(values))) - 1))] if values else None
+
+
+def _slope(xs, ys) -> float | None:
+    """Least-squares slope of ys against xs (None with fewer than 3 points)."""
+    if len(xs) < 3:
+        return None
+    return float(np.polyfit(np.asarray(xs, float), np.asarray(ys, float), 1)[0])
+
+
+def _opened_after(store, offered: int):
+    rnd = store.latest_open_round()
+    return rnd if rnd is not None and rnd.round > offered else None
+
+
+def _newer_version(store, fragment: int, version: int) -> int | None:
+    current = store.current_version(fragment)
+    return current if current is not None and current > version else None
+
+
+def _wait(predicate, timeout: float, what: str, syncer: subprocess.Popen):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if syncer.poll() is not None:
+            raise RuntimeError(f"the syncer exited ({syncer.returncode}) waiting for {what}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.002)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    revision = code_revision()
+    M, P = args.learners, 2
+    overrides = ["model.preset=tiny", "data.seq_len=32", "data.batch_size=4",
+                 f"learners.num_learners={M}", f"sync.num_fragments={P}", "sync.sync_period=4",
+                 "sync.encoding=int4", f"sync.min_quorum={max(1, M // 2)}",
+                 "sync.max_speed_ratio=inf", "token_budget=1000000000000",
+                 "orchestration.syncer=service", "orchestration.eval_every_rounds=1000000000",
+                 f"orchestration.syncer_poll_seconds={args.poll_seconds}"]
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "store"
+        store = committed_experiment(str(root), EXPERIMENT, overrides)
+        cfg = config_from_mapping(store.get_config())
+        names = list(cfg.learners.learner_names)
+        steps = cfg.sync.sync_period // P or 1
+        per_step = cfg.tokens_per_learner_step
+        rng = np.random.default_rng(0)
+        prepared = {(n, p): {k: encode(rng.standard_normal(v.shape).astype(np.float32) * 1e-3,
+                                       cfg.sync.encoding, cfg.sync.encoding_block_size)
+                             for k, v in store.load_global(p).params.items()}
+                    for p in range(P) for n in names}
+        beats = dict.fromkeys(names, 0)
+
+        def beat(n):
+            store.put_heartbeat(n, {
+                "learner": n, "status": "training", "time": time.time(), "attempt": 0,
+                "step": beats[n], "tokens_total": beats[n] * per_step,
+                "compute_seconds": 0.01 * max(1, beats[n]), "training_seconds": 1.0})
+
+        def offer(n, r, version):
+            delta = {k: Encoded(e.encoding, e.shape, e.block_size, np.asarray(e.payload),
+                                np.asarray(e.scales) * np.float32(1 + 1e-6 * (r + 1)))
+                     for k, e in prepared[n, r % P].items()}
+            store.put_contribution(Contribution(n, r % P, r, version, steps * per_step, steps,
+                                                beats[n], time.time(), delta),
+                                   {"train_loss": 3.0})
+
+        log_path = Path(tmp) / "syncer.log"
+        env = {**os.environ, "DILOCO_SYNCER_STANDBY": "0", "JAX_PLATFORMS": "cpu",
+               "PYTHONPATH": str(ROOT)}
+        with open(log_path, "w") as log:
+            syncer = subprocess.Popen(
+                [sys.executable, "-m", "pipelines.syncer.entry", "--store", str(root),
+                 "--experiment", EXPERIMENT], cwd=ROOT, env=env, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True)
+        pool = ThreadPoolExecutor(8)
+        samples, window, offered, merged, last_kinds = [], [], -1, 0, {}
+        started = time.monotonic()
+        try:
+            while merged < args.rounds:
+                t0 = time.monotonic()
+                for n in names:
+                    beats[n] += steps
+                list(pool.map(beat, names))
+                rnd = _wait(functools.partial(_opened_after, store, offered), 120,
+                            f"round {offered + 1} to open", syncer)
+                r = offered = rnd.round
+                version = store.current_version(r % P)
+                list(pool.map(offer, names, [r] * M, [version] * M))
+                new = _wait(functools.partial(_newer_version, store, r % P, version), 120,
+                            f"round {r}'s merge", syncer)
+                decision, meta = store.get_decision(r), store.version_meta(r % P, new)
+                window.append({"period_s": time.monotonic() - t0,
+                               "latency_s": meta.latency(decision.decided_at)
+                               if decision is not None and meta is not None else None})
+                merged += 1
+                if merged % args.sample_every == 0 or merged == args.rounds:
+                    rss, cpu = _proc(syncer.pid)
+                    objects, size, kinds = _store_size(root)
+                    lat = [w["latency_s"] for w in window if w["latency_s"] is not None]
+                    periods = [w["period_s"] for w in window]
+                    samples.append({
+                        "rounds": merged, "round": r, "elapsed_s": time.monotonic() - started,
+                        "syncer_rss_mb": rss, "syncer_cpu_s": cpu,
+                        "store_objects": objects, "store_bytes": size,
+                        "latency_p50_s": _pct(lat, 0.5), "latency_p99_s": _pct(lat, 0.99),
+                        "period_median_s": statistics.median(periods)})
+                    window = []
+                    last_kinds = kinds
+                    s = samples[-1]
+                    print(f"{merged:>7} rounds {s['elapsed_s']:7.0f}s  syncer {rss:6.0f} MB "
+                          f"{cpu:7.1f} cpu-s  store {objects:>8} objects {size / 1e6:8.1f} MB  "
+                          f"decision->published p50 {s['latency_p50_s'] * 1e3:5.1f} ms p99 "
+                          f"{s['latency_p99_s'] * 1e3:6.1f} ms  round "
+                          f"{s['period_median_s'] * 1e3:5.1f} ms",
+                          flush=True)
+        finally:
+            pool.shutdown()
+            if syncer.poll() is None:
+                os.killpg(syncer.pid, signal.SIGTERM)     # gives its lease back
+                try:
+                    syncer.wait(30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(syncer.pid, signal.SIGKILL)
+            tail = log_path.read_text().splitlines()[-5:]
+    # Slopes over the samples after the first (the first holds the start: compiling, warming).
+    later = samples[1:]
+    xs = [s["rounds"] for s in later]
+    slopes = {k: _slope(xs, [s[k] for s in later]) for k in (
+        "syncer_rss_mb", "store_objects", "store_bytes", "latency_p99_s", "latency_p50_s",
+        "syncer_cpu_s")}
+    last = samples[-1]
+    # Projected only for what accumulates; the latencies' slopes are reported as they are.
+    month = {k: (None if slopes[k] is None
+                 else last[k] + max(0.0, slopes[k]) * (MONTH_ROUNDS - last["rounds"]))
+             for k in ("syncer_rss_mb", "store_objects", "store_bytes")}
+    report = {
+        "benchmark": "long_haul",
+        "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
+        "commit": revision,
+        "command": "python benchmarks/long_haul.py " + " ".join(argv or sys.argv[1:]),
+        "machine": machine_info(),
+        "settings": {"learners": M, "fragments": P, "rounds": args.rounds,
+                     "sample_every": args.sample_every, "syncer_poll_seconds": args.poll_seconds,
+                     "keep_global_versions": cfg.orchestration.keep_global_versions,
+                     "keep_contribution_rounds": cfg.orchestration.keep_contribution_rounds,
+                     "model": "tiny", "encoding": "int4", "dagster": False},
+        "samples": samples,
+        "slopes_per_round": slopes,
+        "month_rounds": MONTH_ROUNDS,
+        "month_projection": month,
+        # What the store holds at the end, by kind of object, largest count first.
+        "store_by_kind": dict(sorted(last_kinds.items(), key=lambda kv: -kv[1][0])),
+        "store_objects_per_round_by_kind": {
+            k: v[0] / args.rounds for k, v in sorted(last_kinds.items(), key=lambda kv: -kv[1][0])},
+        "syncer_log_tail": tail,
+    }
+    print("per 1000 rounds: " + ", ".join(
+        f"{k} {v * 1000:+.4g}" for k, v in slopes.items() if v is not None))
+    print("a month at a round a second: " + ", ".join(
+        f"{k} {v:.4g}" for k, v in month.items() if v is not None))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
