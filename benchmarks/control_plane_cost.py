@@ -144,12 +144,10 @@ def _emulator(wanted: bool, code: Path):
 def _child(args) -> dict:
     sys.path[:0] = [str(args.code), str(args.code / "tests")]
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    import numpy as np
     from learner_store_setup import committed_experiment
+    from synthetic_learners import SyntheticLearners
 
     import pipelines
-    from diloco_core.compression import Encoded, encode
-    from diloco_core.contribution import Contribution
     from pipelines.syncer.service import SyncerService
     from resources.store.artifact_store import ArtifactStore
     from resources.store.backends import open_blob_store
@@ -170,35 +168,8 @@ def _child(args) -> dict:
         from diloco_core.config_loading import config_from_mapping
         cfg = config_from_mapping(cfg_map)
         names = list(cfg.learners.learner_names)
-        steps = cfg.sync.sync_period // P or 1
-        per_step = cfg.tokens_per_learner_step
-        # Prepared contributions: one int4 delta per learner and fragment, its scales nudged
-        # each round so that no two offers carry the same bytes (a copy is refused).
-        rng = np.random.default_rng(0)
-        prepared = {}
-        for p in range(P):
-            fragment = learners_store.load_global(p).params
-            for n in names:
-                prepared[n, p] = {
-                    k: encode(rng.standard_normal(v.shape).astype(np.float32) * 1e-3,
-                              cfg.sync.encoding, cfg.sync.encoding_block_size)
-                    for k, v in fragment.items()}
-        beats = dict.fromkeys(names, 0)
-
-        def beat(n):
-            learners_store.put_heartbeat(n, {
-                "learner": n, "status": "training", "time": time.time(), "attempt": 0,
-                "step": beats[n], "tokens_total": beats[n] * per_step,
-                "compute_seconds": 0.01 * max(1, beats[n]), "training_seconds": 1.0})
-
-        def offer(n, r, version):
-            p = r % P
-            delta = {k: Encoded(e.encoding, e.shape, e.block_size, np.asarray(e.payload),
-                                np.asarray(e.scales) * np.float32(1 + 1e-4 * (r + 1)))
-                     for k, e in prepared[n, p].items()}
-            learners_store.put_contribution(Contribution(
-                n, p, r, version, steps * per_step, steps, beats[n], time.time(), delta),
-                {"train_loss": 3.0})
+        learners = SyntheticLearners(learners_store, cfg)
+        beat, offer = learners.beat, learners.offer
 
         delay = (int(args.backend[len("latency"):]) / 1e3
                  if args.backend.startswith("latency") else 0.0)
@@ -226,8 +197,7 @@ def _child(args) -> dict:
             start, first_tick = time.perf_counter(), len(ticks)
             # Every learner beats each round with the steps it made; and offers to a round
             # that opened since its last offer.
-            for n in names:
-                beats[n] += steps
+            learners.advance()
             list(pool.map(beat, names))
             open_round = learners_store.latest_open_round()
             if open_round is not None and open_round.round > offered:

@@ -43,10 +43,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from learner_store_setup import committed_experiment  # noqa: E402
+from synthetic_learners import SyntheticLearners  # noqa: E402
 
-from diloco_core.compression import Encoded, encode  # noqa: E402
 from diloco_core.config_loading import config_from_mapping  # noqa: E402
-from diloco_core.contribution import Contribution  # noqa: E402
 from pipelines.reporting import code_revision, machine_info  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "long_haul.json"
@@ -141,29 +140,7 @@ def main(argv=None) -> dict:
         root = Path(tmp) / "store"
         store = committed_experiment(str(root), EXPERIMENT, overrides)
         cfg = config_from_mapping(store.get_config())
-        names = list(cfg.learners.learner_names)
-        steps = cfg.sync.sync_period // P or 1
-        per_step = cfg.tokens_per_learner_step
-        rng = np.random.default_rng(0)
-        prepared = {(n, p): {k: encode(rng.standard_normal(v.shape).astype(np.float32) * 1e-3,
-                                       cfg.sync.encoding, cfg.sync.encoding_block_size)
-                             for k, v in store.load_global(p).params.items()}
-                    for p in range(P) for n in names}
-        beats = dict.fromkeys(names, 0)
-
-        def beat(n):
-            store.put_heartbeat(n, {
-                "learner": n, "status": "training", "time": time.time(), "attempt": 0,
-                "step": beats[n], "tokens_total": beats[n] * per_step,
-                "compute_seconds": 0.01 * max(1, beats[n]), "training_seconds": 1.0})
-
-        def offer(n, r, version):
-            delta = {k: Encoded(e.encoding, e.shape, e.block_size, np.asarray(e.payload),
-                                np.asarray(e.scales) * np.float32(1 + 1e-6 * (r + 1)))
-                     for k, e in prepared[n, r % P].items()}
-            store.put_contribution(Contribution(n, r % P, r, version, steps * per_step, steps,
-                                                beats[n], time.time(), delta),
-                                   {"train_loss": 3.0})
+        learners = SyntheticLearners(store, cfg, scale_step=1e-6)
 
         log_path = Path(tmp) / "syncer.log"
         env = {**os.environ, "DILOCO_SYNCER_STANDBY": "0", "JAX_PLATFORMS": "cpu",
@@ -179,14 +156,13 @@ def main(argv=None) -> dict:
         try:
             while merged < args.rounds:
                 t0 = time.monotonic()
-                for n in names:
-                    beats[n] += steps
-                list(pool.map(beat, names))
+                learners.advance()
+                list(pool.map(learners.beat, learners.names))
                 rnd = _wait(functools.partial(_opened_after, store, offered), 120,
                             f"round {offered + 1} to open", syncer)
                 r = offered = rnd.round
                 version = store.current_version(r % P)
-                list(pool.map(offer, names, [r] * M, [version] * M))
+                list(pool.map(learners.offer, learners.names, [r] * M, [version] * M))
                 new = _wait(functools.partial(_newer_version, store, r % P, version), 120,
                             f"round {r}'s merge", syncer)
                 decision, meta = store.get_decision(r), store.version_meta(r % P, new)
