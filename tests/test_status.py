@@ -150,3 +150,41 @@ def test_status_shows_who_holds_the_syncers_lease_since_when_and_its_renewal(tmp
 
         standby.release()
         assert run_status(h.store).syncer.state == "released"
+
+
+def test_status_reads_only_the_decisions_it_shows_however_long_the_run(tmp_path):
+    """A month-long run has millions of rounds: `diloco status` reads the last few decisions,
+    and for a relaunched learner only back to the decision that admitted it since its start
+    (or to its start); every decision before that goes unread. Its answers are those of a
+    reading of every decision."""
+    from diloco_core.config_loading import config_from_mapping, config_to_mapping
+    from diloco_core.round_records import RoundDecision, RoundOpen
+    from resources.store.artifact_store import ArtifactStore
+    from resources.store.backends import open_blob_store
+
+    cfg = config_from_mapping({}, ["name=long", "learners.num_learners=3"])
+    store = ArtifactStore(open_blob_store(str(tmp_path / "store")), "long")
+    store.put_config(config_to_mapping(cfg))
+    rounds, now = 300, 10_000.0
+    for r in range(rounds):
+        # learner-2 is admitted last in round 249; round 250 is decided after its relaunch.
+        members = ("learner-0", "learner-1", "learner-2") if r < 250 else ("learner-0",
+                                                                              "learner-1")
+        store.put_decision(r, RoundDecision(r, r % 2, members, "quorum", decided_at=float(r)))
+    store.open_round(rounds, RoundOpen(rounds, rounds % 2, opened_at=float(rounds)))
+    for n, attempt, started in (("learner-0", 0, 0.0), ("learner-1", 1, 120.5),
+                                ("learner-2", 1, 249.5)):
+        store.put_heartbeat(n, {"learner": n, "status": "training", "time": now,
+                                "attempt": attempt, "started_at": started, "step": 1})
+    reads = []
+    get_decision = store.get_decision
+    store.get_decision = lambda r: reads.append(r) or get_decision(r)
+
+    status = run_status(store, now=now, last_rounds=5)
+    states = {row.learner: row.state for row in status.learners}
+    # learner-1 (relaunched at 120.5) is in the newest decision; learner-2 (relaunched at
+    # 249.5) has not been admitted since: reading stops at round 249, decided before its start.
+    assert states == {"learner-0": "live", "learner-1": "live", "learner-2": "rejoining"}
+    assert [d.round for d in status.decisions] == [295, 296, 297, 298, 299]
+    assert sorted(reads) == list(range(249, rounds + 1))   # not 0-248
+    assert status.rounds_merged == 0      # versions: none committed in this store

@@ -32,9 +32,26 @@ from pipelines.syncer.status import SyncerRow, syncer_line, syncer_status
 from resources.store.artifact_store import ArtifactStore, active_experiment
 
 
-def _decisions(store: ArtifactStore, open_round: int | None) -> list[RoundDecision]:
-    last = -1 if open_round is None else open_round
-    return [d for r in range(last + 1) if (d := store.get_decision(r)) is not None]
+def _decisions(store: ArtifactStore, open_round: int | None, beats: dict[str, Heartbeat],
+               timeout: float, now: float, last_rounds: int) -> list[RoundDecision]:
+    """The decisions `run_status` needs, oldest first, read newest first and only as far back
+    as they answer: the last `last_rounds`, and for each relaunched live learner, whether a
+    decision since its start admitted it (`learner_state`'s "rejoining"): found, or a decision
+    from before its start reached. A month-long run has millions of rounds; reading every
+    decision made `diloco status` slower with every round."""
+    asking = {n: b.started_at or 0.0 for n, b in beats.items()
+              if b.attempt > 0 and b.status in LIVE_STATUSES and now - b.time <= timeout}
+    found: list[RoundDecision] = []
+    for r in range(-1 if open_round is None else open_round, -1, -1):
+        if len(found) >= last_rounds and not asking:
+            break
+        d = store.get_decision(r)
+        if d is None:
+            continue
+        found.append(d)
+        asking = {n: start for n, start in asking.items()
+                  if d.decided_at >= start and n not in d.members}
+    return found[::-1]
 
 
 def learner_state(beat: Heartbeat | None, decisions: list[RoundDecision], name: str,
@@ -103,12 +120,14 @@ def run_status(store: ArtifactStore, now: float | None = None,
     cfg: ExperimentConfig = config_from_mapping(store.get_config())
     latest = store.latest_open_round()
     open_round = None if latest is None else latest.round
-    decisions = _decisions(store, open_round)
+    beats = {n: b for n in cfg.learners.learner_names if (b := store.get_heartbeat(n))}
+    decisions = _decisions(store, open_round, beats,
+                           cfg.orchestration.learner_timeout_seconds, now, max(1, last_rounds))
     capacity, _ = store.capacity(cfg.learners.standby_names)
     learners = []
     for name, region in zip(cfg.learners.learner_names, cfg.learners.learner_regions,
                             strict=True):
-        beat = store.get_heartbeat(name)
+        beat = beats.get(name)
         state = learner_state(beat, decisions, name,
                               cfg.orchestration.learner_timeout_seconds, now,
                               absent=name in capacity.absent)
@@ -117,11 +136,13 @@ def run_status(store: ArtifactStore, now: float | None = None,
             tokens=beat.tokens_total, loss=beat.loss,
             heartbeat_age_s=round(now - beat.time, 1), versions=beat.versions,
             offers=beat.offers))
+    versions = [store.current_version(p) for p in range(cfg.sync.num_fragments)]
     return RunStatus(
         experiment=store.experiment,
         state=experiment_state(store, active_experiment(store.blobs)),
-        open_round=open_round, rounds_merged=sum(1 for d in decisions if d.members),
-        global_versions=[store.current_version(p) for p in range(cfg.sync.num_fragments)],
+        # Each merged round commits one version of its fragment.
+        open_round=open_round, rounds_merged=sum(v or 0 for v in versions),
+        global_versions=versions,
         stop_requested=store.stop_requested() is not None,
         syncer=syncer_status(store, cfg, decisions, now), learners=learners,
         decisions=decisions[-last_rounds:])
