@@ -46,7 +46,9 @@ from learner_store_setup import committed_experiment  # noqa: E402
 from synthetic_learners import SyntheticLearners  # noqa: E402
 
 from diloco_core.config_loading import config_from_mapping  # noqa: E402
+from pipelines.commands.status import run_status  # noqa: E402
 from pipelines.reporting import code_revision, machine_info  # noqa: E402
+from pipelines.token_ledger import run_ledger  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "long_haul.json"
 MONTH_ROUNDS = 30 * 24 * 3600      # the paper's cadence: a fragment round every second
@@ -128,6 +130,8 @@ def _wait(predicate, timeout: float, what: str, syncer: subprocess.Popen):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    # SIGTERM ends it like Ctrl-C: the syncer, in its own session, is stopped on the way out.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     revision = code_revision()
     M, P = args.learners, 2
     overrides = ["model.preset=tiny", "data.seq_len=32", "data.batch_size=4",
@@ -173,6 +177,9 @@ def main(argv=None) -> dict:
                 if merged % args.sample_every == 0 or merged == args.rounds:
                     rss, cpu = _proc(syncer.pid)
                     objects, size, kinds = _store_size(root)
+                    status_started = time.perf_counter()
+                    run_status(store)
+                    status_s = time.perf_counter() - status_started
                     lat = [w["latency_s"] for w in window if w["latency_s"] is not None]
                     periods = [w["period_s"] for w in window]
                     samples.append({
@@ -180,7 +187,8 @@ def main(argv=None) -> dict:
                         "syncer_rss_mb": rss, "syncer_cpu_s": cpu,
                         "store_objects": objects, "store_bytes": size,
                         "latency_p50_s": _pct(lat, 0.5), "latency_p99_s": _pct(lat, 0.99),
-                        "period_median_s": statistics.median(periods)})
+                        "period_median_s": statistics.median(periods),
+                        "status_s": status_s})
                     window = []
                     last_kinds = kinds
                     s = samples[-1]
@@ -188,7 +196,7 @@ def main(argv=None) -> dict:
                           f"{cpu:7.1f} cpu-s  store {objects:>8} objects {size / 1e6:8.1f} MB  "
                           f"decision->published p50 {s['latency_p50_s'] * 1e3:5.1f} ms p99 "
                           f"{s['latency_p99_s'] * 1e3:6.1f} ms  round "
-                          f"{s['period_median_s'] * 1e3:5.1f} ms",
+                          f"{s['period_median_s'] * 1e3:5.1f} ms  status {status_s * 1e3:.0f} ms",
                           flush=True)
         finally:
             pool.shutdown()
@@ -199,12 +207,17 @@ def main(argv=None) -> dict:
                 except subprocess.TimeoutExpired:
                     os.killpg(syncer.pid, signal.SIGKILL)
             tail = log_path.read_text().splitlines()[-5:]
+        # The end of a run's accounting reads every round's records (decision, merge, each
+        # offer's manifest): timed once, on the store as the haul left it.
+        ledger_started = time.perf_counter()
+        run_ledger(store, cfg)
+        ledger_s = time.perf_counter() - ledger_started
     # Slopes over the samples after the first (the first holds the start: compiling, warming).
     later = samples[1:]
     xs = [s["rounds"] for s in later]
     slopes = {k: _slope(xs, [s[k] for s in later]) for k in (
         "syncer_rss_mb", "store_objects", "store_bytes", "latency_p99_s", "latency_p50_s",
-        "syncer_cpu_s")}
+        "syncer_cpu_s", "status_s")}
     last = samples[-1]
     # Projected only for what accumulates; the latencies' slopes are reported as they are.
     month = {k: (None if slopes[k] is None
@@ -225,6 +238,9 @@ def main(argv=None) -> dict:
         "slopes_per_round": slopes,
         "month_rounds": MONTH_ROUNDS,
         "month_projection": month,
+        "run_ledger_s": ledger_s,
+        "run_ledger_s_per_round": ledger_s / max(1, merged),
+        "run_ledger_s_month": ledger_s / max(1, merged) * MONTH_ROUNDS,
         # What the store holds at the end, by kind of object, largest count first.
         "store_by_kind": dict(sorted(last_kinds.items(), key=lambda kv: -kv[1][0])),
         "store_objects_per_round_by_kind": {
@@ -237,6 +253,9 @@ def main(argv=None) -> dict:
         f"{k} {v:.4g}" for k, v in month.items() if v is not None))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"the run's token ledger read every round in {ledger_s:.1f} s "
+          f"({ledger_s / max(1, merged) * 1e3:.1f} ms a round; a month's rounds: "
+          f"{ledger_s / max(1, merged) * MONTH_ROUNDS / 3600:.1f} h)")
     print(f"wrote {args.out}")
     return report
 
