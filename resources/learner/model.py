@@ -14,7 +14,7 @@ import jax
 from diloco_core.config import ConfigError, ExperimentConfig
 from diloco_core.fragments import FragmentPlan, plan_fragments, split_params
 from diloco_core.inner_step import InnerStep
-from diloco_core.model import init_model
+from diloco_core.model import abstract_params, make_model_def
 from diloco_core.spmd import learner_mesh, place_state, state_shardings
 
 
@@ -23,7 +23,7 @@ class LearnerModel:
     model_def: Any
     plan: FragmentPlan
     inner: InnerStep
-    template: dict          # {"train": a fresh train state, "anchors": one dict per fragment}
+    template: dict          # shapes: {"train": a train state's, "anchors": one dict per fragment}
     mesh: jax.sharding.Mesh
     sharding: str           # `learners.sharding`
 
@@ -38,11 +38,17 @@ class LearnerModel:
                      else "data.batch_size")
             raise ConfigError(field, f"{learner}'s batch of {batch_size} sequences is not "
                                      f"divisible by the {devices} devices of its slice")
-        model_def, template_params = init_model(cfg.model, cfg.seed)
+        # Shapes only: the state comes from the store or a checkpoint, so the template is a
+        # skeleton (what the plan, the mesh placement and a restore need). A real
+        # initialisation here cost every start 1.5 CPU-s at the demo's 1.6M parameters, and a
+        # large model's full fp32 params and AdamW state in one process's memory.
+        model_def = make_model_def(cfg.model)
+        shapes = abstract_params(cfg.model)
+        template_params = {k: shapes[k] for k in model_def.names}
         plan = plan_fragments({k: v.shape for k, v in template_params.items()},
                               cfg.sync.num_fragments)
         inner = InnerStep(model_def, cfg.inner, cfg.total_learner_steps)
-        template = {"train": inner.init(template_params),
+        template = {"train": jax.eval_shape(inner.init, template_params),
                     "anchors": split_params(template_params, plan)}
         return cls(model_def, plan, inner, template, mesh, cfg.learners.sharding)
 
