@@ -81,16 +81,21 @@ def _store_size(root: Path) -> tuple[int, int, dict]:
     objects = size = 0
     kinds: dict[str, list[int]] = {}
     for dirpath, _, files in os.walk(root):
-        kind_dir = re.sub(r"\d+", "N", os.path.relpath(dirpath, root))
         for f in files:
             try:
                 n = os.stat(os.path.join(dirpath, f)).st_size
             except FileNotFoundError:
                 continue        # pruned while walking
             objects, size = objects + 1, size + n
-            k = kinds.setdefault(f"{kind_dir}/{re.sub(r'[0-9]+', 'N', f)}", [0, 0])
+            k = kinds.setdefault(_kind(os.path.relpath(os.path.join(dirpath, f), root)), [0, 0])
             k[0], k[1] = k[0] + 1, k[1] + n
     return objects, size, kinds
+
+
+def _kind(path: str) -> str:
+    """`rounds/r12/contributions/learner-3/delta-9f3ab2c1.npz` -> `rounds/rN/contributions/
+    learner-N/delta-H.npz`: hashes (8 or more hex digits) to H, other numbers to N."""
+    return re.sub(r"\d+", "N", re.sub(r"[0-9a-f]{8,}", "H", path))
 
 
 def _pct(values, q):
