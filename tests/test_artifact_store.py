@@ -571,3 +571,48 @@ def test_a_malformed_attempt_record_is_left_out_with_the_reason(store, body, rea
     refused = []
     assert store.attempt_records("learner-1", refused) == [good]
     assert len(refused) == 1 and reason in refused[0]["reason"]
+
+
+def test_bundles_decode_without_evaluating_python_on_many_threads(monkeypatch):
+    """numpy's .npy reader evaluates each header with `ast.literal_eval`, which on CPython 3.11
+    fails at random ("SystemError: AST constructor recursion depth mismatch") when threads
+    parse at once, and the syncer reads a round's offers on several threads: a long haul saw
+    an honest offer refused as unreadable. Bundles are decoded without it, the same arrays
+    back, from many threads at once; a header numpy would accept but `np.savez` never writes
+    (Fortran order) is refused."""
+    import ast
+
+    import ml_dtypes
+
+    from resources.store.array_bundle import BadBundle, decode_bundle, encode_bundle
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a bundle's header was evaluated as Python")
+
+    monkeypatch.setattr(ast, "literal_eval", forbidden)
+    rng = np.random.default_rng(0)
+    arrays = {"w": rng.standard_normal((3, 5)).astype(np.float32),
+              "b": rng.standard_normal(7).astype(ml_dtypes.bfloat16),
+              "codes": rng.integers(0, 255, 33, dtype=np.uint8),
+              "step": np.asarray(4, np.int32), "empty": np.zeros((0, 4), np.float32)}
+    bundle = encode_bundle(arrays)
+
+    def decode(_):
+        return decode_bundle(bundle.data, expected_sha256=bundle.sha256,
+                             expected_size=len(bundle.data), dtypes=bundle.dtypes,
+                             shapes=bundle.shapes)
+
+    with ThreadPoolExecutor(8) as pool:
+        for out in pool.map(decode, range(64)):
+            assert set(out) == set(arrays)
+            for name, value in arrays.items():
+                assert out[name].dtype == value.dtype and out[name].shape == value.shape
+                np.testing.assert_array_equal(out[name], value)
+
+    buffer = io.BytesIO()
+    np.savez(buffer, w=np.asfortranarray(arrays["w"]))
+    data = buffer.getvalue()
+    from resources.store.array_bundle import sha256
+    with pytest.raises(BadBundle, match="fortran_order True"):
+        decode_bundle(data, expected_sha256=sha256(data), expected_size=len(data),
+                      dtypes={"w": "float32"}, shapes={"w": [3, 5]})
