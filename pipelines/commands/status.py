@@ -120,7 +120,8 @@ def run_status(store: ArtifactStore, now: float | None = None,
     cfg: ExperimentConfig = config_from_mapping(store.get_config())
     latest = store.latest_open_round()
     open_round = None if latest is None else latest.round
-    beats = {n: b for n in cfg.learners.learner_names if (b := store.get_heartbeat(n))}
+    beats = {n: b for n in cfg.learners.learner_names
+             if (b := store.get_heartbeat(n)) is not None}
     decisions = _decisions(store, open_round, beats,
                            cfg.orchestration.learner_timeout_seconds, now, max(1, last_rounds))
     capacity, _ = store.capacity(cfg.learners.standby_names)
