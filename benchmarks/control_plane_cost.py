@@ -109,9 +109,9 @@ def _counting(inner, delay: float = 0.0):
                       listed=len(keys))
             return keys
 
-        def delete(self, key):
+        def delete(self, key, *, forget=False):
             self._add(deletes=1)
-            return inner.delete(key)
+            return inner.delete(key, forget=forget)
 
         def snapshot(self):
             with self.lock:

@@ -6,6 +6,7 @@ import pickle
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -276,6 +277,10 @@ def test_retention_of_a_round_needs_its_decision_and_keeps_the_manifests(store):
                            "reason": "quorum", "decided_at": 10.0})
     assert store.prune_round(3, "keep 64 rounds") == 2
     assert store.list_contributions(3) == ["learner-0", "learner-1"]
+    if not store.blobs.uri.startswith("gs://"):
+        # The deleted arrays leave nothing behind, not even their keys' lock files.
+        root = Path(store.blobs.uri) / layout.round_dir(EXP, 3)
+        assert not [p.name for p in root.rglob("*") if ".npz" in p.name]
     assert store.contribution_manifest(3, "learner-1").tokens > 0
     assert list(store.get_decision(3).members) == ["learner-0"]
     with pytest.raises(Pruned, match="contribution of learner-0 to round 3 was deleted"):

@@ -123,6 +123,15 @@ def test_delete_is_idempotent(blob_store):
     assert blob_store.list("k/") == ["k/two"] and blob_store.info("k/one") is None
 
 
+def test_a_forgotten_key_is_gone_and_can_be_created_again(blob_store):
+    blob_store.write("k/payload-abc.npz", b"bytes")
+    blob_store.delete("k/payload-abc.npz", forget=True)
+    blob_store.delete("k/payload-abc.npz", forget=True)     # absent: still fine
+    assert blob_store.info("k/payload-abc.npz") is None and blob_store.list("k/") == []
+    blob_store.write("k/payload-abc.npz", b"bytes", if_generation=0)
+    assert blob_store.read("k/payload-abc.npz") == b"bytes"
+
+
 def test_create_only_and_generation_checked_overwrite(blob_store):
     first = blob_store.write("ptr", b"v0", if_generation=0)
     assert blob_store.info("ptr") == first
@@ -255,6 +264,64 @@ def test_conditional_writes_racing_from_processes_lose_no_update(tmp_path):
     assert all(new == old + 1 for old, new in won)
     assert all(len(r["won"]) > 0 for r in results), "every racer must get some writes in"
     assert sum(r["lost"] for r in results) > 0, "the racers never contended"
+
+
+def test_a_local_delete_keeps_the_keys_lock_file_unless_it_forgets_the_key(tmp_path):
+    """Retention prunes two content-named payloads a round; their lock files stayed forever (14
+    of the 60 objects a round grew in the long haul)."""
+    blobs = LocalBlobStore(tmp_path / "store")
+    for key in ("kept", "forgotten"):
+        blobs.write(f"d/{key}", b"x")
+    blobs.delete("d/kept")
+    blobs.delete("d/forgotten", forget=True)
+    assert sorted(p.name for p in (tmp_path / "store" / "d").iterdir()) == [".kept.lock"]
+    # A plain delete keeps the counter: the key created again gets a generation it never had.
+    assert blobs.write("d/kept", b"y").generation == 4
+
+
+FORGET_RACER = """
+import os, sys, time
+from resources.store.blobs import LocalBlobStore, PreconditionFailed
+blobs, me, go = LocalBlobStore(sys.argv[1]), sys.argv[2].encode(), sys.argv[3]
+while not os.path.exists(go):  # start together
+    time.sleep(0.001)
+owned, clashes, deadline = 0, 0, time.monotonic() + float(sys.argv[4])
+while time.monotonic() < deadline:
+    try:
+        blobs.write("slot", me, if_generation=0)
+    except PreconditionFailed:
+        continue
+    owned += 1
+    if blobs.read("slot") != me:      # another create won over an object that existed
+        clashes += 1
+    blobs.delete("slot", forget=True)
+print(owned, clashes)
+"""
+
+
+def test_forgetting_a_key_never_lets_two_processes_hold_its_lock(tmp_path):
+    """Processes race to create one key only if absent, then delete it forgetting the key
+    (its lock file removed): while one holds the object no other create may succeed. A
+    process that opened the lock file just before it was removed must not lock that orphan
+    while another locks the new file: both would see the key absent and both would create."""
+    import subprocess
+    import sys
+
+    LocalBlobStore(tmp_path / "store")
+    go = tmp_path / "go"
+    racers = [subprocess.Popen([sys.executable, "-c", FORGET_RACER, str(tmp_path / "store"),
+                                f"p{k}", str(go), "4"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True) for k in range(4)]
+    time.sleep(0.5)
+    go.touch()
+    owned = clashes = 0
+    for racer in racers:
+        out, err = racer.communicate(timeout=120)
+        assert racer.returncode == 0, err
+        o, c = map(int, out.split())
+        owned, clashes = owned + o, clashes + c
+    assert owned > 100, "the racers never got going"
+    assert clashes == 0, f"{clashes} of {owned} creates landed on an object another held"
 
 
 # ---- GCS at the HTTP level: the loopback server ignores preconditions, so check the requests --

@@ -46,9 +46,9 @@ class Recording(BlobStore):
     def list(self, prefix: str, *, limit: int | None = None) -> list[str]:
         return self.inner.list(prefix, limit=limit)
 
-    def delete(self, key: str) -> None:
+    def delete(self, key: str, *, forget: bool = False) -> None:
         self.keys.add(key)
-        self.inner.delete(key)
+        self.inner.delete(key, forget=forget)
 
     @property
     def uri(self) -> str:

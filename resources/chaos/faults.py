@@ -141,9 +141,9 @@ class FaultyBlobStore(BlobStore):
         self._maybe_fail("list", prefix)
         return self.inner.list(prefix, limit=limit)
 
-    def delete(self, key: str) -> None:
+    def delete(self, key: str, *, forget: bool = False) -> None:
         self._maybe_fail("delete", key)
-        self.inner.delete(key)
+        self.inner.delete(key, forget=forget)
 
     @property
     def uri(self) -> str:

@@ -73,8 +73,10 @@ class BlobStore(abc.ABC):
         prefixes that a party the caller does not trust can fill)."""
 
     @abc.abstractmethod
-    def delete(self, key: str) -> None:
-        """Remove the object; absent is fine."""
+    def delete(self, key: str, *, forget: bool = False) -> None:
+        """Remove the object; absent is fine. `forget=True` promises the key is never written
+        again with other bytes (a payload named by its content's hash): a backend may then
+        drop what it keeps to tell the key's states apart (a local store's lock file)."""
 
     @property
     @abc.abstractmethod
@@ -89,8 +91,13 @@ class LocalBlobStore(BlobStore):
     takes that lock exclusively (an `flock`, so it holds across processes on one machine),
     checks any precondition, bumps the counter and only then renames (or unlinks) the object;
     `info` reads the counter and stats the object under the shared lock. An object's generation
-    is its counter + 1, so no two states of a key share one. Lock files are never deleted: the
-    counter outlives the object, and a key deleted and created again gets a fresh generation."""
+    is its counter + 1, so no two states of a key share one. A lock file outlives its object:
+    the counter does, and a key deleted and created again gets a fresh generation. Only a
+    delete that `forget`s the key (a content-named payload pruned by retention, which nobody
+    writes again with other bytes) removes the lock file too, still holding it: whoever opened
+    the old file before it went finds, once it holds the lock, that the path names another
+    file (or none) and opens it again (`_locked`), so two holders never lock different files
+    for one key."""
 
     # A local read is a few system calls and parsing happens under the interpreter lock: a
     # few threads overlap the calls (and a network filesystem's round trips), more only queue.
@@ -144,9 +151,8 @@ class LocalBlobStore(BlobStore):
         between the two leaves a new generation over unchanged bytes, a spurious change that a
         conditional writer retries, never a stale match."""
         lock = self._lock_path(path)
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = self._locked(lock, fcntl.LOCK_EX, create=True)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
             counter = self._counter(fd, lock)
             current = self._stat(key, path, counter)
 
@@ -158,9 +164,35 @@ class LocalBlobStore(BlobStore):
                     raise OSError(f"{lock}: short write of the generation counter")
                 return counter + 2
 
-            yield (current.generation if current else 0), bump
+            def forget() -> None:
+                lock.unlink()       # under the lock: see the class docstring
+
+            yield (current.generation if current else 0), bump, forget
         finally:
             os.close(fd)  # releases the flock
+
+    @staticmethod
+    def _locked(lock: Path, operation: int, *, create: bool) -> int | None:
+        """An open descriptor of `lock`, holding `operation` (shared or exclusive) on the file
+        the path names once the lock is held: a lock file removed (`forget`) between the open
+        and the lock is opened again. None when it is absent and `create` is False."""
+        while True:
+            try:
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT if create else os.O_RDONLY, 0o644)
+            except FileNotFoundError:
+                if create:
+                    raise
+                return None
+            try:
+                fcntl.flock(fd, operation)
+                if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                    return fd
+            except FileNotFoundError:
+                pass        # removed while we waited: open it (or learn it is gone) again
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)
 
     def write(self, key: str, data: bytes, *, if_generation: int | None = None) -> BlobInfo:
         path = self._path(key)
@@ -173,7 +205,7 @@ class LocalBlobStore(BlobStore):
                 out.write(data)
                 out.flush()
                 os.fsync(out.fileno())
-            with self._mutating(key, path) as (current, bump):
+            with self._mutating(key, path) as (current, bump, _):
                 if if_generation is not None and current != if_generation:
                     raise PreconditionFailed(
                         f"{key}: generation is {current}, expected {if_generation}")
@@ -201,14 +233,13 @@ class LocalBlobStore(BlobStore):
     def info(self, key: str) -> BlobInfo | None:
         path = self._path(key)
         lock = self._lock_path(path)
-        try:
-            fd = os.open(lock, os.O_RDONLY)
-        except FileNotFoundError:
+        fd = self._locked(lock, fcntl.LOCK_SH, create=False)
+        if fd is None:
             # Never mutated here, or being created right now: then generation 1 is stale but
-            # cannot match, since that creation bumped the counter past 0 first.
+            # cannot match, since that creation bumped the counter past 0 first. (Or forgotten:
+            # its object is gone too.)
             return self._stat(key, path, 0)
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH)
             return self._stat(key, path, self._counter(fd, lock))
         finally:
             os.close(fd)
@@ -236,11 +267,13 @@ class LocalBlobStore(BlobStore):
                         raise ListingTooLong(prefix, limit)
         return sorted(keys)
 
-    def delete(self, key: str) -> None:
+    def delete(self, key: str, *, forget: bool = False) -> None:
         path = self._path(key)
         if not path.exists():
             return  # absent at this instant: done, and no lock file left behind
-        with self._mutating(key, path) as (current, bump):
+        with self._mutating(key, path) as (current, bump, drop_lock):
             if current:
                 bump()
                 path.unlink()
+            if forget:
+                drop_lock()

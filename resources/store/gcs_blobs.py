@@ -261,7 +261,8 @@ class GCSBlobStore(BlobStore):
         # Folder placeholders ("dir/") are not objects of this store.
         return sorted(n[len(root):] for n in names if n.startswith(full) and not n.endswith("/"))
 
-    def delete(self, key: str) -> None:
+    def delete(self, key: str, *, forget: bool = False) -> None:
+        # `forget` asks nothing more here: GCS keeps no per-key state beside the object.
         name = self._name(key)
         try:
             self.bucket.blob(name).delete(timeout=self.timeout, retry=self._retry())

@@ -186,7 +186,9 @@ class StoreBase:
             with contextlib.suppress(PreconditionFailed):   # a concurrent pruner wrote it
                 self.blobs.write(marker, _json_bytes({"reason": reason[:500]}), if_generation=0)
         for key in payloads:
-            self.blobs.delete(key)      # absent is fine: a concurrent pruner got there first
+            # Absent is fine: a concurrent pruner got there first. A payload is named by its
+            # content's hash, so nothing writes the key again with other bytes: forgotten.
+            self.blobs.delete(key, forget=True)
         return len(payloads)
 
     def _raise_if_pruned(self, directory: str, what: str) -> None:
