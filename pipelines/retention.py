@@ -13,14 +13,23 @@ Bounded work per merge (`MAX_PRUNES_PER_MERGE`): a policy tightened mid-run, or 
 from before retention, is caught up over the following merges instead of stalling one.
 While the quorum sensor stands in for a dead syncer nothing is pruned; the next syncer
 catches up.
+
+The records of pruned rounds are then packed, a block of rounds at a time, into one archive
+object each, and deleted (`resources/store/round_archive.py`; `ARCHIVE_STEPS_PER_MERGE`):
+readers find them there, and the store holds a fixed number of objects per round in flight
+instead of twenty per round ever run.
 """
 
 from dataclasses import dataclass
 
 from diloco_core.config import ExperimentConfig
 from resources.store.artifact_store import ArtifactStore, Conflict
+from resources.store.round_archive import RoundArchiver
 
 MAX_PRUNES_PER_MERGE = 8
+# Rounds packed into archive blocks, or their records deleted once packed, per merge: a round
+# of records takes two such steps, so four a merge keep up with a round a merge and catch up.
+ARCHIVE_STEPS_PER_MERGE = 4
 
 
 @dataclass
@@ -29,6 +38,9 @@ class Retention:
     cfg: ExperimentConfig
     versions_from: list[int]    # per fragment: every version below it has been pruned
     rounds_from: int            # every round below it has been pruned
+    # Packs the records of pruned rounds into blocks (`round_archive.py`); None when rounds
+    # are kept whole (keep_contribution_rounds = 0).
+    archiver: RoundArchiver | None = None
 
     @classmethod
     def resume(cls, store: ArtifactStore, cfg: ExperimentConfig) -> "Retention":
@@ -40,8 +52,10 @@ class Retention:
         if not (isinstance(versions, list) and len(versions) == num
                 and all(_count(v) for v in versions)):
             versions = [1] * num
+        archiver = (RoundArchiver(store.archive, cfg.learners.learner_names)
+                    if cfg.orchestration.keep_contribution_rounds else None)
         return cls(store, cfg, [max(1, v) for v in versions],
-                   rounds if _count(rounds) else 0)
+                   rounds if _count(rounds) else 0, archiver)
 
     def after_merge(self, fragment: int, version: int, round_index: int) -> int:
         """Prune what the commit of `version` of `fragment` for `round_index` pushed out of
@@ -68,6 +82,8 @@ class Retention:
         if moved:
             self.store.put_retention({"versions_from": self.versions_from,
                                       "rounds_from": self.rounds_from})
+        if self.archiver is not None:
+            deleted += self.archiver.step(self.rounds_from, ARCHIVE_STEPS_PER_MERGE)
         return deleted
 
 

@@ -17,6 +17,7 @@ import pytest
 from orchestration_harness import JUMPS, Harness, wait_until
 
 from pipelines.syncer.service import SyncerService
+from resources.store.artifact_store import ArtifactStore
 from resources.store.lease import LeaseLost, LeaseRefused, SyncerLease
 
 pytestmark = pytest.mark.timeout(300)
@@ -295,13 +296,17 @@ def _payloads(store, directory: str) -> list[str]:
     return [k for k in store.blobs.list(directory + "/") if k.endswith(".npz")]
 
 
-def test_retention_deletes_what_left_the_window_and_a_new_syncer_carries_on(tmp_path):
+def test_retention_deletes_what_left_the_window_and_a_new_syncer_carries_on(tmp_path,
+                                                                          monkeypatch):
     """keep 2 versions per fragment and 2 rounds of contributions: after 8 rounds (P = 2, so
     versions 0..4 of each fragment) the arrays of versions 1-2 and of rounds 0-5 are gone,
-    every manifest and record stays, an offer based on a pruned version is refused with the
+    every manifest and record stays (the records of rounds 0-3 packed into archive blocks of
+    2 rounds, read from there), an offer based on a pruned version is refused with the
     reason, and the next syncer resumes from the retention record."""
-    from resources.store import layout
+    from resources.store import layout, round_archive
     from resources.store.artifact_store import Pruned
+
+    monkeypatch.setattr(round_archive, "BLOCK_ROUNDS", 2)
 
     keep = ["orchestration.keep_global_versions=2", "orchestration.keep_contribution_rounds=2"]
     with dg.instance_for_test() as instance:
@@ -322,7 +327,15 @@ def test_retention_deletes_what_left_the_window_and_a_new_syncer_carries_on(tmp_
         assert all(store.list_contributions(r) == ["learner-0", "learner-1"] for r in range(8))
         assert list(store.get_decision(0).members) == ["learner-0", "learner-1"]
         assert store.get_retention() == {"versions_from": [3, 3], "rounds_from": 6}
-        assert service.record()["pruned_objects"] == 2 * 2 * 2 + 6 * 2
+        # Rounds 0-5 are pruned: three blocks packed, four steps a merge, so the last merge
+        # sealed rounds 4-5 and left round 5's records to delete at the next one.
+        assert store.archive.pointer() == {"through": 6, "cleaned": 5}
+        assert [r for r in range(8) if store.blobs.list(layout.round_dir(exp, r) + "/")] == [
+            5, 6, 7]
+        assert service.record()["pruned_objects"] > 2 * 2 * 2 + 6 * 2      # and the records
+        fresh = ArtifactStore(store.blobs, exp)
+        assert [fresh.list_contributions(r) for r in range(8)] == [["learner-0", "learner-1"]] * 8
+        assert [fresh.get_decision(r).round for r in range(8)] == list(range(8))
 
         # Round 8 (fragment 0, current version 4): learner-2's offer is based on version 2,
         # whose arrays are gone: refused with the reason; the others merge.

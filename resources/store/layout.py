@@ -13,6 +13,11 @@
     experiments/{exp}/rounds/r{round:08d}/decision.json            the quorum decision record
     experiments/{exp}/rounds/r{round:08d}/PRUNED                   its contributions' arrays were
                                                                    deleted (manifests stay)
+    experiments/{exp}/rounds/archive/b{first:08d}.json.gz         the records of a block of rounds
+                                                                   beyond retention, compacted
+                                                                   (`round_archive.py`)
+    experiments/{exp}/rounds/ARCHIVED                              rounds below it: read from
+                                                                   their block (moves)
     experiments/{exp}/evals/r{round:08d}.json                      held-out eval of that round
     experiments/{exp}/learners/{learner}/checkpoints/              Orbax CheckpointManager
     experiments/{exp}/learners/{learner}/heartbeat.json            its latest progress (moves)
@@ -104,6 +109,18 @@ def _index(value: int, kind: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ValueError(f"{kind} must be an integer >= 0, got {value!r}")
     return value
+
+
+def rounds_dir(exp: str) -> str:
+    return f"{experiment(exp)}/rounds"
+
+
+def archive_block(exp: str, first_round: int) -> str:
+    return f"{experiment(exp)}/rounds/archive/b{_index(first_round, 'round'):08d}.json.gz"
+
+
+def archive_pointer(exp: str) -> str:
+    return f"{experiment(exp)}/rounds/ARCHIVED"
 
 
 def open_pointer(exp: str) -> str:

@@ -26,6 +26,7 @@ from diloco_core.syncer_events import OfferDigest
 from resources.store import layout
 from resources.store.array_bundle import sha256
 from resources.store.blobs import BlobNotFound, ListingTooLong
+from resources.store.round_archive import BadBlock, block_of
 from resources.store.store_base import (
     Conflict,
     RejectedArtifact,
@@ -100,6 +101,25 @@ class RoundStore(StoreBase):
         write under that prefix, so the listing is bounded (`LISTED_PER_LEARNER` objects per
         learner of the config): past it, each learner of the experiment is looked up on its
         own instead, and the reason is logged (`listing_refusals`)."""
+        if self.archive.holds(round_index):
+            return self._archived_contributions(round_index)
+        listed = self._listed_contributions(round_index)
+        # Archived while we listed (its records deleted under the listing)? The block has them.
+        if self.archive.holds(round_index, ask=True):
+            return self._archived_contributions(round_index)
+        return listed
+
+    def _archived_contributions(self, round_index: int) -> list[str]:
+        try:
+            objects = self.archive.objects(round_index)
+        except BadBlock as err:
+            raise RejectedArtifact(layout.archive_block(
+                self.experiment, block_of(round_index)), str(err)) from None
+        return sorted(key.split("/")[1] for key in objects
+                      if key.startswith("contributions/") and key.count("/") == 2
+                      and key.endswith("/" + layout.MANIFEST))
+
+    def _listed_contributions(self, round_index: int) -> list[str]:
         prefix = layout.contributions_prefix(self.experiment, round_index)
         if prefix not in self.listing_refusals:
             count = len(self.roster() or ()) or MAX_LEARNERS   # no config: the most

@@ -21,6 +21,7 @@ from resources.store.array_bundle import BadBundle, decode_bundle, encode_bundle
 from resources.store.blobs import BlobNotFound, BlobStore, PreconditionFailed
 from resources.store.fan_out import fan_out
 from resources.store.names import check_name
+from resources.store.round_archive import BadBlock, RoundArchive
 from resources.store.summary_records import M, SummaryRecordError, parse_record
 
 FORMAT = 1
@@ -69,6 +70,41 @@ class StoreBase:
         self._roster: tuple[str, ...] | None = None        # the config's learners, once read
         # Prefixes whose listing went past its bound -> why (logged once per prefix).
         self.listing_refusals: dict[str, str] = {}
+        self.archive = RoundArchive(blobs, self.experiment)
+
+    def _read_bytes(self, key: str) -> bytes:
+        """The object's bytes, from its round's archive block once the round is archived
+        (`round_archive.py`); `BlobNotFound` if absent."""
+        where = self.archive.round_of(key)
+        if where is not None and self.archive.holds(where[0]):
+            return self._archived(key)
+        try:
+            return self.blobs.read(key)
+        except BlobNotFound:
+            # Archived (and deleted) since the pointer was last read?
+            if where is not None and self.archive.holds(where[0], ask=True):
+                return self._archived(key)
+            raise
+
+    def _exists(self, key: str) -> bool:
+        where = self.archive.round_of(key)
+        if where is None or not self.archive.holds(where[0]):
+            if self.blobs.info(key) is not None:
+                return True
+            if where is None or not self.archive.holds(where[0], ask=True):
+                return False
+        try:
+            self._archived(key)
+        except BlobNotFound:
+            return False
+        return True
+
+    def _archived(self, key: str) -> bytes:
+        try:
+            return self.archive.read(key)
+        except BadBlock as err:
+            raise RejectedArtifact(key, f"its round's archive block is unusable: {err}") \
+                from None
 
     def _write_once(self, key: str, data: bytes) -> None:
         """Create `key`; if it exists with the same bytes, fine; if different, `Conflict`."""
@@ -89,7 +125,7 @@ class StoreBase:
     def _read_json_with_digest(self, key: str) -> tuple[dict, str] | None:
         """The record and the SHA-256 of the bytes it was parsed from."""
         try:
-            data = self.blobs.read(key)
+            data = self._read_bytes(key)
         except BlobNotFound:
             return None
         if len(data) > MAX_RECORD_BYTES:
@@ -193,7 +229,7 @@ class StoreBase:
 
     def _raise_if_pruned(self, directory: str, what: str) -> None:
         marker = f"{directory}/{layout.PRUNED}"
-        if self.blobs.info(marker) is not None:
+        if self._exists(marker):
             record = self._read_json(marker) or {}
             raise Pruned(f"{what} was deleted by retention ({record.get('reason', 'no reason')})")
 
