@@ -15,7 +15,7 @@ While the quorum sensor stands in for a dead syncer nothing is pruned; the next 
 catches up.
 
 The records of pruned rounds are then packed, a block of rounds at a time, into one archive
-object each, and deleted (`resources/store/round_archive.py`; `ARCHIVE_STEPS_PER_MERGE`):
+object each, and deleted (`resources/store/record_archive.py`; `ARCHIVE_STEPS_PER_MERGE`):
 readers find them there, and the store holds a fixed number of objects per round in flight
 instead of twenty per round ever run.
 """
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from diloco_core.config import ExperimentConfig
 from resources.store.artifact_store import ArtifactStore, Conflict
-from resources.store.round_archive import RoundArchiver
+from resources.store.record_archive import RecordArchiver
 
 MAX_PRUNES_PER_MERGE = 8
 # Rounds packed into archive blocks, or their records deleted once packed, per merge: a round
@@ -38,9 +38,10 @@ class Retention:
     cfg: ExperimentConfig
     versions_from: list[int]    # per fragment: every version below it has been pruned
     rounds_from: int            # every round below it has been pruned
-    # Packs the records of pruned rounds into blocks (`round_archive.py`); None when rounds
-    # are kept whole (keep_contribution_rounds = 0).
-    archiver: RoundArchiver | None = None
+    # Pack the records of pruned rounds (of each fragment's pruned versions) into blocks
+    # (`record_archive.py`); None when they are kept whole (keep_... = 0).
+    archiver: RecordArchiver | None = None
+    version_archivers: list[RecordArchiver] | None = None
 
     @classmethod
     def resume(cls, store: ArtifactStore, cfg: ExperimentConfig) -> "Retention":
@@ -52,10 +53,13 @@ class Retention:
         if not (isinstance(versions, list) and len(versions) == num
                 and all(_count(v) for v in versions)):
             versions = [1] * num
-        archiver = (RoundArchiver(store.archive, cfg.learners.learner_names)
-                    if cfg.orchestration.keep_contribution_rounds else None)
+        orch = cfg.orchestration
+        archiver = (RecordArchiver(store.archive, cfg.learners.learner_names)
+                    if orch.keep_contribution_rounds else None)
+        version_archivers = ([RecordArchiver(store.version_archive(p)) for p in range(num)]
+                             if orch.keep_global_versions else None)
         return cls(store, cfg, [max(1, v) for v in versions],
-                   rounds if _count(rounds) else 0, archiver)
+                   rounds if _count(rounds) else 0, archiver, version_archivers)
 
     def after_merge(self, fragment: int, version: int, round_index: int) -> int:
         """Prune what the commit of `version` of `fragment` for `round_index` pushed out of
@@ -84,6 +88,9 @@ class Retention:
                                       "rounds_from": self.rounds_from})
         if self.archiver is not None:
             deleted += self.archiver.step(self.rounds_from, ARCHIVE_STEPS_PER_MERGE)
+        if self.version_archivers is not None:
+            deleted += self.version_archivers[fragment].step(self.versions_from[fragment],
+                                                             ARCHIVE_STEPS_PER_MERGE)
         return deleted
 
 

@@ -277,6 +277,11 @@ def test_a_local_delete_keeps_the_keys_lock_file_unless_it_forgets_the_key(tmp_p
     assert sorted(p.name for p in (tmp_path / "store" / "d").iterdir()) == [".kept.lock"]
     # A plain delete keeps the counter: the key created again gets a generation it never had.
     assert blobs.write("d/kept", b"y").generation == 4
+    # The last key of a directory forgotten, the directories it emptied go too.
+    blobs.write("r/r00000001/contributions/l0/delta.npz", b"x")
+    blobs.write("r/r00000002/decision.json", b"x")
+    blobs.delete("r/r00000001/contributions/l0/delta.npz", forget=True)
+    assert sorted(p.name for p in (tmp_path / "store" / "r").iterdir()) == ["r00000002"]
 
 
 FORGET_RACER = """
@@ -288,22 +293,23 @@ while not os.path.exists(go):  # start together
 owned, clashes, deadline = 0, 0, time.monotonic() + float(sys.argv[4])
 while time.monotonic() < deadline:
     try:
-        blobs.write("slot", me, if_generation=0)
+        blobs.write("a/b/slot", me, if_generation=0)
     except PreconditionFailed:
         continue
     owned += 1
-    if blobs.read("slot") != me:      # another create won over an object that existed
+    if blobs.read("a/b/slot") != me:      # another create won over an object that existed
         clashes += 1
-    blobs.delete("slot", forget=True)
+    blobs.delete("a/b/slot", forget=True)     # and its directories with it
 print(owned, clashes)
 """
 
 
 def test_forgetting_a_key_never_lets_two_processes_hold_its_lock(tmp_path):
     """Processes race to create one key only if absent, then delete it forgetting the key
-    (its lock file removed): while one holds the object no other create may succeed. A
-    process that opened the lock file just before it was removed must not lock that orphan
-    while another locks the new file: both would see the key absent and both would create."""
+    (its lock file removed, and its emptied directories): while one holds the object no other
+    create may succeed. A process that opened the lock file just before it was removed must
+    not lock that orphan while another locks the new file: both would see the key absent and
+    both would create. A writer whose directory was just removed makes it again."""
     import subprocess
     import sys
 

@@ -303,10 +303,10 @@ def test_retention_deletes_what_left_the_window_and_a_new_syncer_carries_on(tmp_
     every manifest and record stays (the records of rounds 0-3 packed into archive blocks of
     2 rounds, read from there), an offer based on a pruned version is refused with the
     reason, and the next syncer resumes from the retention record."""
-    from resources.store import layout, round_archive
+    from resources.store import layout, record_archive
     from resources.store.artifact_store import Pruned
 
-    monkeypatch.setattr(round_archive, "BLOCK_ROUNDS", 2)
+    monkeypatch.setattr(record_archive, "BLOCK_ROUNDS", 2)
 
     keep = ["orchestration.keep_global_versions=2", "orchestration.keep_contribution_rounds=2"]
     with dg.instance_for_test() as instance:
@@ -336,6 +336,14 @@ def test_retention_deletes_what_left_the_window_and_a_new_syncer_carries_on(tmp_
         fresh = ArtifactStore(store.blobs, exp)
         assert [fresh.list_contributions(r) for r in range(8)] == [["learner-0", "learner-1"]] * 8
         assert [fresh.get_decision(r).round for r in range(8)] == list(range(8))
+        # Versions 1-2 are pruned: each fragment's block of versions 0-1 is packed (version
+        # 0, the initial parameters, stays in place), and reads the same.
+        assert [store.version_archive(p).pointer()["through"] for p in range(2)] == [2, 2]
+        assert not store.blobs.list(layout.version_dir(exp, 0, 1) + "/")
+        assert fresh.versions(0) == [0, 1, 2, 3, 4] and fresh.version_meta(0, 1).round == 0
+        with pytest.raises(Pruned, match="keep_global_versions=2"):
+            fresh.load_global(0, 1)
+        assert fresh.load_global(0, 0).version == 0
 
         # Round 8 (fragment 0, current version 4): learner-2's offer is based on version 2,
         # whose arrays are gone: refused with the reason; the others merge.

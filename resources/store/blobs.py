@@ -196,10 +196,9 @@ class LocalBlobStore(BlobStore):
 
     def write(self, key: str, data: bytes, *, if_generation: int | None = None) -> BlobInfo:
         path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
         # The bytes go to a temporary file first; only the check, the counter and the rename
         # are under the lock.
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd, tmp = self._temporary(path)
         try:
             with os.fdopen(fd, "wb") as out:
                 out.write(data)
@@ -267,13 +266,41 @@ class LocalBlobStore(BlobStore):
                         raise ListingTooLong(prefix, limit)
         return sorted(keys)
 
+    def _temporary(self, path: Path) -> tuple[int, str]:
+        """A new temporary file beside `path`, its directories made. The directory can vanish
+        between the two (a forgetting delete took the last object out of it): made again."""
+        for _ in range(100):
+            try:
+                # mkdir itself races a removal (it can find the directory made, then gone).
+                path.parent.mkdir(parents=True, exist_ok=True)
+                return tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            except (FileNotFoundError, FileExistsError):
+                continue
+        raise OSError(f"{path.parent}: removed again each time it was made")
+
     def delete(self, key: str, *, forget: bool = False) -> None:
         path = self._path(key)
         if not path.exists():
             return  # absent at this instant: done, and no lock file left behind
-        with self._mutating(key, path) as (current, bump, drop_lock):
-            if current:
-                bump()
-                path.unlink()
-            if forget:
-                drop_lock()
+        try:
+            with self._mutating(key, path) as (current, bump, drop_lock):
+                if current:
+                    bump()
+                    path.unlink()
+                if forget:
+                    drop_lock()
+        except FileNotFoundError:
+            return  # its directory went with another key's forgetting delete: gone too
+        if forget:
+            self._remove_empty_directories(path.parent)
+
+    def _remove_empty_directories(self, directory: Path) -> None:
+        """A forgotten key leaves nothing behind, not even its directories once they are empty
+        (a round's: eighteen a round, an inode each, for ever). A writer's temporary file
+        keeps a directory in use from being removed; one made again is `_temporary`'s."""
+        while directory != self.root and self.root in directory.parents:
+            try:
+                directory.rmdir()
+            except OSError:       # not empty (or gone): its parents are not empty either
+                return
+            directory = directory.parent

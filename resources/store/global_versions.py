@@ -41,9 +41,15 @@ class GlobalVersions(StoreBase):
         return None if pointer is None else int(pointer["version"])
 
     def versions(self, fragment: int) -> list[int]:
+        """The committed versions: those in place (a listing) and the archived ones (every
+        version from 1 up to the archive's pointer: only pruned versions are archived, and
+        versions below the current one are contiguous). The pointer is asked again after the
+        listing: a version deleted under it had been archived before."""
         prefix = layout.fragment_dir(self.experiment, fragment) + "/v"
-        return sorted(int(key[len(prefix):].split("/")[0]) for key in self.blobs.list(prefix)
-                      if key.endswith("/" + layout.MANIFEST))
+        live = {int(key[len(prefix):].split("/")[0]) for key in self.blobs.list(prefix)
+                if key.endswith("/" + layout.MANIFEST)}
+        archive = self.version_archive(fragment)
+        return sorted(live | set(range(archive.family.first, archive.through(ask=True))))
 
     def commit_global(self, fragment: int, version: int, params: Mapping[str, Any],
                       outer_state: Any, meta: StoredMerge | Mapping[str, Any] | None = None,

@@ -6,6 +6,8 @@
     experiments/{exp}/global/f{p:03d}/v{ver:08d}/params-{sha}.npz  fragment values
     experiments/{exp}/global/f{p:03d}/v{ver:08d}/outer-{sha}.npz   outer-optimizer state
     experiments/{exp}/global/f{p:03d}/v{ver:08d}/PRUNED            its arrays were deleted
+    experiments/{exp}/global/f{p:03d}/archive/b{first:08d}.json.gz  pruned versions' records,
+    experiments/{exp}/global/f{p:03d}/ARCHIVED                       compacted (as rounds')
     experiments/{exp}/rounds/r{round:08d}/contributions/{learner}/manifest.json   commit point
     experiments/{exp}/rounds/r{round:08d}/contributions/{learner}/delta-{sha}.npz
     experiments/{exp}/rounds/OPEN                                  the newest opened round (moves)
@@ -15,7 +17,7 @@
                                                                    deleted (manifests stay)
     experiments/{exp}/rounds/archive/b{first:08d}.json.gz         the records of a block of rounds
                                                                    beyond retention, compacted
-                                                                   (`round_archive.py`)
+                                                                   (`record_archive.py`)
     experiments/{exp}/rounds/ARCHIVED                              rounds below it: read from
                                                                    their block (moves)
     experiments/{exp}/evals/r{round:08d}.json                      held-out eval of that round
@@ -113,14 +115,6 @@ def _index(value: int, kind: str) -> int:
 
 def rounds_dir(exp: str) -> str:
     return f"{experiment(exp)}/rounds"
-
-
-def archive_block(exp: str, first_round: int) -> str:
-    return f"{experiment(exp)}/rounds/archive/b{_index(first_round, 'round'):08d}.json.gz"
-
-
-def archive_pointer(exp: str) -> str:
-    return f"{experiment(exp)}/rounds/ARCHIVED"
 
 
 def open_pointer(exp: str) -> str:

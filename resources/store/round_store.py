@@ -26,7 +26,7 @@ from diloco_core.syncer_events import OfferDigest
 from resources.store import layout
 from resources.store.array_bundle import sha256
 from resources.store.blobs import BlobNotFound, ListingTooLong
-from resources.store.round_archive import BadBlock, block_of
+from resources.store.record_archive import BadBlock, block_of
 from resources.store.store_base import (
     Conflict,
     RejectedArtifact,
@@ -113,8 +113,8 @@ class RoundStore(StoreBase):
         try:
             objects = self.archive.objects(round_index)
         except BadBlock as err:
-            raise RejectedArtifact(layout.archive_block(
-                self.experiment, block_of(round_index)), str(err)) from None
+            raise RejectedArtifact(self.archive.family.block(block_of(round_index)),
+                                   str(err)) from None
         return sorted(key.split("/")[1] for key in objects
                       if key.startswith("contributions/") and key.count("/") == 2
                       and key.endswith("/" + layout.MANIFEST))

@@ -21,7 +21,7 @@ from resources.store.array_bundle import BadBundle, decode_bundle, encode_bundle
 from resources.store.blobs import BlobNotFound, BlobStore, PreconditionFailed
 from resources.store.fan_out import fan_out
 from resources.store.names import check_name
-from resources.store.round_archive import BadBlock, RoundArchive
+from resources.store.record_archive import BadBlock, Family, RecordArchive
 from resources.store.summary_records import M, SummaryRecordError, parse_record
 
 FORMAT = 1
@@ -70,41 +70,62 @@ class StoreBase:
         self._roster: tuple[str, ...] | None = None        # the config's learners, once read
         # Prefixes whose listing went past its bound -> why (logged once per prefix).
         self.listing_refusals: dict[str, str] = {}
-        self.archive = RoundArchive(blobs, self.experiment)
+        # Records beyond retention, packed into blocks (`record_archive.py`): the rounds', and
+        # each fragment's versions' (made when first asked for).
+        self.archive = RecordArchive(blobs, self.experiment, Family.rounds(self.experiment))
+        self._version_archives: dict[int, RecordArchive] = {}
+        self._global_prefix = layout.experiment(self.experiment) + "/global/f"
+
+    def version_archive(self, fragment: int) -> RecordArchive:
+        if fragment not in self._version_archives:
+            self._version_archives[fragment] = RecordArchive(
+                self.blobs, self.experiment, Family.versions(self.experiment, fragment))
+        return self._version_archives[fragment]
+
+    def _archive_of(self, key: str) -> tuple[RecordArchive, int] | None:
+        """The archive that may hold `key` and its round (version), None for other keys."""
+        archive = self.archive
+        if key.startswith(self._global_prefix):
+            fragment = key[len(self._global_prefix):].split("/", 1)[0]
+            if not (len(fragment) == 3 and fragment.isdigit()):
+                return None
+            archive = self.version_archive(int(fragment))
+        where = archive.index_of(key)
+        return None if where is None else (archive, where[0])
 
     def _read_bytes(self, key: str) -> bytes:
-        """The object's bytes, from its round's archive block once the round is archived
-        (`round_archive.py`); `BlobNotFound` if absent."""
-        where = self.archive.round_of(key)
-        if where is not None and self.archive.holds(where[0]):
-            return self._archived(key)
+        """The object's bytes, from its archive block once its round (version) is archived;
+        `BlobNotFound` if absent."""
+        where = self._archive_of(key)
+        if where is not None and where[0].holds(where[1]):
+            return self._archived(where[0], key)
         try:
             return self.blobs.read(key)
         except BlobNotFound:
             # Archived (and deleted) since the pointer was last read?
-            if where is not None and self.archive.holds(where[0], ask=True):
-                return self._archived(key)
+            if where is not None and where[0].holds(where[1], ask=True):
+                return self._archived(where[0], key)
             raise
 
     def _exists(self, key: str) -> bool:
-        where = self.archive.round_of(key)
-        if where is None or not self.archive.holds(where[0]):
+        where = self._archive_of(key)
+        if where is None or not where[0].holds(where[1]):
             if self.blobs.info(key) is not None:
                 return True
-            if where is None or not self.archive.holds(where[0], ask=True):
+            if where is None or not where[0].holds(where[1], ask=True):
                 return False
         try:
-            self._archived(key)
+            self._archived(where[0], key)
         except BlobNotFound:
             return False
         return True
 
-    def _archived(self, key: str) -> bytes:
+    @staticmethod
+    def _archived(archive: RecordArchive, key: str) -> bytes:
         try:
-            return self.archive.read(key)
+            return archive.read(key)
         except BadBlock as err:
-            raise RejectedArtifact(key, f"its round's archive block is unusable: {err}") \
-                from None
+            raise RejectedArtifact(key, f"its archive block is unusable: {err}") from None
 
     def _write_once(self, key: str, data: bytes) -> None:
         """Create `key`; if it exists with the same bytes, fine; if different, `Conflict`."""

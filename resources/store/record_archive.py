@@ -1,15 +1,17 @@
-"""Round records beyond retention, compacted: one object per block of rounds.
+"""Records beyond retention, compacted: one object per block of rounds (or of versions).
 
 Retention deletes a round's arrays and keeps its records (the open record, the decision, the
 not-merged record, each offer's manifest, the PRUNED marker): about twenty objects a round
 that nothing deletes, 50 million a month at a round a second, and a listing of `rounds/` that
-never stops growing. Once every round of a block (`BLOCK_ROUNDS`) has been pruned, the syncer
-packs the block's records into one compressed object, `rounds/archive/b{first}.json.gz`
-(each record's exact bytes, so a decision's digest of a manifest still matches it), moves the
-`rounds/ARCHIVED` pointer past the block, and only then deletes the records it packed.
+never stops growing; and so for each global version (its manifest and PRUNED marker). Once
+every round of a block (`BLOCK_ROUNDS`) has been pruned, the syncer packs the block's records
+into one compressed object, `rounds/archive/b{first}.json.gz` (each record's exact bytes, so a
+decision's digest of a manifest still matches it), moves the `rounds/ARCHIVED` pointer past
+the block, and only then deletes the records it packed. A fragment's versions go the same way
+under `global/f{p}/` (`Family`); version 0, the initial parameters, is never pruned and stays.
 
-Readers do not change: `StoreBase` reads a round's record from its block once the pointer
-covers the round. A reader that found a record absent, or listed a round's offers, while the
+Readers do not change: `StoreBase` reads a round's (a version's) record from its block once
+the pointer covers it. A reader that found a record absent, or listed a round's offers, while the
 pointer was behind asks the pointer again: the records are deleted only after the pointer
 moved, so if the pointer still does not cover the round, the read saw them all.
 
@@ -26,6 +28,7 @@ import re
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from resources.store import layout
 from resources.store.blobs import BlobNotFound, BlobStore, ListingTooLong, PreconditionFailed
@@ -36,52 +39,94 @@ FORMAT = 1
 MAX_BLOCK_BYTES = 64 * 2**20         # inflated; a block of 64 rounds of 16 learners is ~4 MB
 MAX_OBJECTS_LISTED = 4096            # under one round's directory, whoever wrote them
 _CACHED_BLOCKS = 2                   # a reader walks rounds in order: the block it is in, and one
-_ROUND_KEY = re.compile(r"r(\d{8})/(.+)")
 
 
 class BadBlock(ValueError):
     """An archive block that cannot be used; the message says why."""
 
 
-def block_of(round_index: int) -> int:
-    return round_index - round_index % BLOCK_ROUNDS
+def block_of(index: int) -> int:
+    return index - index % BLOCK_ROUNDS
 
 
-class RoundArchive:
-    """The reader's side: which rounds are archived (the pointer, cached and asked again when a
-    read needs it) and their records (the last blocks read, decoded)."""
+@dataclass(frozen=True)
+class Family:
+    """Numbered directories archived together: `{directory}/{letter}{index:08d}/...`, the
+    pointer and the blocks beside them. `first`: the lowest index ever archived."""
 
-    def __init__(self, blobs: BlobStore, experiment: str):
-        self.blobs, self.experiment = blobs, experiment
-        self._prefix = layout.rounds_dir(experiment) + "/"
+    directory: str
+    letter: str
+    first: int = 0
+
+    @classmethod
+    def rounds(cls, experiment: str) -> "Family":
+        return cls(layout.rounds_dir(experiment), "r")
+
+    @classmethod
+    def versions(cls, experiment: str, fragment: int) -> "Family":
+        return cls(layout.fragment_dir(experiment, fragment), "v", first=1)
+
+    @property
+    def pointer(self) -> str:
+        return f"{self.directory}/ARCHIVED"
+
+    def block(self, first: int) -> str:
+        return f"{self.directory}/archive/b{first:08d}.json.gz"
+
+    def entry(self, index: int) -> str:
+        """The directory of one round (version), relative to `directory`."""
+        return f"{self.letter}{index:08d}"
+
+    @property
+    def pattern(self) -> re.Pattern:
+        return re.compile(self.letter + r"(\d{8})/(.+)")
+
+
+class RecordArchive:
+    """The reader's side: which rounds (versions) are archived (the pointer, cached and asked
+    again when a read needs it) and their records (the last blocks read, decoded)."""
+
+    def __init__(self, blobs: BlobStore, experiment: str, family: Family):
+        self.blobs, self.experiment, self.family = blobs, experiment, family
+        self._prefix = family.directory + "/"
+        self._pattern = family.pattern
         self._through: int | None = None   # rounds below it are archived (the pointer, as
         #                                      last read; None: not read yet)
         self._blocks: OrderedDict[int, dict[str, bytes]] = OrderedDict()
-        # Set in the process that moves the pointer (the syncer's `RoundArchiver`): its cached
+        # Set in the process that moves the pointer (the syncer's `RecordArchiver`): its cached
         # pointer is the pointer, so its reads never ask again (none on its hot path).
         self.owned = False
 
-    def round_of(self, key: str) -> tuple[int, str] | None:
-        """(round, key inside the round's directory) for a key of a round's records."""
+    def index_of(self, key: str) -> tuple[int, str] | None:
+        """(round or version, key inside its directory) for a key of this family's records."""
         if not key.startswith(self._prefix):
             return None
-        match = _ROUND_KEY.fullmatch(key[len(self._prefix):])
+        match = self._pattern.fullmatch(key[len(self._prefix):])
         return None if match is None else (int(match.group(1)), match.group(2))
 
     def holds(self, round_index: int, *, ask: bool = False) -> bool:
-        """Whether the round's records live in its block; `ask`: read the pointer first
-        unless the cached one already covers the round."""
-        if self._through is None or (ask and not self.owned and round_index >= self._through):
-            # Read once before the first answer: a record found in place is trusted only for
-            # a round the pointer did not cover then (a write into an archived round is junk).
+        """Whether the round's (version's) records live in its block; `ask`: read the pointer
+        first unless the cached one already covers it."""
+        if round_index < self.family.first:
+            return False
+        through = self.through()
+        if ask and round_index >= through:
+            through = self.through(ask=True)
+        return round_index < through
+
+    def through(self, *, ask: bool = False) -> int:
+        """Every index below it (from `family.first`) is archived. Read once before the first
+        answer: a record found in place is trusted only for an index the pointer did not
+        cover then (a write into an archived round is junk); `ask`: read again."""
+        if self._through is None or (ask and not self.owned):
             self._through = max(self._through or 0, self.pointer()["through"])
-        return round_index < self._through
+        return self._through
 
     def pointer(self) -> dict:
         """{"through": rounds below it archived, "cleaned": rounds below it deleted live};
         an absent or malformed pointer reads as nothing archived."""
         try:
-            raw = json.loads(self.blobs.read(layout.archive_pointer(self.experiment)))
+            raw = json.loads(self.blobs.read(self.family.pointer))
         except (BlobNotFound, ValueError, RecursionError):
             return {"through": 0, "cleaned": 0}
         through, cleaned = (raw.get("through"), raw.get("cleaned")) if isinstance(
@@ -95,37 +140,40 @@ class RoundArchive:
         first = block_of(round_index)
         block = self._blocks.get(first)
         if block is None:
-            key = layout.archive_block(self.experiment, first)
+            key = self.family.block(first)
             try:
                 data = self.blobs.read(key)
             except BlobNotFound:
                 raise BadBlock(f"{key}: missing, and the rounds it holds are archived") from None
-            block = decode_block(data, self.experiment, first)
+            block = decode_block(data, self.experiment, self.family, first)
             self._blocks[first] = block
             while len(self._blocks) > _CACHED_BLOCKS:
                 self._blocks.popitem(last=False)
         self._blocks.move_to_end(first)
-        head = f"r{round_index:08d}/"
+        head = self.family.entry(round_index) + "/"
         return {k[len(head):]: v for k, v in block.items() if k.startswith(head)}
 
     def read(self, key: str) -> bytes:
-        round_index, inner = self.round_of(key)
+        round_index, inner = self.index_of(key)
         try:
             return self.objects(round_index)[inner]
         except KeyError:
             raise BlobNotFound(key) from None
 
 
-def encode_block(experiment: str, first: int, objects: dict[str, bytes]) -> bytes:
+def encode_block(experiment: str, family: Family, first: int,
+                 objects: dict[str, bytes]) -> bytes:
     """The block object: every record's bytes kept exactly (latin-1 maps bytes to characters one
     to one), gzip-compressed (mtime 0: the same records make the same bytes, so a retried
     write of a block finds its own)."""
-    body = {"format": FORMAT, "experiment": experiment, "first": first, "rounds": BLOCK_ROUNDS,
+    body = {"format": FORMAT, "experiment": experiment, "directory": family.directory,
+            "first": first, "rounds": BLOCK_ROUNDS,
             "objects": {k: v.decode("latin-1") for k, v in sorted(objects.items())}}
     return gzip.compress(json.dumps(body, sort_keys=True).encode(), mtime=0)
 
 
-def decode_block(data: bytes, experiment: str, first: int) -> dict[str, bytes]:
+def decode_block(data: bytes, experiment: str, family: Family, first: int
+                 ) -> dict[str, bytes]:
     """The records of a block, checked: `BadBlock` says what is wrong."""
     inflater = zlib.decompressobj(wbits=31)      # gzip framing
     try:
@@ -138,17 +186,17 @@ def decode_block(data: bytes, experiment: str, first: int) -> dict[str, bytes]:
         body = json.loads(raw)
     except (ValueError, RecursionError) as err:
         raise BadBlock(f"block b{first:08d}: not valid JSON ({str(err)[:100]})") from None
-    expected = {"format": FORMAT, "experiment": experiment, "first": first,
-                "rounds": BLOCK_ROUNDS}
+    expected = {"format": FORMAT, "experiment": experiment, "directory": family.directory,
+                "first": first, "rounds": BLOCK_ROUNDS}
     if not isinstance(body, dict) or any(body.get(k) != v for k, v in expected.items()):
-        raise BadBlock(f"block b{first:08d}: not the block of rounds {first}-"
-                       f"{first + BLOCK_ROUNDS - 1} of experiment {experiment!r}")
+        raise BadBlock(f"block b{first:08d}: not the block of {family.entry(first)}-"
+                       f"{family.entry(first + BLOCK_ROUNDS - 1)} of {family.directory}")
     objects = body.get("objects")
     if not isinstance(objects, dict):
         raise BadBlock(f"block b{first:08d}: objects must be a mapping")
     out = {}
     for key, value in objects.items():
-        match = _ROUND_KEY.fullmatch(key)
+        match = family.pattern.fullmatch(key)
         if match is None or not first <= int(match.group(1)) < first + BLOCK_ROUNDS \
                 or not isinstance(value, str):
             raise BadBlock(f"block b{first:08d}: entry {key[:80]!r} is not a record of its "
@@ -164,21 +212,23 @@ def _count(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-class RoundArchiver:
+class RecordArchiver:
     """The syncer's side: packs each block of pruned rounds, moves the pointer, deletes what it
     packed, a bounded number of rounds per call (`step`), carrying on from the pointer after a
     relaunch. Packing reads every record again: a relaunch midway re-reads the block."""
 
-    def __init__(self, archive: RoundArchive, learners: Iterable[str]):
+    def __init__(self, archive: RecordArchive, learners: Iterable[str] = ()):
         """`archive`: the reader of the store this process reads through, which from now on
         takes its pointer from here."""
         self.archive, self.blobs, self.experiment = archive, archive.blobs, archive.experiment
+        self.family = archive.family
         self.learners = frozenset(learners)
         pointer = archive.pointer()
         self.through, self.cleaned = pointer["through"], min(pointer["cleaned"],
                                                              pointer["through"])
+        self.cleaned = max(self.cleaned, self.family.first)      # version 0 stays
         archive.owned, archive._through = True, self.through
-        self._packing = self.through          # the next round to read into `_packed`
+        self._packing = max(self.through, self.family.first)   # next to read into `_packed`
         self._packed: dict[str, bytes] = {}
 
     def step(self, pruned_below: int, budget: int) -> int:
@@ -201,21 +251,26 @@ class RoundArchiver:
             self._write_pointer()
         return deleted
 
+    def _directory(self, index: int) -> str:
+        return f"{self.family.directory}/{self.family.entry(index)}/"
+
     def _keys(self, round_index: int) -> list[str]:
-        directory = layout.round_dir(self.experiment, round_index) + "/"
+        directory = self._directory(round_index)
         try:
             return self.blobs.list(directory, limit=MAX_OBJECTS_LISTED)
         except ListingTooLong:
             # Junk past the bound: the records are still found by name; the junk stays.
-            names = [layout.decision(self.experiment, round_index),
-                     layout.round_outcome(self.experiment, round_index),
-                     layout.round_open(self.experiment, round_index), directory + layout.PRUNED]
+            names = [directory + layout.MANIFEST, directory + layout.PRUNED]
+            if self.family.letter == "r":
+                names += [layout.decision(self.experiment, round_index),
+                          layout.round_outcome(self.experiment, round_index),
+                          layout.round_open(self.experiment, round_index)]
             names += [f"{directory}contributions/{learner}/{layout.MANIFEST}"
                       for learner in sorted(self.learners)]
             return [key for key in names if self.blobs.info(key) is not None]
 
     def _collect(self, round_index: int) -> dict[str, bytes]:
-        directory = layout.round_dir(self.experiment, round_index) + "/"
+        directory = self._directory(round_index)
         wanted = []
         for key in self._keys(round_index):
             inner = key[len(directory):]
@@ -233,15 +288,15 @@ class RoundArchiver:
                 return None
 
         found = fan_out(read, wanted, self.blobs.read_concurrency)
-        return {f"r{round_index:08d}/{key[len(directory):]}": data
+        return {f"{self.family.entry(round_index)}/{key[len(directory):]}": data
                 for key, data in zip(wanted, found, strict=True) if data is not None}
 
     def _seal(self) -> None:
         """Write the block (create-only: a relaunch that packed it again finds the same
         bytes, or keeps the block an earlier syncer wrote), then move the pointer."""
         first = self.through
-        key = layout.archive_block(self.experiment, first)
-        data = encode_block(self.experiment, first, self._packed)
+        key = self.family.block(first)
+        data = encode_block(self.experiment, self.family, first, self._packed)
         try:
             self.blobs.write(key, data, if_generation=0)
         except PreconditionFailed:
@@ -249,7 +304,7 @@ class RoundArchiver:
             # replace one that is not (every record it should hold is still in place).
             info = self.blobs.info(key)
             try:
-                decode_block(self.blobs.read(key), self.experiment, first)
+                decode_block(self.blobs.read(key), self.experiment, self.family, first)
             except (BadBlock, BlobNotFound):
                 self.blobs.write(key, data, if_generation=0 if info is None else info.generation)
         self.through += BLOCK_ROUNDS
@@ -258,7 +313,7 @@ class RoundArchiver:
         self.archive._through = self.through    # before a record of the block is deleted
 
     def _write_pointer(self) -> None:
-        self.blobs.write(layout.archive_pointer(self.experiment), json.dumps(
+        self.blobs.write(self.family.pointer, json.dumps(
             {"through": self.through, "cleaned": self.cleaned}).encode())
 
     def _clean(self, round_index: int) -> int:

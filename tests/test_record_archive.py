@@ -1,4 +1,4 @@
-"""Round records beyond retention packed into archive blocks (`resources/store/round_archive.py`):
+"""Round records beyond retention packed into archive blocks (`resources/store/record_archive.py`):
 every reader answers as before, from any process, while the archiver deletes under it."""
 
 import dataclasses
@@ -17,7 +17,7 @@ from diloco_core.learner import LearnerSync
 from resources.store import layout
 from resources.store.artifact_store import ArtifactStore, Pruned, RejectedArtifact
 from resources.store.backends import open_blob_store
-from resources.store.round_archive import BLOCK_ROUNDS, RoundArchiver
+from resources.store.record_archive import BLOCK_ROUNDS, Family, RecordArchiver
 
 EXP = "arch"
 LEARNERS = ("learner-0", "learner-1")
@@ -78,7 +78,7 @@ def test_archived_rounds_read_as_before_and_leave_no_objects(store, tmp_path):
     _rounds(store, count, stranger=True)
     before = _answers(store, range(count))
     live_before = len(_live_round_objects(tmp_path / "store"))
-    archiver = RoundArchiver(store.archive, LEARNERS)
+    archiver = RecordArchiver(store.archive, LEARNERS)
     for _ in range(1000):
         archiver.step(count, 4)
     assert (archiver.through, archiver.cleaned) == (2 * BLOCK_ROUNDS, 2 * BLOCK_ROUNDS)
@@ -99,17 +99,44 @@ def test_archived_rounds_read_as_before_and_leave_no_objects(store, tmp_path):
     assert blocks == ["b00000000.json.gz", f"b{BLOCK_ROUNDS:08d}.json.gz"]
 
 
+def test_pruned_versions_are_archived_and_version_0_stays(store, tmp_path):
+    from diloco_core.config import OuterOptConfig
+    from diloco_core.outer import build_outer_optimizer
+
+    tx = build_outer_optimizer(OuterOptConfig())
+    frag = split_params(PARAMS, PLAN)[0]
+    state = tx.init(frag)
+    count = BLOCK_ROUNDS + 3
+    for version in range(count):
+        store.commit_global(0, version, {k: v + version for k, v in frag.items()}, state,
+                            {"round": 2 * version - 2 if version else None})
+    for version in range(1, count - 1):
+        store.prune_version(0, version, "test")
+    metas = [store.version_meta(0, v) for v in range(count)]
+    archiver = RecordArchiver(store.version_archive(0))
+    archiver.step(count - 1, 10_000)
+    assert (archiver.through, archiver.cleaned) == (BLOCK_ROUNDS, BLOCK_ROUNDS)
+    fresh = ArtifactStore(open_blob_store(str(tmp_path / "store")), EXP)
+    assert fresh.versions(0) == list(range(count))
+    assert [fresh.version_meta(0, v) for v in range(count)] == metas
+    with pytest.raises(Pruned, match="fragment 0 version 5 was deleted by retention"):
+        fresh.load_global(0, 5)
+    assert fresh.load_global(0, 0).params.keys() == frag.keys()       # in place, whole
+    left = sorted({k.split("/")[4] for k in fresh.blobs.list(layout.fragment_dir(EXP, 0) + "/v")})
+    assert left == ["v00000000"] + [f"v{v:08d}" for v in range(BLOCK_ROUNDS, count)]
+
+
 def test_a_relaunched_archiver_carries_on_where_the_pointer_says(store, tmp_path):
     count = BLOCK_ROUNDS + 1
     _rounds(store, count)
     before = _answers(store, range(count))
-    first = RoundArchiver(store.archive, LEARNERS)
+    first = RecordArchiver(store.archive, LEARNERS)
     first.step(count, BLOCK_ROUNDS // 2)                         # packed half: nothing written
     assert first.through == 0
-    again = RoundArchiver(ArtifactStore(store.blobs, EXP).archive, LEARNERS)
+    again = RecordArchiver(ArtifactStore(store.blobs, EXP).archive, LEARNERS)
     again.step(count, BLOCK_ROUNDS + 1 + 3)                      # packed, sealed, 3 cleaned
     assert (again.through, again.cleaned) == (BLOCK_ROUNDS, 3)
-    last = RoundArchiver(ArtifactStore(store.blobs, EXP).archive, LEARNERS)
+    last = RecordArchiver(ArtifactStore(store.blobs, EXP).archive, LEARNERS)
     assert (last.through, last.cleaned) == (BLOCK_ROUNDS, 3)
     last.step(count, 1000)
     assert last.cleaned == BLOCK_ROUNDS and _live_round_objects(tmp_path / "store")[0].startswith(
@@ -119,14 +146,14 @@ def test_a_relaunched_archiver_carries_on_where_the_pointer_says(store, tmp_path
 
 def test_nothing_is_archived_before_a_whole_block_is_pruned(store):
     _rounds(store, BLOCK_ROUNDS)
-    archiver = RoundArchiver(store.archive, LEARNERS)
+    archiver = RecordArchiver(store.archive, LEARNERS)
     archiver.step(BLOCK_ROUNDS - 1, 1000)          # round 63 not pruned yet
-    assert archiver.through == 0 and store.blobs.info(layout.archive_pointer(EXP)) is None
+    assert archiver.through == 0 and store.blobs.info(Family.rounds(EXP).pointer) is None
 
 
 def test_a_late_write_into_an_archived_round_is_never_read(store):
     _rounds(store, BLOCK_ROUNDS)
-    RoundArchiver(store.archive, LEARNERS).step(BLOCK_ROUNDS, 1000)
+    RecordArchiver(store.archive, LEARNERS).step(BLOCK_ROUNDS, 1000)
     decision = store.get_decision(7)
     store.blobs.write(layout.decision(EXP, 7), b'{"round": 7, "members": ["x"]}')
     assert ArtifactStore(store.blobs, EXP).get_decision(7) == decision
@@ -134,11 +161,11 @@ def test_a_late_write_into_an_archived_round_is_never_read(store):
 
 def test_an_unusable_block_is_refused_by_name_and_replaced_before_it_counts(store):
     _rounds(store, BLOCK_ROUNDS)
-    key = layout.archive_block(EXP, 0)
+    key = Family.rounds(EXP).block(0)
     # A block someone else put there before the archiver sealed: not used, replaced.
     store.blobs.write(key, gzip.compress(json.dumps({"format": 1, "objects": {}}).encode()))
     before = _answers(store, range(BLOCK_ROUNDS))
-    RoundArchiver(store.archive, LEARNERS).step(BLOCK_ROUNDS, 1000)
+    RecordArchiver(store.archive, LEARNERS).step(BLOCK_ROUNDS, 1000)
     assert _answers(ArtifactStore(store.blobs, EXP), range(BLOCK_ROUNDS)) == before
     # Spoiled after the fact: every read of its rounds is refused, naming the block.
     for body in (b"not gzip", gzip.compress(b"[1]"), gzip.compress(json.dumps(
@@ -191,7 +218,7 @@ def test_a_reader_in_another_process_sees_every_round_while_the_archiver_deletes
                                str(count), json.dumps(expected)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     time.sleep(2.0)                                   # the reader is walking by now
-    archiver = RoundArchiver(ArtifactStore(open_blob_store(str(tmp_path / "store")), EXP).archive,
+    archiver = RecordArchiver(ArtifactStore(open_blob_store(str(tmp_path / "store")), EXP).archive,
                              LEARNERS)
     while archiver.cleaned < count:
         archiver.step(count, 1)
