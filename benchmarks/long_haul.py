@@ -75,12 +75,14 @@ def _proc(pid: int) -> tuple[float, float]:
     return rss_kb / 1024, (int(fields[11]) + int(fields[12])) / ticks
 
 
-def _store_size(root: Path) -> tuple[int, int, dict]:
-    """(objects, bytes, {kind: [objects, bytes]}): a kind is an object's path with its round,
-    version and learner numbers replaced by `N` (`rounds/N/contributions/learner-N/...`)."""
-    objects = size = 0
+def _store_size(root: Path) -> tuple[int, int, dict, int]:
+    """(objects, bytes, {kind: [objects, bytes]}, directories): a kind is an object's path with
+    its round, version and learner numbers replaced by `N` (`rounds/N/contributions/
+    learner-N/...`). Directories are a local store's own cost (an inode each)."""
+    objects = size = directories = 0
     kinds: dict[str, list[int]] = {}
     for dirpath, _, files in os.walk(root):
+        directories += 1
         for f in files:
             try:
                 n = os.stat(os.path.join(dirpath, f)).st_size
@@ -89,7 +91,7 @@ def _store_size(root: Path) -> tuple[int, int, dict]:
             objects, size = objects + 1, size + n
             k = kinds.setdefault(_kind(os.path.relpath(os.path.join(dirpath, f), root)), [0, 0])
             k[0], k[1] = k[0] + 1, k[1] + n
-    return objects, size, kinds
+    return objects, size, kinds, directories
 
 
 def _kind(path: str) -> str:
@@ -181,7 +183,7 @@ def main(argv=None) -> dict:
                 merged += 1
                 if merged % args.sample_every == 0 or merged == args.rounds:
                     rss, cpu = _proc(syncer.pid)
-                    objects, size, kinds = _store_size(root)
+                    objects, size, kinds, directories = _store_size(root)
                     status_started = time.perf_counter()
                     run_status(store)
                     status_s = time.perf_counter() - status_started
@@ -191,6 +193,7 @@ def main(argv=None) -> dict:
                         "rounds": merged, "round": r, "elapsed_s": time.monotonic() - started,
                         "syncer_rss_mb": rss, "syncer_cpu_s": cpu,
                         "store_objects": objects, "store_bytes": size,
+                        "store_directories": directories,
                         "latency_p50_s": _pct(lat, 0.5), "latency_p99_s": _pct(lat, 0.99),
                         "period_median_s": statistics.median(periods),
                         "status_s": status_s})
@@ -198,7 +201,8 @@ def main(argv=None) -> dict:
                     last_kinds = kinds
                     s = samples[-1]
                     print(f"{merged:>7} rounds {s['elapsed_s']:7.0f}s  syncer {rss:6.0f} MB "
-                          f"{cpu:7.1f} cpu-s  store {objects:>8} objects {size / 1e6:8.1f} MB  "
+                          f"{cpu:7.1f} cpu-s  store {objects:>8} objects {size / 1e6:8.1f} MB "
+                          f"{directories:>6} dirs  "
                           f"decision->published p50 {s['latency_p50_s'] * 1e3:5.1f} ms p99 "
                           f"{s['latency_p99_s'] * 1e3:6.1f} ms  round "
                           f"{s['period_median_s'] * 1e3:5.1f} ms  status {status_s * 1e3:.0f} ms",
@@ -221,13 +225,13 @@ def main(argv=None) -> dict:
     later = samples[1:]
     xs = [s["rounds"] for s in later]
     slopes = {k: _slope(xs, [s[k] for s in later]) for k in (
-        "syncer_rss_mb", "store_objects", "store_bytes", "latency_p99_s", "latency_p50_s",
-        "syncer_cpu_s", "status_s")}
+        "syncer_rss_mb", "store_objects", "store_bytes", "store_directories", "latency_p99_s",
+        "latency_p50_s", "syncer_cpu_s", "status_s")}
     last = samples[-1]
     # Projected only for what accumulates; the latencies' slopes are reported as they are.
     month = {k: (None if slopes[k] is None
                  else last[k] + max(0.0, slopes[k]) * (MONTH_ROUNDS - last["rounds"]))
-             for k in ("syncer_rss_mb", "store_objects", "store_bytes")}
+             for k in ("syncer_rss_mb", "store_objects", "store_bytes", "store_directories")}
     report = {
         "benchmark": "long_haul",
         "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
