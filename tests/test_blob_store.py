@@ -216,6 +216,26 @@ def test_local_generations_survive_failed_writes_and_deletes(tmp_path):
     assert not (tmp_path / "never-written").exists()
 
 
+def _race(tmp_path, script: str, *, racers: int, seconds: float) -> list[str]:
+    """Run `script` in `racers` processes on the store at tmp_path/store, started together
+    (argv: store, name, go-file, seconds); their outputs, each checked to have exited 0."""
+    import subprocess
+    import sys
+
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "store"), f"p{k}",
+                               str(go), str(seconds)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for k in range(racers)]
+    time.sleep(0.5)
+    go.touch()
+    outputs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        outputs.append(out)
+    return outputs
+
+
 CAS_RACER = """
 import json, os, sys, time
 from resources.store.blobs import LocalBlobStore, PreconditionFailed
@@ -242,22 +262,9 @@ def test_conditional_writes_racing_from_processes_lose_no_update(tmp_path):
     may succeed only if nobody wrote since its read, so every value is written exactly once
     and the final value counts every success (a write that won against a changed object would
     write a value twice and lose an increment)."""
-    import subprocess
-    import sys
-
     blobs = LocalBlobStore(tmp_path / "store")
     blobs.write("counter", json.dumps({"value": 0}).encode(), if_generation=0)
-    go = tmp_path / "go"
-    racers = [subprocess.Popen([sys.executable, "-c", CAS_RACER, str(tmp_path / "store"),
-                                f"p{k}", str(go), "3"], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True) for k in range(3)]
-    time.sleep(0.5)
-    go.touch()
-    results = []
-    for racer in racers:
-        out, err = racer.communicate(timeout=120)
-        assert racer.returncode == 0, err
-        results.append(json.loads(out))
+    results = [json.loads(out) for out in _race(tmp_path, CAS_RACER, racers=3, seconds=3)]
     won = sorted(pair for r in results for pair in r["won"])
     final = json.loads(blobs.read("counter"))["value"]
     assert [new for _, new in won] == list(range(1, final + 1)), "a value was written twice"
@@ -310,20 +317,9 @@ def test_forgetting_a_key_never_lets_two_processes_hold_its_lock(tmp_path):
     create may succeed. A process that opened the lock file just before it was removed must
     not lock that orphan while another locks the new file: both would see the key absent and
     both would create. A writer whose directory was just removed makes it again."""
-    import subprocess
-    import sys
-
     LocalBlobStore(tmp_path / "store")
-    go = tmp_path / "go"
-    racers = [subprocess.Popen([sys.executable, "-c", FORGET_RACER, str(tmp_path / "store"),
-                                f"p{k}", str(go), "4"], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True) for k in range(4)]
-    time.sleep(0.5)
-    go.touch()
     owned = clashes = 0
-    for racer in racers:
-        out, err = racer.communicate(timeout=120)
-        assert racer.returncode == 0, err
+    for out in _race(tmp_path, FORGET_RACER, racers=4, seconds=4):
         o, c = map(int, out.split())
         owned, clashes = owned + o, clashes + c
     assert owned > 100, "the racers never got going"

@@ -228,3 +228,13 @@ def test_a_reader_in_another_process_sees_every_round_while_the_archiver_deletes
     result = json.loads(out)
     assert result["passes"] >= 2
     assert result["wrong_count"] == 0, result["wrong"]
+
+
+@pytest.mark.parametrize("body", [b"x" * 5000, b"[1]", b'{"through": 63}', b'{"through": -64}',
+                                  b'{"through": true}'])
+def test_a_malformed_pointer_reads_as_nothing_archived(store, body):
+    _rounds(store, 2)
+    store.blobs.write(Family.rounds(EXP).pointer, body)
+    fresh = ArtifactStore(store.blobs, EXP)
+    assert fresh.archive.pointer() == {"through": 0, "cleaned": 0}
+    assert fresh.get_decision(1).round == 1           # read in place

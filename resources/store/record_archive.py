@@ -25,6 +25,7 @@ of anything else is junk a foreign writer left; it is deleted with the rest).
 import gzip
 import json
 import re
+import threading
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -37,6 +38,7 @@ from resources.store.fan_out import fan_out
 BLOCK_ROUNDS = 64
 FORMAT = 1
 MAX_BLOCK_BYTES = 64 * 2**20         # inflated; a block of 64 rounds of 16 learners is ~4 MB
+MAX_POINTER_BYTES = 4096
 MAX_OBJECTS_LISTED = 4096            # under one round's directory, whoever wrote them
 _CACHED_BLOCKS = 2                   # a reader walks rounds in order: the block it is in, and one
 
@@ -93,6 +95,7 @@ class RecordArchive:
         self._through: int | None = None   # rounds below it are archived (the pointer, as
         #                                      last read; None: not read yet)
         self._blocks: OrderedDict[int, dict[str, bytes]] = OrderedDict()
+        self._blocks_lock = threading.Lock()    # the store reads on several threads (`each`)
         # Set in the process that moves the pointer (the syncer's `RecordArchiver`): its cached
         # pointer is the pointer, so its reads never ask again (none on its hot path).
         self.owned = False
@@ -126,7 +129,8 @@ class RecordArchive:
         """{"through": rounds below it archived, "cleaned": rounds below it deleted live};
         an absent or malformed pointer reads as nothing archived."""
         try:
-            raw = json.loads(self.blobs.read(self.family.pointer))
+            data = self.blobs.read(self.family.pointer)
+            raw = json.loads(data) if len(data) <= MAX_POINTER_BYTES else None
         except (BlobNotFound, ValueError, RecursionError):
             return {"through": 0, "cleaned": 0}
         through, cleaned = (raw.get("through"), raw.get("cleaned")) if isinstance(
@@ -138,7 +142,8 @@ class RecordArchive:
     def objects(self, round_index: int) -> dict[str, bytes]:
         """The archived records of one round, by their key inside the round's directory."""
         first = block_of(round_index)
-        block = self._blocks.get(first)
+        with self._blocks_lock:
+            block = self._blocks.get(first)
         if block is None:
             key = self.family.block(first)
             try:
@@ -146,10 +151,11 @@ class RecordArchive:
             except BlobNotFound:
                 raise BadBlock(f"{key}: missing, and the rounds it holds are archived") from None
             block = decode_block(data, self.experiment, self.family, first)
+        with self._blocks_lock:
             self._blocks[first] = block
+            self._blocks.move_to_end(first)
             while len(self._blocks) > _CACHED_BLOCKS:
                 self._blocks.popitem(last=False)
-        self._blocks.move_to_end(first)
         head = self.family.entry(round_index) + "/"
         return {k[len(head):]: v for k, v in block.items() if k.startswith(head)}
 
