@@ -522,8 +522,9 @@ class OrchestrationConfig:
     # older than the newest keep_global_versions of their fragment, and of the contributions
     # to rounds more than keep_contribution_rounds rounds old, are deleted. Manifests and
     # records stay readable (the token ledger and the run summary read them), packed 64 rounds
-    # or versions to an object once pruned; version 0 and the current version stay whole. A merge refuses a contribution whose base version was deleted,
-    # so keep_global_versions also bounds the staleness a merge accepts. 0: keep everything.
+    # or versions to an object once pruned; version 0 and the current version stay whole. A
+    # merge refuses a contribution whose base version was deleted, so keep_global_versions
+    # also bounds the staleness a merge accepts. 0: keep everything.
     keep_global_versions: int = 16      # newest versions per fragment whose arrays stay
     keep_contribution_rounds: int = 64  # newest rounds whose contributions' arrays stay
     # A directory for TensorBoard event files of the per-round figures and evals (written by
