@@ -200,9 +200,9 @@ def decode_block(data: bytes, experiment: str, family: Family, first: int
     objects = body.get("objects")
     if not isinstance(objects, dict):
         raise BadBlock(f"block b{first:08d}: objects must be a mapping")
-    out = {}
+    out, pattern = {}, family.pattern     # compiled once, not per entry
     for key, value in objects.items():
-        match = family.pattern.fullmatch(key)
+        match = pattern.fullmatch(key)
         if match is None or not first <= int(match.group(1)) < first + BLOCK_ROUNDS \
                 or not isinstance(value, str):
             raise BadBlock(f"block b{first:08d}: entry {key[:80]!r} is not a record of its "
