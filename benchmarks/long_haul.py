@@ -49,6 +49,7 @@ from diloco_core.config_loading import config_from_mapping  # noqa: E402
 from pipelines.commands.status import run_status  # noqa: E402
 from pipelines.reporting import code_revision, machine_info  # noqa: E402
 from pipelines.token_ledger import run_ledger  # noqa: E402
+from resources.store.artifact_store import ArtifactStore  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "long_haul.json"
 MONTH_ROUNDS = 30 * 24 * 3600      # the paper's cadence: a fragment round every second
@@ -216,11 +217,19 @@ def main(argv=None) -> dict:
                 except subprocess.TimeoutExpired:
                     os.killpg(syncer.pid, signal.SIGKILL)
             tail = log_path.read_text().splitlines()[-5:]
-        # The end of a run's accounting reads every round's records (decision, merge, each
-        # offer's manifest): timed once, on the store as the haul left it.
+        # The end of a run's accounting, timed on the store as the haul left it, two ways
+        # side by side: the archived rounds' fates from their blocks' digests (what a run
+        # does), and every round's records parsed (decision, merge, each offer's manifest).
+        # Both must give the same ledger.
         ledger_started = time.perf_counter()
-        run_ledger(store, cfg)
+        by_digest = run_ledger(ArtifactStore(store.blobs, store.experiment), cfg)
         ledger_s = time.perf_counter() - ledger_started
+        records_started = time.perf_counter()
+        by_records = run_ledger(ArtifactStore(store.blobs, store.experiment), cfg,
+                                digests=False)
+        records_s = time.perf_counter() - records_started
+        if (by_digest[0].summary(), by_digest[1]) != (by_records[0].summary(), by_records[1]):
+            raise SystemExit("the ledger from the digests differs from the records' ledger")
     # Slopes over the samples after the first (the first holds the start: compiling, warming).
     later = samples[1:]
     xs = [s["rounds"] for s in later]
@@ -250,6 +259,9 @@ def main(argv=None) -> dict:
         "run_ledger_s": ledger_s,
         "run_ledger_s_per_round": ledger_s / max(1, merged),
         "run_ledger_s_month": ledger_s / max(1, merged) * MONTH_ROUNDS,
+        # The same ledger with every round's records parsed (no digests), for comparison.
+        "run_ledger_records_s": records_s,
+        "run_ledger_records_s_per_round": records_s / max(1, merged),
         # What the store holds at the end, by kind of object, largest count first.
         "store_by_kind": dict(sorted(last_kinds.items(), key=lambda kv: -kv[1][0])),
         "store_objects_per_round_by_kind": {
@@ -262,9 +274,11 @@ def main(argv=None) -> dict:
         f"{k} {v:.4g}" for k, v in month.items() if v is not None))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"the run's token ledger read every round in {ledger_s:.1f} s "
-          f"({ledger_s / max(1, merged) * 1e3:.1f} ms a round; a month's rounds: "
-          f"{ledger_s / max(1, merged) * MONTH_ROUNDS / 3600:.1f} h)")
+    print(f"the run's token ledger took {ledger_s:.1f} s "
+          f"({ledger_s / max(1, merged) * 1e3:.2f} ms a round; a month's rounds: "
+          f"{ledger_s / max(1, merged) * MONTH_ROUNDS / 3600:.2f} h); parsing every "
+          f"round's records instead: {records_s:.1f} s "
+          f"({records_s / max(1, merged) * 1e3:.2f} ms a round)")
     print(f"wrote {args.out}")
     return report
 

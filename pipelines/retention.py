@@ -17,12 +17,15 @@ catches up.
 The records of pruned rounds are then packed, a block of rounds at a time, into one archive
 object each, and deleted (`resources/store/record_archive.py`; `ARCHIVE_STEPS_PER_MERGE`):
 readers find them there, and the store holds a fixed number of objects per round in flight
-instead of twenty per round ever run.
+instead of twenty per round ever run. Each block also carries the token ledger's digest of its
+rounds (`pipelines.token_ledger.ledger_digest`), so the ledger at the end of a run reads one
+object per 64 rounds beyond retention instead of parsing every record of each.
 """
 
 from dataclasses import dataclass
 
 from diloco_core.config import ExperimentConfig
+from pipelines.token_ledger import ledger_digest
 from resources.store.artifact_store import ArtifactStore, Conflict
 from resources.store.record_archive import RecordArchiver
 
@@ -54,7 +57,11 @@ class Retention:
                 and all(_count(v) for v in versions)):
             versions = [1] * num
         orch = cfg.orchestration
-        archiver = (RecordArchiver(store.archive, cfg.learners.learner_names)
+        learners = cfg.learners.learner_names
+        # Each block of rounds carries the token ledger's digest of them: a run's ledger then
+        # reads a block's answers instead of every record of its 64 rounds.
+        archiver = (RecordArchiver(store.archive, learners,
+                                   digest=ledger_digest(store, learners))
                     if orch.keep_contribution_rounds else None)
         version_archivers = ([RecordArchiver(store.version_archive(p)) for p in range(num)]
                              if orch.keep_global_versions else None)

@@ -17,7 +17,12 @@ from diloco_core.learner import LearnerSync
 from resources.store import layout
 from resources.store.artifact_store import ArtifactStore, Pruned, RejectedArtifact
 from resources.store.backends import open_blob_store
-from resources.store.record_archive import BLOCK_ROUNDS, Family, RecordArchiver
+from resources.store.record_archive import (
+    BLOCK_ROUNDS,
+    Family,
+    RecordArchiver,
+    encode_block,
+)
 
 EXP = "arch"
 LEARNERS = ("learner-0", "learner-1")
@@ -142,6 +147,38 @@ def test_a_relaunched_archiver_carries_on_where_the_pointer_says(store, tmp_path
     assert last.cleaned == BLOCK_ROUNDS and _live_round_objects(tmp_path / "store")[0].startswith(
         f"r{BLOCK_ROUNDS:08d}/")
     assert _answers(ArtifactStore(store.blobs, EXP), range(count)) == before
+
+
+def test_a_block_carries_its_archivers_digest_of_each_round(store):
+    """The archiver's `digest(round, records)` of each round it packs (given the records it
+    packed, keys inside the round's directory) is stored in the block and read back; a round
+    it cannot digest (None) leaves its block without one, whose records still answer."""
+    _rounds(store, 2 * BLOCK_ROUNDS + 1, stranger=True)
+    given = {}
+
+    def digest(r, records):
+        given[r] = sorted(records)
+        return None if r == BLOCK_ROUNDS + 1 else {"round": r, "offers": len(
+            [k for k in records if k.startswith("contributions/")])}
+
+    RecordArchiver(store.archive, LEARNERS, digest=digest).step(2 * BLOCK_ROUNDS + 1, 10**6)
+    # (the rest of a block past a round without a digest is not asked)
+    assert store.archive.through() == 2 * BLOCK_ROUNDS and sorted(given) == list(
+        range(BLOCK_ROUNDS + 2))
+    assert "contributions/learner-1/manifest.json" in given[1]
+    assert not any("stranger" in k for k in given[1])        # what is packed, not what is there
+    reader = ArtifactStore(store.blobs, EXP)
+    assert reader.archive.digest(0) == {r: {"round": r, "offers": 2}
+                                        for r in range(BLOCK_ROUNDS)}
+    assert reader.archive.digest(BLOCK_ROUNDS) is None
+    assert reader.get_decision(BLOCK_ROUNDS + 1).round == BLOCK_ROUNDS + 1
+
+    # A digest that does not cover its block round for round reads as none.
+    family = Family.rounds(EXP)
+    objects = {f"r{r:08d}/x.json": b"{}" for r in range(BLOCK_ROUNDS)}
+    store.blobs.write(family.block(0), encode_block(
+        EXP, family, 0, objects, {r: {} for r in range(1, BLOCK_ROUNDS)}))
+    assert ArtifactStore(store.blobs, EXP).archive.digest(0) is None
 
 
 def test_nothing_is_archived_before_a_whole_block_is_pruned(store):

@@ -345,6 +345,37 @@ def test_retention_deletes_what_left_the_window_and_a_new_syncer_carries_on(tmp_
             fresh.load_global(0, 1)
         assert fresh.load_global(0, 0).version == 0
 
+        # Each block of rounds carries the token ledger's digest of them: a ledger reads the
+        # fates of rounds 0-5 there, the same answers as from every record (and as the
+        # scripted run: both offers of every round merged), reading rounds 6-7 only.
+        from pipelines.token_ledger import offer_fates
+
+        assert all(store.archive.digest(first) is not None for first in (0, 2, 4))
+        by_records = offer_fates(ArtifactStore(store.blobs, exp), 2, NAMES, [], digests=False)
+        assert by_records[1] == {(r, n): "merged" for r in range(8)
+                                 for n in ("learner-0", "learner-1")}
+        reader, asked = ArtifactStore(store.blobs, exp), []
+        read_decision = reader.get_decision
+        monkeypatch.setattr(reader, "get_decision", lambda r: asked.append(r) or read_decision(r))
+        assert offer_fates(reader, 2, NAMES, [], digests=True) == by_records
+        assert asked == [6, 7]
+        # A digest that does not check (a fate no offer can have) is not used: its block's
+        # records answer, the same.
+        from resources.store.record_archive import encode_block, read_block
+
+        family = store.archive.family
+        block = read_block(store.blobs.read(family.block(0)), exp, family, 0)
+        entry = block.digest[0]
+        forged = {**entry, "offers": {**entry["offers"], "learner-0": {
+            **entry["offers"]["learner-0"], "fate": "stolen"}}}
+        store.blobs.write(family.block(0), encode_block(exp, family, 0, block.objects,
+                                                        {**block.digest, 0: forged}))
+        reader, asked = ArtifactStore(store.blobs, exp), []
+        read_decision = reader.get_decision
+        monkeypatch.setattr(reader, "get_decision", lambda r: asked.append(r) or read_decision(r))
+        assert offer_fates(reader, 2, NAMES, [], digests=True) == by_records
+        assert asked == [0, 1, 6, 7]
+
         # Round 8 (fragment 0, current version 4): learner-2's offer is based on version 2,
         # whose arrays are gone: refused with the reason; the others merge.
         for name in NAMES:

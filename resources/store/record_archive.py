@@ -20,6 +20,13 @@ it is inflated, its structure checked, nothing evaluated. A learner's late write
 archived round lands in the live store and is never read (the block answers for the round).
 Only the experiment's own learners' manifests are packed (what `list_contributions` shows
 of anything else is junk a foreign writer left; it is deleted with the rest).
+
+A block may also carry a digest of its rounds, a value per round that the archiver's owner
+computes while the round's records are still in place (`RecordArchiver(digest=...)`; the
+token ledger's fates of the round's offers, `pipelines/token_ledger.py`), so that a reader
+that wants only that does not parse every record again. It is an accelerator: the records are
+in the block whatever the digest says, and a block without one (or with one its reader
+refuses) is read record by record.
 """
 
 import gzip
@@ -28,8 +35,9 @@ import re
 import threading
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from resources.store import layout
 from resources.store.blobs import BlobNotFound, BlobStore, ListingTooLong, PreconditionFailed
@@ -94,7 +102,7 @@ class RecordArchive:
         self._pattern = family.pattern
         self._through: int | None = None   # rounds below it are archived (the pointer, as
         #                                      last read; None: not read yet)
-        self._blocks: OrderedDict[int, dict[str, bytes]] = OrderedDict()
+        self._blocks: OrderedDict[int, Block] = OrderedDict()
         self._blocks_lock = threading.Lock()    # the store reads on several threads (`each`)
         # Set in the process that moves the pointer (the syncer's `RecordArchiver`): its cached
         # pointer is the pointer, so its reads never ask again (none on its hot path).
@@ -141,7 +149,17 @@ class RecordArchive:
 
     def objects(self, round_index: int) -> dict[str, bytes]:
         """The archived records of one round, by their key inside the round's directory."""
-        first = block_of(round_index)
+        block = self._block(block_of(round_index))
+        head = self.family.entry(round_index) + "/"
+        return {k[len(head):]: v for k, v in block.objects.items() if k.startswith(head)}
+
+    def digest(self, first: int) -> dict[int, Any] | None:
+        """The digest of the block starting at `first`: round -> the value its archiver
+        computed (JSON, unchecked beyond its shape: its reader checks it), or None for a block
+        packed without one."""
+        return self._block(first).digest
+
+    def _block(self, first: int) -> "Block":
         with self._blocks_lock:
             block = self._blocks.get(first)
         if block is None:
@@ -150,14 +168,13 @@ class RecordArchive:
                 data = self.blobs.read(key)
             except BlobNotFound:
                 raise BadBlock(f"{key}: missing, and the rounds it holds are archived") from None
-            block = decode_block(data, self.experiment, self.family, first)
+            block = read_block(data, self.experiment, self.family, first)
         with self._blocks_lock:
             self._blocks[first] = block
             self._blocks.move_to_end(first)
             while len(self._blocks) > _CACHED_BLOCKS:
                 self._blocks.popitem(last=False)
-        head = self.family.entry(round_index) + "/"
-        return {k[len(head):]: v for k, v in block.items() if k.startswith(head)}
+        return block
 
     def read(self, key: str) -> bytes:
         round_index, inner = self.index_of(key)
@@ -167,20 +184,33 @@ class RecordArchive:
             raise BlobNotFound(key) from None
 
 
+@dataclass(frozen=True)
+class Block:
+    objects: dict[str, bytes]          # key inside the family's directory -> record bytes
+    digest: dict[int, Any] | None      # round (version) -> its digest; None: packed without
+
+
 def encode_block(experiment: str, family: Family, first: int,
-                 objects: dict[str, bytes]) -> bytes:
+                 objects: dict[str, bytes], digest: dict[int, Any] | None = None) -> bytes:
     """The block object: every record's bytes kept exactly (latin-1 maps bytes to characters one
     to one), gzip-compressed (mtime 0: the same records make the same bytes, so a retried
-    write of a block finds its own)."""
+    write of a block finds its own), and the digest of its rounds when there is one."""
     body = {"format": FORMAT, "experiment": experiment, "directory": family.directory,
             "first": first, "rounds": BLOCK_ROUNDS,
             "objects": {k: v.decode("latin-1") for k, v in sorted(objects.items())}}
+    if digest is not None:
+        body["digest"] = {str(index): value for index, value in sorted(digest.items())}
     return gzip.compress(json.dumps(body, sort_keys=True).encode(), mtime=0)
 
 
 def decode_block(data: bytes, experiment: str, family: Family, first: int
                  ) -> dict[str, bytes]:
     """The records of a block, checked: `BadBlock` says what is wrong."""
+    return read_block(data, experiment, family, first).objects
+
+
+def read_block(data: bytes, experiment: str, family: Family, first: int) -> Block:
+    """The records of a block and its digest, checked: `BadBlock` says what is wrong."""
     inflater = zlib.decompressobj(wbits=31)      # gzip framing
     try:
         raw = inflater.decompress(data, MAX_BLOCK_BYTES)
@@ -211,7 +241,18 @@ def decode_block(data: bytes, experiment: str, family: Family, first: int
             out[key] = value.encode("latin-1")
         except UnicodeEncodeError:
             raise BadBlock(f"block b{first:08d}: entry {key[:80]!r} is not bytes") from None
-    return out
+    return Block(out, _digest(body.get("digest"), first))
+
+
+def _digest(raw: Any, first: int) -> dict[int, Any] | None:
+    """A block's digest: one entry for each of its rounds, or None (absent, or not that shape:
+    the records answer instead)."""
+    if not isinstance(raw, dict) or len(raw) != BLOCK_ROUNDS:
+        return None
+    wanted = {str(index): index for index in range(first, first + BLOCK_ROUNDS)}
+    if set(raw) != set(wanted):
+        return None
+    return {wanted[k]: v for k, v in raw.items()}
 
 
 def _count(value) -> bool:
@@ -223,9 +264,12 @@ class RecordArchiver:
     packed, a bounded number of rounds per call (`step`), carrying on from the pointer after a
     relaunch. Packing reads every record again: a relaunch midway re-reads the block."""
 
-    def __init__(self, archive: RecordArchive, learners: Iterable[str] = ()):
+    def __init__(self, archive: RecordArchive, learners: Iterable[str] = (),
+                 digest: Callable[[int, dict[str, bytes]], Any] | None = None):
         """`archive`: the reader of the store this process reads through, which from now on
-        takes its pointer from here."""
+        takes its pointer from here. `digest(index, records)`: the block's digest entry of a
+        round, given the records packed for it (keys inside its directory), computed before
+        they are deleted; None from it leaves the block without a digest."""
         self.archive, self.blobs, self.experiment = archive, archive.blobs, archive.experiment
         self.family = archive.family
         self.learners = frozenset(learners)
@@ -236,6 +280,8 @@ class RecordArchiver:
         archive.owned, archive._through = True, self.through
         self._packing = max(self.through, self.family.first)   # next to read into `_packed`
         self._packed: dict[str, bytes] = {}
+        self._digest_of = digest
+        self._digests: dict[int, Any] | None = {} if digest is not None else None
 
     def step(self, pruned_below: int, budget: int) -> int:
         """Work on at most `budget` rounds (reading one, or deleting one, each counts) given
@@ -246,7 +292,10 @@ class RecordArchiver:
                 deleted += self._clean(self.cleaned)
                 self.cleaned += 1
             elif self._packing < self.through + BLOCK_ROUNDS <= pruned_below:
-                self._packed.update(self._collect(self._packing))
+                records = self._collect(self._packing)
+                self._packed.update(records)
+                if self._digests is not None:
+                    self._digest_round(self._packing, records)
                 self._packing += 1
             elif self._packing == self.through + BLOCK_ROUNDS:
                 self._seal()
@@ -256,6 +305,14 @@ class RecordArchiver:
         if self.cleaned != cleaned:
             self._write_pointer()
         return deleted
+
+    def _digest_round(self, index: int, records: dict[str, bytes]) -> None:
+        head = self.family.entry(index) + "/"
+        entry = self._digest_of(index, {k[len(head):]: v for k, v in records.items()})
+        if entry is None:
+            self._digests = None      # this block goes without one
+        else:
+            self._digests[index] = entry
 
     def _directory(self, index: int) -> str:
         return f"{self.family.directory}/{self.family.entry(index)}/"
@@ -302,7 +359,7 @@ class RecordArchiver:
         bytes, or keeps the block an earlier syncer wrote), then move the pointer."""
         first = self.through
         key = self.family.block(first)
-        data = encode_block(self.experiment, self.family, first, self._packed)
+        data = encode_block(self.experiment, self.family, first, self._packed, self._digests)
         try:
             self.blobs.write(key, data, if_generation=0)
         except PreconditionFailed:
@@ -315,6 +372,7 @@ class RecordArchiver:
                 self.blobs.write(key, data, if_generation=0 if info is None else info.generation)
         self.through += BLOCK_ROUNDS
         self._packed = {}
+        self._digests = {} if self._digest_of is not None else None
         self._write_pointer()
         self.archive._through = self.through    # before a record of the block is deleted
 
