@@ -229,8 +229,10 @@ def run_reference(config_path: Path, overrides: list[str] = ()) -> dict:
             "final_heldout_loss": s["final_heldout_loss"], "rounds_merged": s["rounds_merged"]}
 
 
-def one_run(chaos: bool, revision: dict, command: str, overrides: list[str]) -> dict:
-    """One demo and its two simulator references, as one result record."""
+def one_run(chaos: bool, revision: dict, command: str, overrides: list[str],
+            references: bool = True) -> dict:
+    """One demo and its two simulator references (none without `references`: the figures
+    against them are then None), as one result record."""
     from pipelines.reporting import machine_info
     from pipelines.run_summary import latency_by_merger
     from resources.store.summary_records import RoundEntry
@@ -238,12 +240,15 @@ def one_run(chaos: bool, revision: dict, command: str, overrides: list[str]) -> 
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         demo, memory, progress = run_demo(chaos, workdir, overrides)
-        reference = run_reference(workdir / "demo" / "experiment.yaml")
         num_learners = _config(workdir / "demo" / "experiment.yaml").learners.num_learners
-        calibration = clock_calibration(workdir / "demo" / "store",
-                                        workdir / "demo" / "experiment.yaml", demo)
-        calibrated = run_reference(workdir / "demo" / "experiment.yaml",
-                                   [f"{k}={json.dumps(v)}" for k, v in calibration.items()])
+        reference = calibration = calibrated = None
+        if references:
+            reference = run_reference(workdir / "demo" / "experiment.yaml")
+            calibration = clock_calibration(workdir / "demo" / "store",
+                                            workdir / "demo" / "experiment.yaml", demo)
+            calibrated = run_reference(
+                workdir / "demo" / "experiment.yaml",
+                [f"{k}={json.dumps(v)}" for k, v in calibration.items()])
     rounds = [RoundEntry.model_validate(r) for r in demo["rounds"]]
     lat = demo["merge_latency_seconds"]
     dec = demo["decision_to_publish_seconds"]
@@ -308,14 +313,17 @@ def one_run(chaos: bool, revision: dict, command: str, overrides: list[str]) -> 
     # run (its compilation included). Steady: between 10% and 90% of the budget, against the
     # same whole simulator run (so the ratio, if anything, favours the simulator).
     result["throughput_ratio_demo_to_reference"] = (
-        result["demo"]["tokens_per_second"] / reference["tokens_per_second"])
+        None if reference is None
+        else result["demo"]["tokens_per_second"] / reference["tokens_per_second"])
     result["steady_throughput_ratio_demo_to_reference"] = (
-        None if steady["tokens_per_second"] is None
+        None if steady["tokens_per_second"] is None or reference is None
         else steady["tokens_per_second"] / reference["tokens_per_second"])
     result["final_loss_ratio_demo_to_reference"] = (
-        result["demo"]["final_eval_loss"] / reference["final_heldout_loss"])
+        None if reference is None
+        else result["demo"]["final_eval_loss"] / reference["final_heldout_loss"])
     result["final_loss_ratio_demo_to_calibrated_reference"] = (
-        result["demo"]["final_eval_loss"] / calibrated["final_heldout_loss"])
+        None if calibrated is None
+        else result["demo"]["final_eval_loss"] / calibrated["final_heldout_loss"])
     return result
 
 
@@ -368,6 +376,9 @@ def main() -> None:
                         metavar="FIELD=VALUE",
                         help="passed to the demo (and so to its reference simulations), e.g. "
                              "learners.num_learners=1")
+    parser.add_argument("--no-reference", action="store_true",
+                        help="the demo alone, without its simulator references (e.g. for the "
+                             "budget overshoot)")
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     args = parser.parse_args()
     from pipelines.reporting import code_revision
@@ -376,10 +387,12 @@ def main() -> None:
     command = ("python benchmarks/orchestration_demo.py" + (" --chaos" if args.chaos else "")
                + (f" --runs {args.runs}" if args.runs > 1 else "")
                + "".join(f" --set {o}" for o in args.overrides)
+               + (" --no-reference" if args.no_reference else "")
                + (f" --out {args.out}" if args.out != str(DEFAULT_OUT) else ""))
     results = []
     for index in range(args.runs):
-        results.append(one_run(args.chaos, revision, command, args.overrides))
+        results.append(one_run(args.chaos, revision, command, args.overrides,
+                               references=not args.no_reference))
         print(f"run {index + 1} of {args.runs}:")
         _print_run(results[-1])
     result = results[-1]
@@ -413,6 +426,10 @@ def _print_run(result: dict) -> None:
         p90 = "-" if dist["p90"] is None else f"{dist['p90']:.3f}s"
         print(f"  decision->published, merged by {kind}: {dist['count']} rounds, median "
               f"{dist['median']:.3f}s, p90 {p90}")
+    print(f"tokens {d['tokens']:,} for a budget of {d['token_budget']:,}: overshoot "
+          f"{d['budget_overshoot']:+.2%}")
+    if reference is None:
+        return
     print(f"reference simulator: {reference['wall_seconds']:.0f}s wall, "
           f"{reference['tokens_per_second']:.0f} tok/s, loss {reference['final_heldout_loss']:.3f}")
     if result["steady_throughput_ratio_demo_to_reference"] is not None:

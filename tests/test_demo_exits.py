@@ -61,6 +61,8 @@ class FakeDev:
 
     on_enter = on_submit = None
     exits: list = []
+    in_flight: list = []     # what each `runs_in_flight` answers in turn ([] once empty)
+    events: list = []
 
     def __init__(self, home, **kw):
         self.home = Path(home)
@@ -73,6 +75,12 @@ class FakeDev:
 
     def __exit__(self, exc_type, *exc):
         FakeDev.exits.append(exc_type)
+        FakeDev.events.append("stopped")
+
+    def runs_in_flight(self):
+        runs = FakeDev.in_flight.pop(0) if FakeDev.in_flight else []
+        FakeDev.events.append(runs)
+        return runs
 
     def submit_job(self, *a, **kw):
         if FakeDev.on_submit:
@@ -83,6 +91,7 @@ class FakeDev:
 @pytest.fixture
 def fake_dagster(monkeypatch):
     FakeDev.on_enter, FakeDev.on_submit, FakeDev.exits = None, None, []
+    FakeDev.in_flight, FakeDev.events = [], []
     monkeypatch.setattr(demo_command, "DagsterDev", FakeDev)
     return FakeDev
 
@@ -142,6 +151,42 @@ def test_a_finished_workdir_says_it_is_finished_and_starts_nothing(tmp_path, fak
     assert "already finished (2026-11-20 09:30)" in out and "done-demo" in out
     assert "62 rounds merged" in out and "diloco status --store" in out
     assert "diloco stop" not in out and "wall time" not in out
+
+
+def _summary_recorded_on_submit(workdir: Path):
+    """As the `summarize` run would: the summary in the store, recorded as Dagster's asset."""
+    from resources.store.artifact_store import ArtifactStore
+    from resources.store.backends import open_blob_store
+    from resources.store.summary_records import RunOutcome, RunSummary
+
+    def submit():
+        name = yaml.safe_load((workdir / "experiment.yaml").read_text())["name"]
+        store = ArtifactStore(open_blob_store(str(workdir / "store")), name)
+        store.put_summary(RunSummary(outcome=RunOutcome(rounds_merged=3),
+                                     summarized_by=ArtifactStore.SUMMARY_RECORDED_BY))
+    return submit
+
+
+def test_dagster_is_stopped_only_once_its_runs_have_ended(tmp_path, fake_dagster, capsys,
+                                                          monkeypatch):
+    """The `summarize` run records the summary a moment before it returns: the demo waits
+    for the runs in flight to end before it stops the instance, which would otherwise end
+    them as failed runs in its history; runs that do not end in time are named."""
+    workdir = tmp_path / "demo"
+    fake_dagster.on_submit = _summary_recorded_on_submit(workdir)
+    fake_dagster.in_flight = [["summarize (1234abcd)"], ["summarize (1234abcd)"]]
+    assert main(["demo", *FAST, "--workdir", str(workdir), "--timeout", "60"]) == 0
+    assert fake_dagster.events == [["summarize (1234abcd)"]] * 2 + [[], "stopped"]
+    assert "still in flight" not in capsys.readouterr().err
+
+    monkeypatch.setattr(demo_command, "RUNS_END_SECONDS", 1.0)
+    workdir = tmp_path / "demo2"
+    fake_dagster.on_submit = _summary_recorded_on_submit(workdir)
+    fake_dagster.in_flight, fake_dagster.events = [["learner (5678abcd)"]] * 100, []
+    assert main(["demo", *FAST, "--workdir", str(workdir), "--timeout", "60"]) == 0
+    assert fake_dagster.events[-1] == "stopped"
+    assert ("demo: stopping Dagster with runs still in flight: learner (5678abcd)"
+            in capsys.readouterr().err)
 
 
 def test_the_demo_prints_the_store_experiment_and_commands(tmp_path, fake_dagster, capsys):

@@ -380,6 +380,19 @@ class DagsterDev:
             raise RuntimeError(f"GraphQL errors: {payload['errors']}")
         return payload["data"]
 
+    # Run statuses that a shutdown would interrupt (the runs end as failures).
+    IN_FLIGHT = ("QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING")
+
+    def runs_in_flight(self) -> list[str]:
+        """'job (run id)' of each run of the instance not yet ended."""
+        data = self.graphql(
+            "query InFlight($statuses: [RunStatus!]) { runsOrError(filter: "
+            "{statuses: $statuses}) { __typename ... on Runs { results { runId jobName } } } }",
+            {"statuses": list(self.IN_FLIGHT)})["runsOrError"]
+        if data["__typename"] != "Runs":
+            raise RuntimeError(f"runs query failed: {data['__typename']}")
+        return [f"{r['jobName']} ({r['runId'][:8]})" for r in data["results"]]
+
     def submit_job(self, job_name: str, run_config: dict, tags: dict | None = None) -> str:
         from dagster_graphql import DagsterGraphQLClient
 

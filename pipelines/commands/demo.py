@@ -276,6 +276,7 @@ def _drive(cfg: ExperimentConfig, root: Path, store: ArtifactStore, store_uri: s
                     # Launch to summary: Dagster's shutdown, below, is not the run's time.
                     wall = time.time() - watch.started
                     summary = _recorded_summary(store, summary, deadline)
+                    _runs_ended(dev, deadline)
                     break
                 if store.get_config() is None:
                     continue
@@ -301,6 +302,29 @@ def _drive(cfg: ExperimentConfig, root: Path, store: ArtifactStore, store_uri: s
     print(f"demo: see it with:    {commands['status']}")
     print(f"demo: export it with: {commands['export']}")
     return 0
+
+
+# How long the demo waits, once the summary is recorded, for the runs still in flight to end.
+RUNS_END_SECONDS = 30.0
+
+
+def _runs_ended(dev: DagsterDev, deadline: float) -> None:
+    """Wait (at most RUNS_END_SECONDS) for the runs still in flight to end: the `summarize`
+    run returns a moment after it recorded the summary, and the learner and syncer runs after
+    their processes exit; shutting Dagster down under them ended them as failed runs in the
+    instance's history (a `summarize` run interrupted in every demo)."""
+    until = min(deadline, time.monotonic() + RUNS_END_SECONDS)
+    left: list[str] = []
+    while time.monotonic() < until:
+        try:
+            left = dev.runs_in_flight()
+        except (OSError, RuntimeError, ValueError) as err:    # the webserver busy or down
+            left = [f"unknown ({err})"]
+        if not left:
+            return
+        time.sleep(0.5)
+    print(f"demo: stopping Dagster with runs still in flight: {', '.join(left)}",
+          file=sys.stderr)
 
 
 def _recorded_summary(store, summary: RunSummary, deadline: float) -> RunSummary:
