@@ -208,6 +208,21 @@ def clock_calibration(store_dir: Path, config_path: Path, demo: dict) -> dict:
             "learners.speeds": speeds}
 
 
+def dagster_history(home: Path) -> dict:
+    """What the run left in the Dagster instance (SQLite in DAGSTER_HOME): each job's runs by
+    final status, and the instance's database files' bytes (runs, event logs, sensor ticks),
+    which grow with every round the quorum sensor mirrors."""
+    import dagster as dg
+
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        runs: dict[str, dict[str, int]] = {}
+        for run in instance.get_runs():
+            by_status = runs.setdefault(run.job_name, {})
+            by_status[run.status.value] = by_status.get(run.status.value, 0) + 1
+    database = sum(p.stat().st_size for p in home.rglob("*.db"))
+    return {"runs": runs, "database_bytes": database}
+
+
 def _config(config_path: Path, overrides: list[str] = ()):
     from pipelines.commands.cli import load_config
 
@@ -241,6 +256,7 @@ def one_run(chaos: bool, revision: dict, command: str, overrides: list[str],
         workdir = Path(tmp)
         demo, memory, progress = run_demo(chaos, workdir, overrides)
         num_learners = _config(workdir / "demo" / "experiment.yaml").learners.num_learners
+        dagster = dagster_history(workdir / "demo" / "dagster_home")
         reference = calibration = calibrated = None
         if references:
             reference = run_reference(workdir / "demo" / "experiment.yaml")
@@ -267,6 +283,12 @@ def one_run(chaos: bool, revision: dict, command: str, overrides: list[str],
             "token_budget": demo["token_budget"],
             "budget_overshoot": demo["tokens"] / demo["token_budget"] - 1,
             "learners": num_learners,
+            # Every run ended as it should (a shutdown under a run fails it), and what the
+            # Dagster database holds per merged round.
+            "dagster_runs": dagster["runs"],
+            "dagster_database_bytes": dagster["database_bytes"],
+            "dagster_database_bytes_per_round": dagster["database_bytes"] / max(
+                1, demo["rounds_merged"]),
             "tokens_per_second": demo["tokens"] / demo["wall_seconds"],
             "rounds_merged": demo["rounds_merged"],
             "initial_eval_loss": demo["initial_eval_loss"],
@@ -333,6 +355,7 @@ REPEAT_FIGURES = {
     "wall_seconds": ("demo", "wall_seconds"),
     "rounds_merged": ("demo", "rounds_merged"),
     "budget_overshoot": ("demo", "budget_overshoot"),
+    "dagster_database_bytes_per_round": ("demo", "dagster_database_bytes_per_round"),
     "final_eval_loss": ("demo", "final_eval_loss"),
     "decision_to_publish_median_seconds": ("demo", "decision_to_publish_median_seconds"),
     "decision_to_publish_p90_seconds": ("demo", "decision_to_publish_p90_seconds"),
@@ -428,6 +451,8 @@ def _print_run(result: dict) -> None:
               f"{dist['median']:.3f}s, p90 {p90}")
     print(f"tokens {d['tokens']:,} for a budget of {d['token_budget']:,}: overshoot "
           f"{d['budget_overshoot']:+.2%}")
+    print(f"Dagster: runs {d['dagster_runs']}; database {d['dagster_database_bytes'] / 1e6:.1f} "
+          f"MB ({d['dagster_database_bytes_per_round'] / 1e3:.1f} KB a merged round)")
     if reference is None:
         return
     print(f"reference simulator: {reference['wall_seconds']:.0f}s wall, "

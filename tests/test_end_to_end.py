@@ -50,7 +50,18 @@ def _run(tmp_path, monkeypatch, overrides=(), store_uri=None, postgres_url=None)
     code = run_demo(cfg, chaos=True, json_path=str(out), workdir=str(tmp_path / "demo"),
                     port=None, timeout=600, store_uri=store_uri, postgres_url=postgres_url)
     assert code == 0, (tmp_path / "demo" / "dagster_home" / "dagster-dev.log").read_text()[-5000:]
+    _summarized(tmp_path / "demo" / "dagster_home")
     return json.loads(out.read_text())
+
+
+def _summarized(home: Path) -> None:
+    """The instance's `summarize` runs all succeeded: the demo shut Dagster down only after
+    they ended (before, the one that recorded the summary was interrupted, a failed run)."""
+    import dagster as dg
+
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        statuses = [r.status for r in instance.get_runs(dg.RunsFilter(job_name="summarize"))]
+    assert statuses and set(statuses) == {dg.DagsterRunStatus.SUCCESS}, statuses
 
 
 def _check(summary):
@@ -183,6 +194,7 @@ def test_daemon_run_where_a_learner_joins_and_another_leaves(tmp_path, monkeypat
     code = run_demo(cfg, chaos=False, json_path=str(out), workdir=str(tmp_path / "demo"),
                     port=None, timeout=600, fault_tape_path=str(tape))
     assert code == 0, (tmp_path / "demo" / "dagster_home" / "dagster-dev.log").read_text()[-5000:]
+    _summarized(tmp_path / "demo" / "dagster_home")
     s = json.loads(out.read_text())
     changes = {c["learner"]: c for c in s["capacity"]["changes"]}
     assert [(c["learner"], c["action"]) for c in s["capacity"]["changes"]] == [
