@@ -156,31 +156,22 @@ MAX_DIGEST_TEXT = 2000      # a reason or a key in a digest entry, in characters
 class CommittedRounds:
     """The version record that committed each round, asked in increasing round order (the
     archiver packs rounds in order). A fragment's merges commit its rounds in order, so a
-    cursor per fragment only moves forward, each version's record read once; its first
-    question walks back from the fragment's current version, a distance the retention window
-    bounds (rounds are archived just past it)."""
+    cursor per fragment only moves forward, each version's record read once, from where a
+    bisection over the versions put it at the first question (a few reads however far back
+    that round is: an archiver catching up on a run from before archiving)."""
 
     def __init__(self, store: ArtifactStore):
         self.store = store
         self._ahead: dict[int, dict[int, StoredMerge]] = {}   # fragment -> round -> record
         self._read_to: dict[int, int] = {}     # fragment -> the newest version read
-        self._newest: dict[int, int] = {}      # fragment -> the latest round read
+        self._newest: dict[int, int] = {}      # fragment -> the latest round read (-1: none)
 
     def merge_of(self, fragment: int, round_index: int) -> StoredMerge | None:
         store = self.store
-        ahead = self._ahead.get(fragment)
-        if ahead is None:
-            ahead = self._ahead[fragment] = {}
-            version = self._read_to[fragment] = store.current_version(fragment) or 0
-            self._newest[fragment] = -1
-            while version > 0:
-                meta = store.version_meta(fragment, version)
-                if meta is not None and meta.round is not None:
-                    if meta.round < round_index:
-                        break
-                    ahead[meta.round] = meta
-                    self._newest[fragment] = max(self._newest[fragment], meta.round)
-                version -= 1
+        if fragment not in self._read_to:
+            self._read_to[fragment] = self._before(fragment, round_index)
+            self._newest[fragment], self._ahead[fragment] = -1, {}
+        ahead = self._ahead[fragment]
         while self._newest[fragment] < round_index:
             version = self._read_to[fragment] + 1
             if version > (store.current_version(fragment) or 0):
@@ -193,6 +184,26 @@ class CommittedRounds:
         for r in [r for r in ahead if r < round_index]:
             del ahead[r]
         return ahead.get(round_index)
+
+    def _before(self, fragment: int, round_index: int) -> int:
+        """A version at or below which every version committed an earlier round or none, and
+        above which the first version that committed a round committed `round_index` or a
+        later one."""
+        lo, hi = 0, self.store.current_version(fragment) or 0
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            version, committed = mid, None
+            while version > lo:     # the newest version at or below mid that committed a round
+                meta = self.store.version_meta(fragment, version)
+                committed = None if meta is None else meta.round
+                if committed is not None:
+                    break
+                version -= 1
+            if committed is None or committed < round_index:
+                lo = mid
+            else:
+                hi = version - 1
+        return lo
 
 
 def ledger_digest(store: ArtifactStore, learners: Sequence[str]):

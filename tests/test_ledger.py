@@ -484,3 +484,41 @@ def test_a_returned_claim_is_counted_once_by_the_offer_that_carries_it_next():
     # A record that returns more than it claimed is named.
     record["ledger"]["returned"] = [[3, 0, first + 1]]
     assert build_ledger(P, [record], offers, {(3, "a"): "late", (5, "a"): "merged"}).problems
+
+
+class _Versions:
+    """A fragment's version records as the store answers them (`current_version`,
+    `version_meta`), counting the reads: version v committed round `rounds[v]` (None: version
+    0, or a manual merge that committed no round)."""
+
+    def __init__(self, rounds):
+        self.rounds, self.reads = rounds, 0
+
+    def current_version(self, fragment):
+        return len(self.rounds) - 1
+
+    def version_meta(self, fragment, version):
+        self.reads += 1
+        return StoredMerge(round=self.rounds[version])
+
+
+def test_committed_rounds_finds_each_rounds_commit_reading_forward_from_a_bisection():
+    """The archiver's question "which version committed round r" for rounds in order: the
+    same answers as a scan of every version, the first in a few reads however far back the
+    round is, then each version read once (the syncer's loop must not stall on a catch-up)."""
+    from pipelines.token_ledger import CommittedRounds
+
+    # Rounds of fragment 0 in a P = 4 run: every fourth, some not merged, two manual merges.
+    rounds = [None] + [r for r in range(0, 40_000, 4) if r % 36 != 8]
+    rounds[500:500] = [None, None]
+    versions = _Versions(rounds)
+    committed = {r: v for v, r in enumerate(rounds) if r is not None}
+    for first in (0, 20_000, 39_996):
+        finder = CommittedRounds(versions)
+        versions.reads = 0
+        asked = range(first, min(first + 400, 40_000))
+        found = {r: finder.merge_of(0, r) for r in asked}
+        assert {r: m.round for r, m in found.items() if m is not None} == {
+            r: r for r in asked if r in committed}
+        # ~log2(10,000) = 14 to start, then the ~100 versions of those 400 rounds, once each.
+        assert versions.reads <= 2 * 14 + 2 + 400 // 4 + 1, (first, versions.reads)
