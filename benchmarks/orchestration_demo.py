@@ -195,9 +195,7 @@ def clock_calibration(store_dir: Path, config_path: Path, demo: dict) -> dict:
         beat = json.loads(path.read_text())
         if beat.get("step") and beat.get("training_seconds"):
             per_step[beat["learner"]] = beat["training_seconds"] / beat["step"]
-    from pipelines.commands.cli import load_config
-
-    cfg = load_config(str(config_path), [])
+    cfg = _config(config_path)
     names = cfg.learners.learner_names
     fastest = min(per_step.values())
     poll = cfg.orchestration.poll_seconds

@@ -62,9 +62,10 @@ def offer_fates(store: ArtifactStore, num_fragments: int, learners: Sequence[str
         if merged is None:
             merged = _commits_from(store, num_fragments, rounds.start)
         for r in rounds:
-            decision = store.get_decision(r)
-            _round_fates(store, r, store.list_contributions(r), wanted, decision,
-                         merged.get(r), offers, fates, rejections, refusals)
+            decision, merge = store.get_decision(r), merged.get(r)
+            _round_fates(store, r, store.list_contributions(r), wanted, decision, merge,
+                         _not_merged(store, r, decision, merge), offers, fates, rejections,
+                         refusals)
 
     first, size = 0, record_archive.BLOCK_ROUNDS
     while first + size <= archived:
@@ -104,12 +105,18 @@ def _commits_from(store: ArtifactStore, num_fragments: int, first_round: int) ->
     return merged
 
 
+def _not_merged(store: ArtifactStore, r: int, decision: RoundDecision | None,
+                merge: StoredMerge | None) -> StoredMerge | None:
+    """The record of a decided round that committed nothing (None when it committed, or was
+    not decided, or has no such record)."""
+    return store.get_round_not_merged(r) if merge is None and decision is not None else None
+
+
 def _round_fates(store: ArtifactStore, r: int, listed: Sequence[str], learners: frozenset,
-                 decision: RoundDecision | None, merge: StoredMerge | None, offers: dict,
-                 fates: dict, rejections: list[dict], refusals: list[dict] | None) -> None:
+                 decision: RoundDecision | None, merge: StoredMerge | None,
+                 not_merged: StoredMerge | None, offers: dict, fates: dict,
+                 rejections: list[dict], refusals: list[dict] | None) -> None:
     """One round's offers and their fates, added to `offers`, `fates` and `rejections`."""
-    not_merged = (store.get_round_not_merged(r)
-                  if merge is None and decision is not None else None)
     refused = {} if not_merged is None else not_merged.rejected
     for learner in listed:
         if learner not in learners:
@@ -219,15 +226,16 @@ def ledger_digest(store: ArtifactStore, learners: Sequence[str]):
         if decision is None:
             return None
         merge = commits.merge_of(decision.fragment, r)
-        if merge is None and decision.members and store.get_round_not_merged(r) is None:
+        not_merged = _not_merged(store, r, decision, merge)
+        if merge is None and decision.members and not_merged is None:
             return None
         # The offers packed (the experiment's learners' manifests), not a second listing: an
         # offer written between the two would be in one and not the other.
         listed = sorted(learner for learner in wanted
                         if f"contributions/{learner}/{layout.MANIFEST}" in records)
         offers, fates, rejections, refused = {}, {}, [], []
-        _round_fates(store, r, listed, wanted, decision, merge, offers, fates, rejections,
-                     refused)
+        _round_fates(store, r, listed, wanted, decision, merge, not_merged, offers, fates,
+                     rejections, refused)
         reasons = {x["learner"]: x["reason"] for x in rejections}
         return {"offers": {learner: {**offers[(r, learner)], "fate": fates[(r, learner)],
                                      **({"reason": reasons[learner]}

@@ -149,9 +149,7 @@ class RecordArchive:
 
     def objects(self, round_index: int) -> dict[str, bytes]:
         """The archived records of one round, by their key inside the round's directory."""
-        block = self._block(block_of(round_index))
-        head = self.family.entry(round_index) + "/"
-        return {k[len(head):]: v for k, v in block.objects.items() if k.startswith(head)}
+        return _inside(self.family, round_index, self._block(block_of(round_index)).objects)
 
     def digest(self, first: int) -> dict[int, Any] | None:
         """The digest of the block starting at `first`: round -> the value its archiver
@@ -203,12 +201,6 @@ def encode_block(experiment: str, family: Family, first: int,
     return gzip.compress(json.dumps(body, sort_keys=True).encode(), mtime=0)
 
 
-def decode_block(data: bytes, experiment: str, family: Family, first: int
-                 ) -> dict[str, bytes]:
-    """The records of a block, checked: `BadBlock` says what is wrong."""
-    return read_block(data, experiment, family, first).objects
-
-
 def read_block(data: bytes, experiment: str, family: Family, first: int) -> Block:
     """The records of a block and its digest, checked: `BadBlock` says what is wrong."""
     inflater = zlib.decompressobj(wbits=31)      # gzip framing
@@ -253,6 +245,12 @@ def _digest(raw: Any, first: int) -> dict[int, Any] | None:
     if set(raw) != set(wanted):
         return None
     return {wanted[k]: v for k, v in raw.items()}
+
+
+def _inside(family: Family, index: int, records: dict[str, bytes]) -> dict[str, bytes]:
+    """One round's (version's) records among a block's, by their key inside its directory."""
+    head = family.entry(index) + "/"
+    return {k[len(head):]: v for k, v in records.items() if k.startswith(head)}
 
 
 def _count(value) -> bool:
@@ -307,8 +305,7 @@ class RecordArchiver:
         return deleted
 
     def _digest_round(self, index: int, records: dict[str, bytes]) -> None:
-        head = self.family.entry(index) + "/"
-        entry = self._digest_of(index, {k[len(head):]: v for k, v in records.items()})
+        entry = self._digest_of(index, _inside(self.family, index, records))
         if entry is None:
             self._digests = None      # this block goes without one
         else:
@@ -367,7 +364,7 @@ class RecordArchiver:
             # replace one that is not (every record it should hold is still in place).
             info = self.blobs.info(key)
             try:
-                decode_block(self.blobs.read(key), self.experiment, self.family, first)
+                read_block(self.blobs.read(key), self.experiment, self.family, first)
             except (BadBlock, BlobNotFound):
                 self.blobs.write(key, data, if_generation=0 if info is None else info.generation)
         self.through += BLOCK_ROUNDS
