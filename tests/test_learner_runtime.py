@@ -13,7 +13,9 @@ import pytest
 from learner_store_setup import collecting_logger
 from orchestration_harness import Harness, wait_until
 
+from diloco_core.budget_forecast import BudgetForecast
 from diloco_core.round_records import Heartbeat
+from resources.learner import store_link
 from resources.learner.runtime import LearnerRuntime
 
 pytestmark = pytest.mark.timeout(300)
@@ -706,3 +708,60 @@ def test_a_relaunch_into_a_round_its_refused_offer_sits_in_counts_the_round_answ
     other = LearnerRuntime(h.store, "learner-1", 0)
     other._start_state()
     assert other.book.answered == -1            # a learner that did not offer still will
+
+
+def _forecast(h: Harness, steps: int, at: float) -> None:
+    """A budget forecast naming learner-0's target at `steps` steps (what the syncer writes)."""
+    h.store.put_budget_forecast(BudgetForecast(
+        budget=10**9, counted=0, at=at,
+        targets={"learner-0": steps * h.cfg.tokens_per_learner_step}))
+
+
+def _holds_at(h: Harness, steps: int, runtime) -> None:
+    _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "step", 0) == steps,
+          what=f"a heartbeat at {steps} steps")
+    time.sleep(1.0)
+    assert int(runtime.train.step) == steps
+    assert h.store.get_heartbeat("learner-0").step == steps
+
+
+def test_a_learner_pauses_at_its_forecast_target_until_a_newer_forecast_or_stop(harness):
+    """Issue 36: near the end of the budget a learner trains to its target in the syncer's
+    forecast and no further (its heartbeat showing where it stopped) until the syncer says
+    more: a newer forecast, or STOP. (Without the pause it trains on to max_steps.)"""
+    h = harness
+    _forecast(h, 6, 1.0)
+    runtime, thread, result = _start(h, "learner-0", max_steps=40)
+    _holds_at(h, 6, runtime)
+    _forecast(h, 10, 2.0)
+    _holds_at(h, 10, runtime)
+    h.store.request_stop({"reason": "test", "final_left": 0})
+    thread.join(30)
+    assert not thread.is_alive() and result["status"] == "done" and result["step"] == 10
+
+
+def test_a_forecast_no_newer_one_follows_pauses_a_learner_only_for_a_while(
+        harness, monkeypatch):
+    """A syncer that died after a forecast must not stall the run: past `PAUSE_SECONDS`
+    without a newer forecast (or STOP) the learner trains on."""
+    monkeypatch.setattr(store_link, "PAUSE_SECONDS", 1.5)
+    h = harness
+    _forecast(h, 4, 1.0)
+    runtime, thread, result = _start(h, "learner-0", max_steps=12)
+    _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "step", 0) >= 4, what="4 steps")
+    _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "step", 0) == 12,
+          what="training on to max_steps once the forecast is old")
+    h.store.request_stop({"reason": "test", "final_left": 0})
+    thread.join(30)
+    assert result["status"] == "done"
+
+
+def test_a_malformed_forecast_never_pauses_a_learner(harness):
+    h = harness
+    h.store.blobs.write(f"experiments/{h.store.experiment}/FORECAST",
+                        b'{"budget": 1, "counted": 0, "at": 0, "targets": {"learner-0": -1}}')
+    runtime, thread, result = _start(h, "learner-0", max_steps=8)
+    _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "step", 0) == 8, what="8 steps")
+    h.store.request_stop({"reason": "test", "final_left": 0})
+    thread.join(30)
+    assert result["status"] == "done"

@@ -3,7 +3,8 @@
 The rules and the state live in `diloco_core.syncer_machine` (pure, typed). This module does
 what the machine cannot: it reads what the store shows (heartbeats, offers and their digests,
 capacity, budget, stop requests, published versions) into one `Observed` per tick, and writes
-what the machine decides (STOP, decision records, round-open records, FINISHED), each behind
+what the machine decides (STOP, decision records, round-open records, FINISHED) and, near the
+end of the budget, the learners' pause targets (`forecast_publisher.py`), each behind
 the caller's `guard` (the syncer's lease check: a fenced syncer raises there and writes
 nothing). Every decision is written to the store before anything acts on it, so a lost state is
 rebuilt from the store (`_recover`) and a repeated tick changes nothing. What the caller must
@@ -45,6 +46,7 @@ from diloco_core.syncer_machine import (
 )
 from diloco_core.syncer_state_codec import state_from_json, state_to_json
 from pipelines.offer_summary import OfferSummary, describe_offer
+from pipelines.syncer.forecast_publisher import ForecastPublisher
 from pipelines.syncer.trace import SyncerTrace
 from resources.store.artifact_store import ArtifactStore, Conflict, RejectedArtifact
 
@@ -86,6 +88,7 @@ class RoundController:
         # Offers a recovery found in the store (reported before): not described again, also
         # when the recovery happened at the end of the last tick (a Conflict).
         self._reported: set[tuple[int, str]] = set()
+        self._forecasts = ForecastPublisher(store, self.cfg, self.guard)
 
     def tick(self, state: dict | None, now: float | None = None) -> TickResult:
         # A float: the state's times are, and a replayed trace must read back what was decided.
@@ -123,6 +126,7 @@ class RoundController:
                               reason=f"another decider wrote first ({err}); state rebuilt "
                                      "from the store")
         self._record(before, observed, stepped, found, typed)
+        self._forecasts.tick(before, observed, typed)
         result.state = state_to_json(typed)
         result.reason = stepped.reason
         return result

@@ -12,6 +12,9 @@ of a process (XLA compilation) is never padded.
 Within its slice the learner is data-parallel over every device JAX sees (`diloco_core/spmd.py`):
 each batch is split across them and the state is replicated or FSDP-sharded
 (`learners.sharding`); with one device this is the plain single-device step.
+Near the end of the budget it pauses at its target in the syncer's forecast (until the next
+forecast or STOP: `diloco_core/budget_forecast.py`), so that STOP, which comes a few seconds
+after the budget is reached, finds little trained past it.
 When the syncer asks to stop (token budget reached) the learner stops training, offers its
 progress to the final rounds (one per fragment), and exits. When its capacity is reclaimed
 (the capacity record marks it absent: `pipelines/capacity_control.py`) it leaves the same
@@ -92,6 +95,7 @@ class LearnerRuntime:
         store = self.hooks.wrap_store(store)
         self.store, self.name, self.attempt, self.log = store, learner, attempt, log
         self.max_steps = max_steps
+        self._paused_at_target = False   # at its budget-forecast target (logged once)
         self.use_ocdbt = use_ocdbt
         cfg = self.cfg
         # Before anything compiles: JAX opens its persistent cache at the first compilation.
@@ -279,7 +283,7 @@ class LearnerRuntime:
                         break
                     time.sleep(orch.poll_seconds / 2)
                 elif ((self.max_steps is not None and int(self.train.step) >= self.max_steps)
-                      or self._must_wait()):
+                      or self._must_wait() or self._at_budget_target()):
                     time.sleep(orch.poll_seconds / 4)
                 else:
                     self._step()
@@ -421,6 +425,20 @@ class LearnerRuntime:
         """Drop the offers whose merge has come back (or that waited out the round timeout)."""
         self.book = self.book.settle([f.version for f in self.sync.fragments], self._now(),
                                      self.cfg.orchestration.round_timeout_seconds)
+
+    def _at_budget_target(self) -> bool:
+        """Near the end of the budget: paused at this learner's target in the syncer's
+        forecast (`diloco_core/budget_forecast.py`) until a newer forecast or STOP. It beats on
+        pausing, so that the syncer counts the total it paused at without waiting a heartbeat
+        period for it."""
+        target = self.link.pause_target
+        paused = target is not None and self.tokens_total >= target
+        if paused and not self._paused_at_target:
+            self.log.info(f"{self.name}: at its share of the token budget ({self.tokens_total} "
+                          f">= {target} tokens); waiting for the syncer's count")
+            self._beat()
+        self._paused_at_target = paused
+        return paused
 
     def _must_wait(self) -> bool:
         """Pacing (`sync.block_on_overlap`): the protocol's rule, as in the simulator."""

@@ -2,9 +2,10 @@
 
 Process 0 (the leader) alone runs a `StoreLink` (polls, uploads, heartbeats, attempt records);
 the followers never touch the store. Once per loop iteration `sync()` broadcasts what the
-leader's link holds at that moment (superseded, stop, the open round, merged fragments and the
-leader's clock) and every process reads that snapshot, so all of them take the same decisions
-at the same iteration. On a follower the writing calls (offer, heartbeat) do nothing.
+leader's link holds at that moment (superseded, stop, the open round, the budget forecast's
+pause target, merged fragments and the leader's clock) and every process reads that snapshot,
+so all of them take the same decisions at the same iteration. On a follower the writing calls
+(offer, heartbeat) do nothing.
 """
 
 import time
@@ -18,6 +19,7 @@ from resources.learner.lockstep import Lockstep
 from resources.learner.store_link import MERGES_LOOKED_BACK, Arrival, StoreLink
 
 NONE = -1
+HEAD = 7    # words before the fragments': superseded, halt, round, fragment, final, clock, target
 # Per fragment: arrived, version, merged round, complete, then (round, took this learner's
 # offer) pairs of the merges seen on the way (`Arrival`), padded with NONE.
 PAIRS = MERGES_LOOKED_BACK + 1
@@ -36,6 +38,7 @@ class SharedLink:
         self.stop: dict | None = None
         self.open_round: RoundOpen | None = None
         self.now = 0.0   # the leader's monotonic clock at the last sync (seconds)
+        self.pause_target: int | None = None
         self._merged: dict[int, Arrival] = {}
 
     @property
@@ -49,7 +52,7 @@ class SharedLink:
     def sync(self) -> None:
         """Take the leader's view for this iteration (a collective: every process calls it)."""
         P = len(self._shapes)
-        words = [0] * (6 + PER_FRAGMENT * P)
+        words = [0] * (HEAD + PER_FRAGMENT * P)
         merged: dict = {}
         if self._link is not None:
             link = self._link
@@ -57,15 +60,17 @@ class SharedLink:
             merged = link.take_merged()
             # 0: train on; 1: STOP (the run ends); 2: this learner leaves (capacity reclaimed).
             halt = 0 if stop is None else (2 if stop.get("leave") else 1)
-            words[:6] = [NONE if superseded is None else superseded, halt,
-                         NONE if rnd is None else rnd.round,
-                         0 if rnd is None else rnd.fragment,
-                         int(rnd is not None and rnd.final),
-                         int((time.monotonic() - self._origin) * 1e6)]
+            target = link.pause_target
+            words[:HEAD] = [NONE if superseded is None else superseded, halt,
+                            NONE if rnd is None else rnd.round,
+                            0 if rnd is None else rnd.fragment,
+                            int(rnd is not None and rnd.final),
+                            int((time.monotonic() - self._origin) * 1e6),
+                            NONE if target is None else target]
             for p, arrival in merged.items():
                 kept = sorted(arrival.merged_with.items())[-PAIRS:]
                 pairs = [w for r, took in kept for w in (r, int(took))]
-                at = 6 + PER_FRAGMENT * p
+                at = HEAD + PER_FRAGMENT * p
                 words[at:at + PER_FRAGMENT] = [
                     1, arrival.version,
                     NONE if arrival.merged_round is None else arrival.merged_round,
@@ -74,9 +79,10 @@ class SharedLink:
             self._stop_record = stop
             self._round_record = rnd
         words = self._lockstep.ints(words)
-        superseded, has_stop, round_index, fragment, final, now_us = words[:6]
+        superseded, has_stop, round_index, fragment, final, now_us, target = words[:HEAD]
         self.superseded_by = None if superseded == NONE else superseded
         self.now = now_us / 1e6
+        self.pause_target = None if target == NONE else target
         if self._link is not None:
             self.stop, self.open_round = self._stop_record, self._round_record
         else:
@@ -87,7 +93,7 @@ class SharedLink:
             self.open_round = (None if round_index == NONE else
                                RoundOpen(round_index, fragment, 0.0, final=bool(final)))
         for p in range(P):
-            at = 6 + PER_FRAGMENT * p
+            at = HEAD + PER_FRAGMENT * p
             arrived, version, merged_round, complete = words[at:at + 4]
             pairs = words[at + 4:at + PER_FRAGMENT]
             merged_with = {pairs[i]: bool(pairs[i + 1]) for i in range(0, len(pairs), 2)

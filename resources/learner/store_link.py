@@ -3,9 +3,10 @@
 The thread uploads contributions and heartbeats in order (a heartbeat is not written over one
 from a newer attempt of the same learner: the link then reports `superseded_by`), and every
 `poll_seconds` reads the small control records (the OPEN round pointer, the STOP marker, the
-capacity record, each fragment's CURRENT pointer), downloading a fragment only when its version
-moved. The training loop takes what arrived between steps. Store errors are retried on the next
-cycle; the thread never raises into the training loop, it reports through `log`.
+capacity record, the budget forecast, each fragment's CURRENT pointer), downloading a fragment
+only when its version moved. The training loop takes what arrived between steps. Store errors
+are retried on the next cycle; the thread never raises into the training loop, it reports
+through `log`.
 """
 
 import dataclasses
@@ -17,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from diloco_core.budget_forecast import PAUSE_SECONDS, BudgetForecast
 from diloco_core.contribution import Contribution
 from diloco_core.round_records import RoundOpen
 from diloco_core.stored_merge import StoredMerge
@@ -47,12 +49,15 @@ class Arrival:
 @dataclass(frozen=True)
 class Polled:
     """The control records the last poll read, replaced together (the loop never sees an open
-    round from one poll beside a STOP from another): the OPEN round, STOP, and a leave request
-    (once asked to leave, the learner leaves)."""
+    round from one poll beside a STOP from another): the OPEN round, STOP, a leave request
+    (once asked to leave, the learner leaves), and this learner's target in the budget
+    forecast with when (this process's monotonic clock) that forecast was first read."""
 
     open_round: RoundOpen | None = None
     stop: dict | None = None
     leave: dict | None = None
+    target: int | None = None
+    target_since: float = 0.0
 
 
 class StoreLink:
@@ -66,6 +71,8 @@ class StoreLink:
         self._lock = threading.Lock()
         self._merged: dict[int, tuple[int, dict, int | None]] = {}
         self._polled = Polled()
+        self._forecast_read: BudgetForecast | None = None
+        self._forecast_refused = False
         self._standby = tuple(standby)   # absent at launch, until the capacity record says
         self._outbox: queue.Queue = queue.Queue()
         self._pending: list[tuple[str, Any]] = []
@@ -119,6 +126,17 @@ class StoreLink:
         learner's capacity is reclaimed; marked `"leave": True`). STOP wins if both."""
         with self._lock:
             return self._polled.stop or self._polled.leave
+
+    @property
+    def pause_target(self) -> int | None:
+        """The total at which this learner pauses (`diloco_core/budget_forecast.py`), or None:
+        no forecast names it, or the one that does is older than `PAUSE_SECONDS` (the syncer
+        wrote none since: the learner trains on rather than wait on a syncer that is gone)."""
+        with self._lock:
+            polled = self._polled
+        if polled.target is None or time.monotonic() - polled.target_since > PAUSE_SECONDS:
+            return None
+        return polled.target
 
     def fenced(self) -> bool:
         """Whether a newer attempt of this learner has started (read from the store now, not
@@ -246,6 +264,16 @@ class StoreLink:
                                           if last is not None else "capacity reclaimed"),
                 "time": last.at if last is not None else None}
 
+    def _forecast(self) -> BudgetForecast | None:
+        try:
+            return self.store.budget_forecast()
+        except RejectedArtifact as err:
+            # Only the syncer writes it; a malformed one must not pause training.
+            if not self._forecast_refused:
+                self.log.warning(f"budget forecast refused, training on: {err}")
+                self._forecast_refused = True
+            return None
+
     def _merged_with(self, fragment: int, version: int, meta: StoredMerge
                      ) -> tuple[dict[int, bool], bool]:
         """Round -> whether its merge took this learner's offer, for the versions since the
@@ -265,6 +293,7 @@ class StoreLink:
             open_round = self.store.latest_open_round()
             stop = self.store.stop_requested()
             leave = self._leave_request()
+            forecast = self._forecast()
             arrived = {}
             for p in range(self._num_fragments):
                 version = self.store.current_version(p)
@@ -284,7 +313,14 @@ class StoreLink:
         with self._lock:
             # Once asked to leave, the learner leaves: a join that follows is for a new attempt
             # (the supervisor launches it once this one has exited).
-            self._polled = Polled(open_round, stop, self._polled.leave or leave)
+            before = self._polled
+            target = None if forecast is None else forecast.targets.get(self.learner)
+            # A forecast read again is not a newer one: its age runs from its first reading.
+            since = (before.target_since
+                     if forecast is not None and forecast == self._forecast_read
+                     else time.monotonic())
+            self._forecast_read = forecast
+            self._polled = Polled(open_round, stop, before.leave or leave, target, since)
             for p, arrival in arrived.items():
                 earlier = self._merged.get(p)
                 if earlier is not None:   # not taken yet: the merges it saw still count

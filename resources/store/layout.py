@@ -31,6 +31,8 @@
     experiments/{exp}/CAPACITY                                     learners absent now, every
                                                                    join and leave (moves)
     experiments/{exp}/BUDGET                                       a raised token budget (moves)
+    experiments/{exp}/FORECAST                                     where each learner pauses
+                                                                   near the budget (moves)
     experiments/{exp}/syncer/LEASE                                 who may decide and merge (moves)
     experiments/{exp}/syncer/RETENTION                             how far retention got (moves)
     experiments/{exp}/FINISHED                                     final rounds done (write-once)
@@ -165,6 +167,10 @@ def stop_request(exp: str) -> str:
 
 def budget(exp: str) -> str:
     return f"{experiment(exp)}/BUDGET"
+
+
+def budget_forecast(exp: str) -> str:
+    return f"{experiment(exp)}/FORECAST"
 
 
 def capacity(exp: str) -> str:

@@ -13,6 +13,7 @@ the OPEN round, STOP, capacity), the global fragments and their metadata, its ow
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from diloco_core.budget_forecast import BudgetForecast
 from diloco_core.capacity import Capacity
 from diloco_core.contribution import Contribution
 from diloco_core.offer_manifest import OfferManifest
@@ -43,6 +44,8 @@ class LearnerView(Protocol):
     def latest_open_round(self) -> RoundOpen | None: ...
 
     def stop_requested(self) -> dict | None: ...
+
+    def budget_forecast(self) -> BudgetForecast | None: ...
 
     def capacity(self, standby: Sequence[str] = ()) -> tuple[Capacity, int]: ...
 

@@ -11,6 +11,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from diloco_core.budget_forecast import BudgetForecast
 from diloco_core.capacity import Capacity
 from diloco_core.round_records import MAX_INT, RecordError
 from resources.store import layout
@@ -95,6 +96,15 @@ class RunRecords(StoreBase):
             return float(t) if ok else 0.0
 
         return sorted(out, key=when)
+
+    def put_budget_forecast(self, forecast: BudgetForecast) -> None:
+        """The syncer's latest forecast (`diloco_core/budget_forecast.py`): rewritten, at most
+        once a second, only near the end of the budget."""
+        self.blobs.write(layout.budget_forecast(self.experiment), _json_bytes(forecast.to_json()))
+
+    def budget_forecast(self) -> BudgetForecast | None:
+        """The latest forecast, None before one is written; `RejectedArtifact` if malformed."""
+        return self._read_typed(layout.budget_forecast(self.experiment), BudgetForecast)
 
     def request_stop(self, record: Mapping[str, Any]) -> None:
         self._write_once(layout.stop(self.experiment), _json_bytes(dict(record)))

@@ -1,0 +1,62 @@
+"""The decider's budget forecast, written to the store near the end of the run.
+
+`diloco_core/budget_forecast.py` says what a forecast is and why; this writes one (`FORECAST`,
+a moving record the learners poll) from the tick's observation, at most once a second (GCS
+takes about one update a second to an object), only within `HORIZON_SECONDS` of the budget at
+the rate the machine's count has been growing, and only when a target moved.
+"""
+
+import math
+from collections import deque
+from collections.abc import Callable
+
+from diloco_core.budget_forecast import BudgetForecast, counted_tokens, forecast, near_end
+from diloco_core.config import ExperimentConfig
+from diloco_core.syncer_events import Observed
+from diloco_core.syncer_machine import SyncerState
+from resources.store.artifact_store import ArtifactStore
+
+WRITE_SECONDS = 1.0        # at most one forecast a second
+RATE_WINDOW_SECONDS = 30.0  # the counted rate: over the counts of the last this many seconds
+
+
+class ForecastPublisher:
+    def __init__(self, store: ArtifactStore, cfg: ExperimentConfig,
+                 guard: Callable[[], None]):
+        self.store, self.cfg, self.guard = store, cfg, guard
+        self._speeds = dict(zip(cfg.learners.learner_names, cfg.learners.learner_speeds,
+                                strict=True))
+        self._counted_at = -math.inf
+        self._counts: deque[tuple[float, int]] = deque()    # (time, counted)
+        self._written: BudgetForecast | None = None
+
+    def tick(self, before: SyncerState, observed: Observed, after: SyncerState) -> None:
+        """After a tick that did not stop the run: count (once a second at most) and write a
+        forecast if the end is near and a target moved. `before`/`observed` are the tick's
+        own, so the count is the one the tick's STOP rule saw."""
+        now = observed.now
+        if after.stop or after.finished or observed.budget is None:
+            return
+        if now - self._counted_at < WRITE_SECONDS:
+            return
+        counted = counted_tokens(before, observed, self.cfg)
+        if counted is None:
+            return
+        self._counted_at = now
+        self._counts.append((now, counted))
+        while self._counts and now - self._counts[0][0] > RATE_WINDOW_SECONDS:
+            self._counts.popleft()
+        if not near_end(counted, observed.budget, self._rate()):
+            return
+        made = forecast(counted, observed.budget, observed.beats, observed.absent,
+                        self._speeds, now)
+        if self._written is not None and made.targets == self._written.targets:
+            return
+        self.guard()
+        self.store.put_budget_forecast(made)
+        self._written = made
+
+    def _rate(self) -> float | None:
+        """Counted tokens a second over the window, None until it spans two seconds."""
+        (t0, c0), (t1, c1) = self._counts[0], self._counts[-1]
+        return (c1 - c0) / (t1 - t0) if t1 - t0 >= 2.0 else None
