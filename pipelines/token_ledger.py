@@ -13,7 +13,7 @@ from diloco_core.round_records import MAX_INT, RoundDecision
 from diloco_core.stored_merge import StoredMerge
 from resources.store import layout, record_archive
 from resources.store.artifact_store import ArtifactStore, RejectedArtifact
-from resources.store.record_archive import BadBlock
+from resources.store.record_archive import BadBlock, PackedRecords
 
 
 def offer_claim(extra: Any) -> tuple[dict | None, str | None]:
@@ -222,11 +222,15 @@ def ledger_digest(store: ArtifactStore, learners: Sequence[str]):
     commits = CommittedRounds(store)
 
     def digest(r: int, records: dict[str, bytes]) -> dict | None:
-        decision = store.get_decision(r)
+        # The round's records read from the bytes being packed, through the store's own
+        # readers (the same checks), not from the store a second time.
+        packed = ArtifactStore(PackedRecords(layout.round_dir(store.experiment, r), records),
+                               store.experiment, store.max_object_bytes)
+        decision = packed.get_decision(r)
         if decision is None:
             return None
         merge = commits.merge_of(decision.fragment, r)
-        not_merged = _not_merged(store, r, decision, merge)
+        not_merged = _not_merged(packed, r, decision, merge)
         if merge is None and decision.members and not_merged is None:
             return None
         # The offers packed (the experiment's learners' manifests), not a second listing: an
@@ -234,7 +238,7 @@ def ledger_digest(store: ArtifactStore, learners: Sequence[str]):
         listed = sorted(learner for learner in wanted
                         if f"contributions/{learner}/{layout.MANIFEST}" in records)
         offers, fates, rejections, refused = {}, {}, [], []
-        _round_fates(store, r, listed, wanted, decision, merge, not_merged, offers, fates,
+        _round_fates(packed, r, listed, wanted, decision, merge, not_merged, offers, fates,
                      rejections, refused)
         reasons = {x["learner"]: x["reason"] for x in rejections}
         return {"offers": {learner: {**offers[(r, learner)], "fate": fates[(r, learner)],
