@@ -3,14 +3,16 @@ the machine's own count, so that a learner's claims move no one's target but its
 decider writing them to the store, near the end only, at most once a second."""
 
 import time
+from dataclasses import replace
 
 import pytest
 from learner_store_setup import committed_experiment
+from test_syncer_machine import Published, _offer
 
 from diloco_core.budget_forecast import (
     HORIZON_SECONDS,
     BudgetForecast,
-    counted_tokens,
+    credited_now,
     forecast,
     near_end,
 )
@@ -43,47 +45,113 @@ def _observed(cfg, claims: dict[str, int], now=1000.0, budget=None) -> Observed:
                     budget=cfg.token_budget if budget is None else budget)
 
 
-def _stops(state, obs, cfg) -> bool:
-    return any(isinstance(a, StopRun) for a in step(state, obs, cfg).actions)
-
-
-@pytest.mark.parametrize("liar", [False, True])
-def test_the_count_is_the_one_the_machine_stops_at(liar):
-    cfg = _cfg()
-    claims = {n: 40_000 + 8_192 * i for i, n in enumerate(NAMES)}
-    if liar:
-        claims["learner-3"] = 2 ** 62
-    state = SyncerState("exp")
-    counted = counted_tokens(state, _observed(cfg, claims), cfg)
-    assert counted > 0
-    # STOP at a budget of exactly the count, none a token above it.
-    assert _stops(state, _observed(cfg, claims, budget=counted), cfg)
-    assert not _stops(state, _observed(cfg, claims, budget=counted + 1), cfg)
-    if liar:   # the machine credits the liar as one more honest learner, not 2^62
-        assert counted < 4 * 100_000
-    else:
-        assert counted == sum(claims.values())
-    assert counted_tokens(SyncerState("exp", stop=True), _observed(cfg, claims), cfg) is None
+def _machine_count(state, obs, cfg) -> int:
+    """The oracle: the count at which the machine writes STOP, asked of it (a step against a
+    budget of one token; its STOP names the count)."""
+    probe = step(state, replace(obs, budget=1, stop_request=None), cfg)
+    return next((a.tokens for a in probe.actions if isinstance(a, StopRun)), 0)
 
 
 def test_a_learner_claiming_2_pow_62_tokens_pauses_no_one_else():
-    """The remaining tokens are the budget less the machine's credited count: the honest
-    learners keep targets above their totals. (From the raw claims, nothing would remain and
-    every learner would pause at once, the run stalled short of its budget.)"""
+    """Targets come from the machine's credit: the honest learners keep targets above their
+    totals, the liar's is its credit. (From the raw claims nothing would remain: every
+    learner would pause at once, the run stalled short of its budget.)"""
     cfg = _cfg()
     claims = dict.fromkeys(NAMES, 50_000)
     claims["learner-3"] = 2 ** 62
-    obs = _observed(cfg, claims)
-    counted = counted_tokens(SyncerState("exp"), obs, cfg)
-    made = forecast(counted, cfg.token_budget, obs.beats, obs.absent,
+    state, obs = SyncerState("exp"), _observed(cfg, claims)
+    credit = credited_now(state, step(state, obs, cfg).state, obs, cfg)
+    assert sum(credit.values()) == _machine_count(state, obs, cfg)
+    made = forecast(credit, cfg.token_budget, obs.beats, obs.absent,
                     dict.fromkeys(NAMES, 1.0), obs.now)
-    left = cfg.token_budget - counted
+    left = cfg.token_budget - sum(credit.values())
     assert left > 600_000
     for name in NAMES[:3]:
         assert made.targets[name] - claims[name] >= left // M
-    raw = forecast(sum(claims.values()), cfg.token_budget, obs.beats, obs.absent,
+    assert made.targets["learner-3"] < claims["learner-3"]
+    raw = forecast(claims, cfg.token_budget, obs.beats, obs.absent,
                    dict.fromkeys(NAMES, 1.0), obs.now)
     assert all(raw.targets[n] == claims[n] for n in NAMES[:3])
+
+
+class _Run:
+    """Learners driving the machine as the real ones do, each pausing at its target in the
+    forecast of the tick before: each learner steps `speeds[n]` times a tick unless at its
+    target, heartbeats its total, and offers each fragment's progress since its last offer
+    when a round opens for it. `liar` claims 2^62 tokens and offers nothing."""
+
+    def __init__(self, cfg, speeds, liar=None):
+        self.cfg, self.speeds, self.liar = cfg, speeds, liar
+        self.names = list(speeds) + ([liar] if liar else [])
+        self.state, self.now, self.store = SyncerState("exp"), 1000.0, Published(cfg)
+        self.tokens = dict.fromkeys(speeds, 0)
+        self.since = {n: {0: 0, 1: 0} for n in speeds}
+        self.targets: dict[str, int] = {}
+        self.checked = 0
+
+    def tick(self, offers=()):
+        self.now += 1.0
+        beats = {n: _beat(self.tokens.get(n, 2 ** 62), self.cfg, t=self.now)
+                 for n in self.names}
+        before, obs = self.state, self.store.observed(self.now, beats, offers)
+        self.state = self.store.after(step(before, obs, self.cfg)).state
+        if not self.state.stop:
+            tokens = credited_now(before, self.state, obs, self.cfg)
+            assert sum(tokens.values()) == _machine_count(before, obs, self.cfg)
+            self.checked += 1
+            projected = credited_now(before, self.state, obs, self.cfg, in_flight=True)
+            self.targets = forecast(projected, self.cfg.token_budget, beats, frozenset(),
+                                    dict.fromkeys(self.names, 1.0), self.now).targets
+
+    def run(self, limit=3000) -> int:
+        per_step = self.cfg.learner_step_tokens[0]
+        for _ in range(limit):
+            if self.state.stop:
+                return sum(self.tokens.values())
+            for n in self.speeds:
+                for _ in range(self.speeds[n]):
+                    if self.tokens[n] >= self.targets.get(n, 2 ** 62):
+                        break
+                    self.tokens[n] += per_step
+                    for p in self.since[n]:
+                        self.since[n][p] += 1
+            self.tick()
+            r = self.state.round
+            if r >= 0 and not self.state.decided:
+                p = r % 2
+                offers = [_offer(n, r, self.cfg, steps=self.since[n][p],
+                                 base=self.store.base(r))
+                          for n in self.speeds if self.since[n][p]]
+                for n in self.speeds:
+                    self.since[n][p] = 0
+                self.tick(offers)
+        raise AssertionError(f"no STOP in {limit} ticks: {self.tokens}, {self.targets}")
+
+
+@pytest.mark.parametrize("speeds", [{"learner-0": 3}, {"learner-0": 3, "learner-1": 1},
+                                    {"learner-0": 3, "learner-1": 1, "learner-2": 1,
+                                     "learner-3": 2}])
+@pytest.mark.parametrize("with_liar", [False, True])
+def test_learners_at_their_targets_stop_at_the_budget_and_the_count_is_the_machines(
+        speeds, with_liar):
+    """Tick by tick the credited tokens sum to the count at which the machine stops (the
+    oracle: the machine asked). Learners that pause at their targets reach STOP (no stall)
+    and end within a tick of the budget, at M = 1, 2 and 4; with a learner claiming 2^62
+    beside them, which the machine credits as one more honest learner, they end short of
+    it, never past it."""
+    liar = f"learner-{len(speeds)}" if with_liar else None
+    cfg = config_from_mapping(overrides_to_mapping([
+        f"learners.num_learners={len(speeds) + with_liar}", "sync.min_quorum=1",
+        "sync.num_fragments=2", "sync.sync_period=8", "sync.grace_gamma=0",
+        "token_budget=200000"]))
+    per_step = cfg.learner_step_tokens[0]
+    run = _Run(cfg, speeds, liar)
+    total = run.run()
+    assert run.checked > 10
+    one_tick = per_step * sum(speeds.values())
+    assert total <= cfg.token_budget + one_tick, (total, one_tick)
+    if not with_liar:
+        assert total >= cfg.token_budget
 
 
 def test_what_remains_is_shared_by_speed_among_the_learners_training():
@@ -92,13 +160,16 @@ def test_what_remains_is_shared_by_speed_among_the_learners_training():
              "learner-2": _beat(3_000, cfg, status="done"), "learner-3": _beat(4_000, cfg),
              "learner-4": None}
     speeds = {"learner-0": 1.0, "learner-1": 2.0, "learner-2": 1.0, "learner-3": 1.0}
-    made = forecast(10_000, 10_301, beats, frozenset({"learner-3"}), speeds, 5.0)
-    # 301 left, shared 1:2 between the two training learners not marked absent; rounded up.
-    assert made.targets == {"learner-0": 1_000 + 101, "learner-1": 2_000 + 201}
-    assert (made.budget, made.counted, made.at) == (10_301, 10_000, 5.0)
-    # Past the budget: every learner's target is its total (pause; STOP is on its way).
-    past = forecast(11_000, 10_301, beats, frozenset(), speeds, 5.0)
-    assert past.targets == {"learner-0": 1_000, "learner-1": 2_000, "learner-3": 4_000}
+    # Credited as claimed, but learner-1 (no peer to corroborate it) 500 short of its claim.
+    credit = {"learner-0": 1_000, "learner-1": 1_500, "learner-2": 3_000, "learner-3": 4_000}
+    made = forecast(credit, 9_801, beats, frozenset({"learner-3"}), speeds, 5.0)
+    # 301 left, shared 1:2 between the two training learners not marked absent, on top of
+    # their credit; rounded up.
+    assert made.targets == {"learner-0": 1_000 + 101, "learner-1": 1_500 + 201}
+    assert (made.budget, made.counted, made.at) == (9_801, 9_500, 5.0)
+    # Past the budget: every learner's target is its credit (pause; STOP is on its way).
+    past = forecast(credit, 9_000, beats, frozenset(), speeds, 5.0)
+    assert past.targets == {"learner-0": 1_000, "learner-1": 1_500, "learner-3": 4_000}
 
 
 def test_a_forecast_is_published_only_within_the_horizon_at_the_counted_rate():
@@ -172,7 +243,10 @@ def _publisher_ticks(store, claims_and_times, guard=lambda: None):
     for claims, now in claims_and_times:
         if isinstance(claims, int):
             claims = {**dict.fromkeys(NAMES, 1_000), "learner-0": claims}
-        publisher.tick(state, _observed(cfg, claims, now=now), state)
+        obs = replace(_observed(cfg, claims, now=now), budget=None)   # no STOP: see the counts
+        after = step(state, obs, cfg).state
+        publisher.tick(state, replace(obs, budget=cfg.token_budget), after)
+        state = after
     return writes.forecasts
 
 
@@ -180,10 +254,13 @@ def test_the_decider_writes_once_a_second_at_most_and_only_when_a_target_moved(s
     def claims(extra: int) -> dict[str, int]:    # 1,400 tokens short, learner-0 `extra` on
         return {n: 24_500 + 100 * i + (extra if i == 0 else 0) for i, n in enumerate(NAMES)}
     written = _publisher_ticks(store, [(claims(0), 0.0), (claims(100), 0.5), (claims(200), 1.2),
-                                       (claims(200), 2.4), (claims(300), 3.4)])
+                                       (claims(200), 2.4), (claims(300), 3.4),
+                                       (claims(300), 7.0), (claims(300), 8.5)])
     # t = 0: written; 0.5: under a second since; 1.2: learner-0's target moved; 2.4: the same
-    # targets; 3.4: moved again.
-    assert [f.at for f in written] == [0.0, 1.2, 3.4]
+    # targets; 3.4: moved again; 7.0: the same, but 3.6 s since (under REFRESH_SECONDS); 8.5:
+    # the same, written again (a learner trains on past a target no forecast confirms).
+    assert [f.at for f in written] == [0.0, 1.2, 3.4, 8.5]
+    assert written[-1].targets == written[-2].targets
     assert store.budget_forecast() == written[-1]
 
 

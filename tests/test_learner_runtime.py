@@ -743,12 +743,17 @@ def test_a_learner_pauses_at_its_forecast_target_until_a_newer_forecast_or_stop(
 def test_a_forecast_no_newer_one_follows_pauses_a_learner_only_for_a_while(
         harness, monkeypatch):
     """A syncer that died after a forecast must not stall the run: past `PAUSE_SECONDS`
-    without a newer forecast (or STOP) the learner trains on."""
+    without a newer forecast (or STOP) the learner trains on. Newer forecasts with the same
+    target (a live syncer confirming it) keep it paused past that."""
     monkeypatch.setattr(store_link, "PAUSE_SECONDS", 1.5)
     h = harness
     _forecast(h, 4, 1.0)
     runtime, thread, result = _start(h, "learner-0", max_steps=12)
     _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "step", 0) >= 4, what="4 steps")
+    for i in range(8):       # 4 s of confirmations, every 0.5 s
+        _forecast(h, 4, 2.0 + i)
+        time.sleep(0.5)
+    assert h.store.get_heartbeat("learner-0").step == 4
     _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "step", 0) == 12,
           what="training on to max_steps once the forecast is old")
     h.store.request_stop({"reason": "test", "final_left": 0})

@@ -3,20 +3,23 @@
 `diloco_core/budget_forecast.py` says what a forecast is and why; this writes one (`FORECAST`,
 a moving record the learners poll) from the tick's observation, at most once a second (GCS
 takes about one update a second to an object), only within `HORIZON_SECONDS` of the budget at
-the rate the machine's count has been growing, and only when a target moved.
+the rate the machine's count has been growing, and only when a target moved or the last one
+is `REFRESH_SECONDS` old (a learner trains on past a target no forecast has confirmed for
+`PAUSE_SECONDS`: a live decider confirms them).
 """
 
 import math
 from collections import deque
 from collections.abc import Callable
 
-from diloco_core.budget_forecast import BudgetForecast, counted_tokens, forecast, near_end
+from diloco_core.budget_forecast import BudgetForecast, credited_now, forecast, near_end
 from diloco_core.config import ExperimentConfig
 from diloco_core.syncer_events import Observed
 from diloco_core.syncer_machine import SyncerState
 from resources.store.artifact_store import ArtifactStore
 
 WRITE_SECONDS = 1.0        # at most one forecast a second
+REFRESH_SECONDS = 5.0      # the same targets written again this often (well inside PAUSE_SECONDS)
 RATE_WINDOW_SECONDS = 30.0  # the counted rate: over the counts of the last this many seconds
 
 
@@ -32,25 +35,24 @@ class ForecastPublisher:
 
     def tick(self, before: SyncerState, observed: Observed, after: SyncerState) -> None:
         """After a tick that did not stop the run: count (once a second at most) and write a
-        forecast if the end is near and a target moved. `before`/`observed` are the tick's
-        own, so the count is the one the tick's STOP rule saw."""
+        forecast if the end is near and a target moved. `before`, `observed` and `after` are
+        the tick's own, so the count is the one its STOP rule saw."""
         now = observed.now
         if after.stop or after.finished or observed.budget is None:
             return
         if now - self._counted_at < WRITE_SECONDS:
             return
-        counted = counted_tokens(before, observed, self.cfg)
-        if counted is None:
-            return
+        counted = sum(credited_now(before, after, observed, self.cfg).values())
         self._counted_at = now
         self._counts.append((now, counted))
         while self._counts and now - self._counts[0][0] > RATE_WINDOW_SECONDS:
             self._counts.popleft()
         if not near_end(counted, observed.budget, self._rate()):
             return
-        made = forecast(counted, observed.budget, observed.beats, observed.absent,
-                        self._speeds, now)
-        if self._written is not None and made.targets == self._written.targets:
+        made = forecast(credited_now(before, after, observed, self.cfg, in_flight=True),
+                        observed.budget, observed.beats, observed.absent, self._speeds, now)
+        if (self._written is not None and made.targets == self._written.targets
+                and now - self._written.at < REFRESH_SECONDS):
             return
         self.guard()
         self.store.put_budget_forecast(made)

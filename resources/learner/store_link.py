@@ -58,6 +58,7 @@ class Polled:
     leave: dict | None = None
     target: int | None = None
     target_since: float = 0.0
+    forecast_at: float | None = None     # the decider's time on that forecast
 
 
 class StoreLink:
@@ -71,7 +72,6 @@ class StoreLink:
         self._lock = threading.Lock()
         self._merged: dict[int, tuple[int, dict, int | None]] = {}
         self._polled = Polled()
-        self._forecast_read: BudgetForecast | None = None
         self._forecast_refused = False
         self._standby = tuple(standby)   # absent at launch, until the capacity record says
         self._outbox: queue.Queue = queue.Queue()
@@ -315,12 +315,11 @@ class StoreLink:
             # (the supervisor launches it once this one has exited).
             before = self._polled
             target = None if forecast is None else forecast.targets.get(self.learner)
-            # A forecast read again is not a newer one: its age runs from its first reading.
-            since = (before.target_since
-                     if forecast is not None and forecast == self._forecast_read
-                     else time.monotonic())
-            self._forecast_read = forecast
-            self._polled = Polled(open_round, stop, before.leave or leave, target, since)
+            # A target's age runs from the newest forecast that names it: read again, the
+            # same forecast is not news (a decider that died wrote no newer one).
+            at = None if forecast is None else forecast.at
+            since = before.target_since if at == before.forecast_at else time.monotonic()
+            self._polled = Polled(open_round, stop, before.leave or leave, target, since, at)
             for p, arrival in arrived.items():
                 earlier = self._merged.get(p)
                 if earlier is not None:   # not taken yet: the merges it saw still count
