@@ -770,3 +770,29 @@ def test_a_malformed_forecast_never_pauses_a_learner(harness):
     h.store.request_stop({"reason": "test", "final_left": 0})
     thread.join(30)
     assert result["status"] == "done"
+
+
+def test_a_learner_paused_at_its_target_steps_once_to_answer_a_round_of_a_fragment_it_received(
+        harness):
+    """Paused at its target, the learner takes a merged fragment 1, and a round for fragment
+    1 opens: with no step since, it has nothing to offer, and before STOP a round waits for
+    offers. It takes one step and offers (paused through it, the round, and the syncer's
+    count of its tokens, waited until its pause ran out: the tiny demo at M = 1 stalled 28 s
+    and then trained 11% past its budget), then pauses again."""
+    h = harness
+    _forecast(h, 8, 1.0)
+    runtime, thread, result = _start(h, "learner-0", max_steps=40)
+    _holds_at(h, 8, runtime)
+    _bump(h, 1, 1)
+    _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "versions", None) == (0, 1),
+          what="the merged fragment")
+    for i in range(4):          # the syncer alive: the same target confirmed
+        _forecast(h, 8, 2.0 + i)
+    h.store.open_round(1, {"fragment": 1, "opened_at": time.time(), "final": False})
+    # (well inside the 20 s pause: paused through the round, it offers only once that ends)
+    _wait(lambda: h.store.list_contributions(1) == ["learner-0"], what="the offer", timeout=10)
+    assert h.store.load_contribution(1, "learner-0").steps == 1
+    _holds_at(h, 9, runtime)
+    h.store.request_stop({"reason": "test", "final_left": 0})
+    thread.join(30)
+    assert result["status"] == "done" and result["step"] == 9

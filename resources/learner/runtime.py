@@ -432,13 +432,27 @@ class LearnerRuntime:
         pausing, so that the syncer counts the total it paused at without waiting a heartbeat
         period for it."""
         target = self.link.pause_target
-        paused = target is not None and self.tokens_total >= target
+        paused = (target is not None and self.tokens_total >= target
+                  and not self._round_waits_for_a_step())
         if paused and not self._paused_at_target:
             self.log.info(f"{self.name}: at its share of the token budget ({self.tokens_total} "
                           f">= {target} tokens); waiting for the syncer's count")
             self._beat()
         self._paused_at_target = paused
         return paused
+
+    def _round_waits_for_a_step(self) -> bool:
+        """The open round is this learner's to answer but it has nothing to offer on its
+        fragment (received since its last step: the offer rule waits for the next step). Before
+        STOP a round waits for a quorum of offers, not for declines, so a learner paused at its
+        budget target takes that one step: paused through it, it could hold the round, and the
+        credit the syncer's count waits on, until its pause ran out."""
+        rnd = self.link.open_round
+        if rnd is None:
+            return False
+        p = rnd.fragment
+        return (rnd.round > self.book.answered and not self.book.in_flight(p)
+                and self.sync.fragments[p].steps < 1)
 
     def _must_wait(self) -> bool:
         """Pacing (`sync.block_on_overlap`): the protocol's rule, as in the simulator."""
