@@ -92,18 +92,21 @@ def credited_now(before: SyncerState, after: SyncerState, obs: Observed,
 
 def forecast(credited_tokens: Mapping[str, int], budget: int,
              beats: Mapping[str, Heartbeat | None], absent: frozenset[str],
-             speeds: Mapping[str, float], now: float) -> BudgetForecast:
-    """Each training learner's target: what the machine credits it with plus its share, by
-    configured speed, of the budget less everyone's credit (rounded up, so that the shares
-    together cover what remains). A learner's own total past its credit (progress its offers
-    have not corroborated yet, with no peer to compare: M <= 2) is part of its share, so an
-    honest learner's totals together stop at the budget."""
+             speeds: Mapping[str, float], now: float,
+             start: Mapping[str, int] | None = None) -> BudgetForecast:
+    """Each training learner's target: where it starts (`start`, by default what the machine
+    credits it with) plus its share, by configured speed, of the budget less everyone's
+    credit (rounded up, so that the shares together cover what remains). Starting from its
+    credit, a learner's total past it (progress its offers have not corroborated yet, with no
+    peer to compare with: M <= 2) is part of its share, so honest learners' totals together
+    stop at the budget."""
+    start = credited_tokens if start is None else start
     training = [n for n, b in beats.items()
                 if b is not None and n not in absent and b.status in TRAINING]
     counted = sum(credited_tokens.values())
     left = max(0, budget - counted)
     total_speed = sum(speeds.get(n, 1.0) for n in training)
-    targets = {n: min(MAX_INT, credited_tokens.get(n, 0)
+    targets = {n: min(MAX_INT, start.get(n, 0)
                       + math.ceil(left * speeds.get(n, 1.0) / total_speed))
                for n in training}
     return BudgetForecast(budget, counted, now, targets)

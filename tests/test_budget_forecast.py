@@ -286,3 +286,41 @@ def test_a_malformed_stored_forecast_is_refused(store):
     store.blobs.write("experiments/exp-forecast/FORECAST", b'{"budget": 1, "counted": -5}')
     with pytest.raises(RejectedArtifact, match="budget_forecast.counted"):
         store.budget_forecast()
+
+
+def test_a_count_that_waits_on_every_learner_at_its_target_gives_targets_from_their_totals(
+        store, monkeypatch):
+    """With no peer to compare with (M <= 2) a learner is credited only as its offers are
+    merged: its total can run ahead of its credit, past its target, and the count then waits
+    on progress no offer will credit soon. Three seconds of that, with every learner at its
+    target, and the targets start from the learners' own totals (each moves only its own)."""
+    import pipelines.syncer.forecast_publisher as publisher_module
+
+    credit = {"learner-0": 40_000, "learner-1": 45_000, "learner-2": 0, "learner-3": 0}
+    monkeypatch.setattr(publisher_module, "credited_now", lambda *a, **k: dict(credit))
+    claims = {"learner-0": 50_000, "learner-1": 50_000, "learner-2": 0, "learner-3": 0}
+    cfg = config_from_mapping(store.get_config())
+    writes = _Writes(store)
+    publisher = ForecastPublisher(writes, cfg, lambda: None)
+    state = SyncerState(store.experiment)
+    for now in (0.0, 1.0, 2.0, 3.0):
+        obs = replace(_observed(cfg, claims, now=now), absent=frozenset({"learner-2",
+                                                                         "learner-3"}))
+        publisher.tick(state, obs, state)
+    # 15,000 left, 7,500 each: from the credit both are at their targets (47,500 and 52,500
+    # against 50,000 each: learner-1 is not); so no stall until learner-1 reaches its own.
+    assert [f.targets for f in writes.forecasts] == [
+        {"learner-0": 47_500, "learner-1": 52_500}]
+    claims["learner-1"] = 52_500
+    for now in (4.0, 5.0, 6.0, 7.0):
+        obs = replace(_observed(cfg, claims, now=now), absent=frozenset({"learner-2",
+                                                                         "learner-3"}))
+        publisher.tick(state, obs, state)
+    # Both at their targets, the count still 85,000 since t = 0: from their totals, and so
+    # until the count moves (they train on to them meanwhile).
+    assert [f.targets for f in writes.forecasts[1:]] == [
+        {"learner-0": 57_500, "learner-1": 60_000}]
+    credit["learner-0"] = 50_000
+    publisher.tick(state, replace(_observed(cfg, claims, now=8.0), absent=frozenset({
+        "learner-2", "learner-3"})), state)
+    assert writes.forecasts[-1].targets == {"learner-0": 52_500, "learner-1": 47_500}

@@ -19,6 +19,10 @@ from diloco_core.syncer_machine import SyncerState
 from resources.store.artifact_store import ArtifactStore
 
 WRITE_SECONDS = 1.0        # at most one forecast a second
+# Every learner at its target and the count unchanged this long: the count waits on progress
+# no offer will credit soon (with no peer to compare with, M <= 2, a learner is credited only as
+# its offers are merged), so the next targets start from the learners' own totals.
+STALL_SECONDS = 3.0
 REFRESH_SECONDS = 5.0      # the same targets written again this often (well inside PAUSE_SECONDS)
 RATE_WINDOW_SECONDS = 30.0  # the counted rate: over the counts of the last this many seconds
 
@@ -32,6 +36,9 @@ class ForecastPublisher:
         self._counted_at = -math.inf
         self._counts: deque[tuple[float, int]] = deque()    # (time, counted)
         self._written: BudgetForecast | None = None
+        self._moved_at = -math.inf      # when the count last changed
+        self._near = False              # within the horizon (see `tick`)
+        self._from_totals = False       # targets from the learners' totals (see `_stalled`)
 
     def tick(self, before: SyncerState, observed: Observed, after: SyncerState) -> None:
         """After a tick that did not stop the run: count (once a second at most) and write a
@@ -44,19 +51,41 @@ class ForecastPublisher:
             return
         counted = sum(credited_now(before, after, observed, self.cfg).values())
         self._counted_at = now
+        if not self._counts or self._counts[-1][1] != counted:
+            self._moved_at, self._from_totals = now, False
         self._counts.append((now, counted))
         while self._counts and now - self._counts[0][0] > RATE_WINDOW_SECONDS:
             self._counts.popleft()
-        if not near_end(counted, observed.budget, self._rate()):
+        rate = self._rate()
+        # Near the end a count that stands still stays near it (the learners wait on it).
+        self._near = near_end(counted, observed.budget, rate) or (
+            self._near and (rate is None or rate <= 0))
+        if not self._near:
             return
-        made = forecast(credited_now(before, after, observed, self.cfg, in_flight=True),
-                        observed.budget, observed.beats, observed.absent, self._speeds, now)
+        credit = credited_now(before, after, observed, self.cfg, in_flight=True)
+        # Until the count moves again (each learner's own claim moves only its own target).
+        self._from_totals = self._from_totals or self._stalled(observed, now)
+        start = None
+        if self._from_totals:
+            start = {n: max(credit.get(n, 0), b.tokens_total)
+                     for n, b in observed.beats.items() if b is not None}
+        made = forecast(credit, observed.budget, observed.beats, observed.absent, self._speeds,
+                        now, start)
         if (self._written is not None and made.targets == self._written.targets
                 and now - self._written.at < REFRESH_SECONDS):
             return
         self.guard()
         self.store.put_budget_forecast(made)
         self._written = made
+
+    def _stalled(self, observed: Observed, now: float) -> bool:
+        """Every learner the last forecast named is at its target there, and the count has
+        not moved for `STALL_SECONDS`."""
+        if self._written is None or now - self._moved_at < STALL_SECONDS:
+            return False
+        beats = observed.beats
+        return all((b := beats.get(n)) is None or b.tokens_total >= target
+                   for n, target in self._written.targets.items())
 
     def _rate(self) -> float | None:
         """Counted tokens a second over the window, None until it spans two seconds."""
