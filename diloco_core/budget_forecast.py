@@ -37,8 +37,11 @@ from diloco_core.syncer_machine import SyncerState, _marker_view
 # is known, always): a long run writes forecasts only in its last minute.
 HORIZON_SECONDS = 60.0
 # A learner paused at its target trains on if no newer forecast (or STOP) has come in this
-# long: a syncer that died mid-forecast costs an overshoot, never a stalled run.
-PAUSE_SECONDS = 20.0
+# long: a syncer that died mid-forecast costs an overshoot, never a stalled run. Longer than a
+# syncer's tick is held up by its first merges' compilation on a loaded machine (14 s seen on
+# `tiny` with a cold cache, M = 2: at 20 s the learners trained on, 24-35% past the budget),
+# and than a syncer relaunch (13-20 s in the chaos soak; the warm standby takes about 1 s).
+PAUSE_SECONDS = 60.0
 # Statuses of a learner that is training (or about to): only these get a share.
 TRAINING = frozenset({"starting", "training"})
 
