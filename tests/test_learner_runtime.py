@@ -789,7 +789,7 @@ def test_a_learner_paused_at_its_target_steps_once_to_answer_a_round_of_a_fragme
     for i in range(4):          # the syncer alive: the same target confirmed
         _forecast(h, 8, 2.0 + i)
     h.store.open_round(1, {"fragment": 1, "opened_at": time.time(), "final": False})
-    # (well inside the 20 s pause: paused through the round, it offers only once that ends)
+    # (well inside the 60 s pause: paused through the round, it offers only once that ends)
     _wait(lambda: h.store.list_contributions(1) == ["learner-0"], what="the offer", timeout=10)
     assert h.store.load_contribution(1, "learner-0").steps == 1
     _holds_at(h, 9, runtime)
