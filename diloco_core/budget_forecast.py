@@ -117,8 +117,9 @@ def forecast(credited_tokens: Mapping[str, int], budget: int,
 
 def near_end(counted: int, budget: int, tokens_per_second: float | None) -> bool:
     """Whether a forecast is worth publishing: the budget is within `HORIZON_SECONDS` at the
-    counted rate, or no rate is known yet. Not while the count stands still: no one is
-    nearing a target then (learners paused at theirs train on after `PAUSE_SECONDS`)."""
+    counted rate, or no rate is known yet. A count that stands still is not near by itself
+    (at the start nothing is counted yet); the writer keeps forecasting through a standstill
+    once it is near (`forecast_publisher.py`)."""
     if tokens_per_second is None:
         return True
     return budget - counted <= tokens_per_second * HORIZON_SECONDS
