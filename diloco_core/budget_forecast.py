@@ -34,7 +34,7 @@ from diloco_core.syncer_events import Observed
 from diloco_core.syncer_machine import SyncerState, _marker_view
 
 # Published once the budget is this close at the rate the syncer counts tokens (before a rate
-# is known, always): a long run writes forecasts only in its last minute.
+# is known, past half the budget): a long run writes forecasts only in its last minute.
 HORIZON_SECONDS = 60.0
 # A learner paused at its target trains on if no newer forecast (or STOP) has come in this
 # long: a syncer that died mid-forecast costs an overshoot, never a stalled run. Longer than a
@@ -117,9 +117,10 @@ def forecast(credited_tokens: Mapping[str, int], budget: int,
 
 def near_end(counted: int, budget: int, tokens_per_second: float | None) -> bool:
     """Whether a forecast is worth publishing: the budget is within `HORIZON_SECONDS` at the
-    counted rate, or no rate is known yet. A count that stands still is not near by itself
-    (at the start nothing is counted yet); the writer keeps forecasting through a standstill
-    once it is near (`forecast_publisher.py`)."""
+    counted rate or, before a rate is known, half of it is counted (a decider that keeps no
+    rate, the quorum sensor's fallback with a controller per tick, then writes forecasts over
+    the second half of a run only). A count that stands still is not near by itself; the
+    writer keeps forecasting through a standstill once it is near (`forecast_publisher.py`)."""
     if tokens_per_second is None:
-        return True
+        return 2 * counted >= budget
     return budget - counted <= tokens_per_second * HORIZON_SECONDS

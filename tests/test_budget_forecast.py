@@ -173,7 +173,8 @@ def test_what_remains_is_shared_by_speed_among_the_learners_training():
 
 
 def test_a_forecast_is_published_only_within_the_horizon_at_the_counted_rate():
-    assert near_end(0, 10**9, None)                    # no rate yet
+    assert not near_end(0, 10**9, None)                # no rate yet: past half the budget
+    assert near_end(5 * 10**8, 10**9, None)
     assert not near_end(0, 10**9, 1_000.0)
     assert not near_end(10**9 - 1, 10**9, 0.0)         # nothing moves
     assert near_end(10**9 - 1_000 * HORIZON_SECONDS, 10**9, 1_000.0)
@@ -266,11 +267,11 @@ def test_the_decider_writes_once_a_second_at_most_and_only_when_a_target_moved(s
 
 def test_far_from_the_budget_at_the_counted_rate_nothing_is_written(store):
     # Learner i at 100 + i tokens a second, one tick a second: the count, 406 t, is within
-    # 60 s of the 100,000 budget from t = 187 on. Before the rate is known (two seconds of
-    # counts) every tick whose targets moved writes.
+    # 60 s of the 100,000 budget from t = 187 on (before a rate is known, two seconds of
+    # counts, only past half the budget).
     ticks = [({n: (100 + i) * t for i, n in enumerate(NAMES)}, float(t)) for t in range(192)]
     written = _publisher_ticks(store, ticks)
-    assert [f.at for f in written] == [0.0, 1.0] + [float(t) for t in range(187, 192)]
+    assert [f.at for f in written] == [float(t) for t in range(187, 192)]
     assert written[-1].counted == 406 * 191
 
 
@@ -278,7 +279,7 @@ def test_a_fenced_decider_writes_no_forecast(store):
     def fenced():
         raise RuntimeError("lease lost")
     with pytest.raises(RuntimeError, match="lease lost"):
-        _publisher_ticks(store, [(1_000, 0.0)], guard=fenced)
+        _publisher_ticks(store, [(dict.fromkeys(NAMES, 24_000), 0.0)], guard=fenced)
     assert store.budget_forecast() is None
 
 

@@ -20,7 +20,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 LEARNERS = ["learner-0", "learner-1", "learner-2"]
 CHAOS = ["learners.speeds=[1.0, 1.0, 1.0]", "sync.sync_period=40", "sync.grace_gamma=0.5",
-         "sync.grace_min_seconds=1.0", "token_budget=135000",
+         # The budget covers the tape's last fault (round 11) with rounds to spare: before
+         # learners paused at the budget forecast, the overshoot stretched 135,000 tokens over
+         # 12+ rounds; trained to the budget, they made 9.
+         "sync.grace_min_seconds=1.0", "token_budget=200000",
          "orchestration.step_seconds_floor=0.1", "orchestration.checkpoint_every_steps=10",
          "orchestration.heartbeat_seconds=0.5", "orchestration.poll_seconds=0.25",
          "orchestration.learner_timeout_seconds=8", "orchestration.round_timeout_seconds=20",
@@ -174,9 +177,13 @@ def test_bad_contributions_are_rejected_with_a_reason(chaos, round_index):
                                         store.version_meta(p) or StoredMerge())
         assert found is None or learner not in found[1].members, (rnd, found)
         return
-    expected = {"nan": "NaN", "truncated": "refused by the store", "absurd": "norm per step",
-                "pickle": "not a plain array bundle", "wrong_shape": "has shape"}[mode]
-    assert expected in rnd["rejected"][learner], rnd["rejected"]
+    expected = {"nan": ["NaN"], "truncated": ["refused by the store"],
+                "absurd": ["norm per step"], "wrong_shape": ["has shape"],
+                # The pickle fault rewrites the manifest after the offer is committed: a decision
+                # taken between the two admitted the original, and the merge then refuses the
+                # rewrite before it reads the payload.
+                "pickle": ["not a plain array bundle", "changed after the decision"]}[mode]
+    assert any(e in rnd["rejected"][learner] for e in expected), rnd["rejected"]
     assert fault["learner"] == learner
     rejections = [x for x in s["ledger"]["rejections"] if x["round"] == round_index]
     assert [x["learner"] for x in rejections] == [learner]
