@@ -717,6 +717,15 @@ def _forecast(h: Harness, steps: int, at: float) -> None:
         targets={"learner-0": steps * h.cfg.tokens_per_learner_step}))
 
 
+def _start_holding_at_2(h: Harness):
+    """learner-0 started, and held at 2 steps (max_steps) until the test writes a forecast:
+    one it found when it started would not count (a previous decider's, maybe)."""
+    started = _start(h, "learner-0", max_steps=2)
+    _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "step", 0) >= 2, what="2 steps")
+    time.sleep(0.3)     # a poll or two with no forecast
+    return started
+
+
 def _holds_at(h: Harness, steps: int, runtime) -> None:
     _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "step", 0) == steps,
           what=f"a heartbeat at {steps} steps")
@@ -730,8 +739,9 @@ def test_a_learner_pauses_at_its_forecast_target_until_a_newer_forecast_or_stop(
     forecast and no further (its heartbeat showing where it stopped) until the syncer says
     more: a newer forecast, or STOP. (Without the pause it trains on to max_steps.)"""
     h = harness
+    runtime, thread, result = _start_holding_at_2(h)
     _forecast(h, 6, 1.0)
-    runtime, thread, result = _start(h, "learner-0", max_steps=40)
+    runtime.max_steps = 40
     _holds_at(h, 6, runtime)
     _forecast(h, 10, 2.0)
     _holds_at(h, 10, runtime)
@@ -747,8 +757,9 @@ def test_a_forecast_no_newer_one_follows_pauses_a_learner_only_for_a_while(
     target (a live syncer confirming it) keep it paused past that."""
     monkeypatch.setattr(store_link, "PAUSE_SECONDS", 1.5)
     h = harness
+    runtime, thread, result = _start_holding_at_2(h)
     _forecast(h, 4, 1.0)
-    runtime, thread, result = _start(h, "learner-0", max_steps=12)
+    runtime.max_steps = 12
     _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "step", 0) >= 4, what="4 steps")
     for i in range(8):       # 4 s of confirmations, every 0.5 s
         _forecast(h, 4, 2.0 + i)
@@ -780,8 +791,9 @@ def test_a_learner_paused_at_its_target_steps_once_to_answer_a_round_of_a_fragme
     count of its tokens, waited until its pause ran out: the tiny demo at M = 1 stalled 28 s
     and then trained 11% past its budget), then pauses again."""
     h = harness
+    runtime, thread, result = _start_holding_at_2(h)
     _forecast(h, 8, 1.0)
-    runtime, thread, result = _start(h, "learner-0", max_steps=40)
+    runtime.max_steps = 40
     _holds_at(h, 8, runtime)
     _bump(h, 1, 1)
     _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "versions", None) == (0, 1),
@@ -796,3 +808,21 @@ def test_a_learner_paused_at_its_target_steps_once_to_answer_a_round_of_a_fragme
     h.store.request_stop({"reason": "test", "final_left": 0})
     thread.join(30)
     assert result["status"] == "done" and result["step"] == 9
+
+
+def test_a_forecast_found_when_the_learner_starts_counts_only_once_a_newer_one_comes(harness):
+    """A run interrupted and resumed (or its budget raised) leaves the last decider's forecast
+    in the store: a learner that starts finds it, and does not pause at it (it would have
+    for up to PAUSE_SECONDS, behind targets of a budget no longer in force); a newer one, as
+    a live decider writes every few seconds near the end, counts."""
+    h = harness
+    _forecast(h, 4, 1.0)
+    runtime, thread, result = _start(h, "learner-0", max_steps=10)
+    _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "step", 0) == 10,
+          what="10 steps, past the old forecast's target")
+    _forecast(h, 14, 2.0)
+    runtime.max_steps = 40
+    _holds_at(h, 14, runtime)
+    h.store.request_stop({"reason": "test", "final_left": 0})
+    thread.join(30)
+    assert result["status"] == "done" and result["step"] == 14

@@ -27,6 +27,7 @@ from resources.store.artifact_store import Conflict, RejectedArtifact
 from resources.store.learner_view import LearnerView
 
 _logger = logging.getLogger(__name__)
+_UNREAD = object()     # no poll has read the forecast yet
 
 # Versions skipped between two polls whose metadata is read to learn which merges took this
 # learner's offer; an offer further back than that is taken as merged (the rule before).
@@ -73,6 +74,7 @@ class StoreLink:
         self._merged: dict[int, tuple[int, dict, int | None]] = {}
         self._polled = Polled()
         self._forecast_refused = False
+        self._found_at_start: float | None | object = _UNREAD   # the first poll's forecast
         self._standby = tuple(standby)   # absent at launch, until the capacity record says
         self._outbox: queue.Queue = queue.Queue()
         self._pending: list[tuple[str, Any]] = []
@@ -314,10 +316,16 @@ class StoreLink:
             # Once asked to leave, the learner leaves: a join that follows is for a new attempt
             # (the supervisor launches it once this one has exited).
             before = self._polled
-            target = None if forecast is None else forecast.targets.get(self.learner)
+            at = None if forecast is None else forecast.at
+            if self._found_at_start is _UNREAD:
+                self._found_at_start = at
+            # The forecast this process found when it started may be a previous decider's (a
+            # run interrupted and resumed, or a budget raised since): only a newer one counts.
+            # A live decider writes one at least every few seconds near the end.
+            fresh = forecast is not None and at != self._found_at_start
+            target = forecast.targets.get(self.learner) if fresh else None
             # A target's age runs from the newest forecast that names it: read again, the
             # same forecast is not news (a decider that died wrote no newer one).
-            at = None if forecast is None else forecast.at
             since = before.target_since if at == before.forecast_at else time.monotonic()
             self._polled = Polled(open_round, stop, before.leave or leave, target, since, at)
             for p, arrival in arrived.items():
