@@ -99,12 +99,14 @@ def test_a_killed_learner_rejoins_and_merges_never_stop(chaos):
     _back_within(s, "learner-1", kill["time"])
     rejoin = next(r for r in s["rejoins"] if r["fault"] == "kill-1")
     assert rejoin["rejoin_seconds"] > 0 and rejoin["rounds_missed"] <= 6
-    # ... and merges went on without it meanwhile (zero global downtime): at least one round
-    # was merged between the kill and its return ...
-    assert rejoin["rounds_missed"] >= 1
+    # ... and merges went on without it meanwhile (zero global downtime): every round merged
+    # between the kill and its return. (Whether one was is a race: the kill comes while the
+    # first merges still compile, 12-18 s apart on a loaded 2-core machine, and a relaunch can
+    # be back before the next one; a fresh-clone CI run saw none in between. The soaks measure
+    # downtime over whole runs.)
     back = next(r for r in _merges(s) if r["round"] == rejoin["back_in_round"])
     between = [r for r in _merges(s) if kill["time"] < r["published_at"] < back["published_at"]]
-    assert between
+    assert len(between) == rejoin["rounds_missed"]
     # ... and none waited for it: a merge of that window admits it only through an offer it
     # made before it was killed, to a round opened before the kill (whether the relaunched
     # learner is back before a round opened after the kill is merged is a race; CI lost it).
