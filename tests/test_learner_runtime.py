@@ -726,6 +726,15 @@ def _start_holding_at_2(h: Harness):
     return started
 
 
+def _start_with_target(h: Harness, steps: int, max_steps: int):
+    """learner-0 started, then given a forecast target at `steps` steps, then let train to
+    `max_steps`."""
+    runtime, thread, result = _start_holding_at_2(h)
+    _forecast(h, steps, 1.0)
+    runtime.max_steps = max_steps
+    return runtime, thread, result
+
+
 def _holds_at(h: Harness, steps: int, runtime) -> None:
     _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "step", 0) == steps,
           what=f"a heartbeat at {steps} steps")
@@ -739,9 +748,7 @@ def test_a_learner_pauses_at_its_forecast_target_until_a_newer_forecast_or_stop(
     forecast and no further (its heartbeat showing where it stopped) until the syncer says
     more: a newer forecast, or STOP. (Without the pause it trains on to max_steps.)"""
     h = harness
-    runtime, thread, result = _start_holding_at_2(h)
-    _forecast(h, 6, 1.0)
-    runtime.max_steps = 40
+    runtime, thread, result = _start_with_target(h, 6, max_steps=40)
     _holds_at(h, 6, runtime)
     _forecast(h, 10, 2.0)
     _holds_at(h, 10, runtime)
@@ -757,9 +764,7 @@ def test_a_forecast_no_newer_one_follows_pauses_a_learner_only_for_a_while(
     target (a live syncer confirming it) keep it paused past that."""
     monkeypatch.setattr(store_link, "PAUSE_SECONDS", 1.5)
     h = harness
-    runtime, thread, result = _start_holding_at_2(h)
-    _forecast(h, 4, 1.0)
-    runtime.max_steps = 12
+    runtime, thread, result = _start_with_target(h, 4, max_steps=12)
     _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "step", 0) >= 4, what="4 steps")
     for i in range(8):       # 4 s of confirmations, every 0.5 s
         _forecast(h, 4, 2.0 + i)
@@ -791,9 +796,7 @@ def test_a_learner_paused_at_its_target_steps_once_to_answer_a_round_of_a_fragme
     count of its tokens, waited until its pause ran out: the tiny demo at M = 1 stalled 28 s
     and then trained 11% past its budget), then pauses again."""
     h = harness
-    runtime, thread, result = _start_holding_at_2(h)
-    _forecast(h, 8, 1.0)
-    runtime.max_steps = 40
+    runtime, thread, result = _start_with_target(h, 8, max_steps=40)
     _holds_at(h, 8, runtime)
     _bump(h, 1, 1)
     _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "versions", None) == (0, 1),
