@@ -87,7 +87,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--backends", default="local,gcs")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
-    cfg = ModelConfig(preset="custom", vocab_size=args.vocab, d_model=args.d_model,
+    cfg = ModelConfig(preset="small", vocab_size=args.vocab, d_model=args.d_model,
                       n_layers=args.n_layers, n_heads=12, d_ff=4 * args.d_model,
                       max_seq_len=1024)
     params = random_params(cfg, 0)

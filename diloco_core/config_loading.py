@@ -1,22 +1,21 @@
 """Building an `ExperimentConfig` from plain mappings (parsed YAML/TOML) and CLI overrides.
 
 Strict: an unknown key, a wrong type or a bad value raises `ConfigError` with the dotted field
-path, before anything is computed. Reading the file itself is the caller's job (no I/O here).
+path, before anything is computed (the sections' own validation, `config_section.py`). Reading
+the file itself is the caller's job (no I/O here).
 """
 
 import dataclasses
 import json
 import math
-import re
 import tomllib
-import types
-import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
 
-from diloco_core.config import ConfigError, ExperimentConfig, ModelConfig
+from diloco_core.config import ConfigError, ExperimentConfig
+from diloco_core.config_section import build_section
 
 
 def parse_config_text(text: str, fmt: str) -> dict:
@@ -40,85 +39,9 @@ def parse_config_text(text: str, fmt: str) -> dict:
     raise ValueError(f"unknown config format {fmt!r}; use yaml or toml")
 
 
-_INFINITY = ("inf", "+inf", "infinity", "+infinity")
-# YAML 1.1 (PyYAML) reads exponent literals without a dot, such as `6e-3` or `1e6`, as strings;
-# a user writing `inner.lr=6e-3` means the number.
-_EXPONENT_LITERAL = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
-
-
-def _exponent_literal(value: Any) -> float | None:
-    if isinstance(value, str) and _EXPONENT_LITERAL.fullmatch(value.strip()):
-        return float(value)
-    return None
-
-
-def _coerce(value: Any, annotation: Any, path: str) -> Any:
-    origin = typing.get_origin(annotation)
-    if dataclasses.is_dataclass(annotation):
-        if isinstance(value, annotation):
-            return value
-        if not isinstance(value, Mapping):
-            raise ConfigError(path, f"must be a mapping, got {value!r}")
-        return build_dataclass(annotation, value, path)
-    if origin is tuple:
-        args = typing.get_args(annotation)
-        if not isinstance(value, Sequence) or isinstance(value, str | bytes):
-            raise ConfigError(path, f"must be a list, got {value!r}")
-        return tuple(_coerce(v, args[0], f"{path}[{i}]") for i, v in enumerate(value))
-    if origin in (types.UnionType, typing.Union):
-        return value
-    if annotation is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(path, f"must be true or false, got {value!r}")
-        return value
-    if annotation is int:
-        value = v if (v := _exponent_literal(value)) is not None else value
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
-                return int(value)
-            raise ConfigError(path, f"must be an integer, got {value!r}")
-        return value
-    if annotation is float:
-        if isinstance(value, str) and value.strip().lower() in _INFINITY:
-            return math.inf  # how strict JSON (config_to_mapping) spells an unbounded setting
-        value = v if (v := _exponent_literal(value)) is not None else value
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(path, f"must be a number, got {value!r}")
-        return float(value)
-    if annotation is str:
-        if not isinstance(value, str):
-            raise ConfigError(path, f"must be a string, got {value!r}")
-        return value
-    return value
-
-
 # Fields that moved, so that an old config gets the new name rather than a list of fields.
 MOVED = {"orchestration.block_on_overlap": "sync.block_on_overlap (the simulator's pacing "
                                           "rule too)"}
-
-
-def build_dataclass(cls: type, mapping: Mapping[str, Any], path: str) -> Any:
-    """A config dataclass from a plain mapping, strictly: unknown keys and wrong types raise
-    `ConfigError` under `path` (also used for the deployment file, outside the core)."""
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls) if f.init}
-    prefix = f"{path}." if path else ""
-    unknown = sorted(set(mapping) - names)
-    if unknown:
-        moved = MOVED.get(f"{prefix}{unknown[0]}")
-        if moved is not None:
-            raise ConfigError(f"{prefix}{unknown[0]}", f"moved: it is {moved} now")
-        raise ConfigError(f"{prefix}{unknown[0]}",
-                          f"unknown field; valid fields are {', '.join(sorted(names))}")
-    kwargs = {name: _coerce(value, hints[name], f"{prefix}{name}")
-              for name, value in mapping.items()}
-    try:
-        if cls is ModelConfig:
-            preset = kwargs.pop("preset", ModelConfig.preset)
-            return ModelConfig.from_preset(preset, **kwargs)
-        return cls(**kwargs)
-    except ConfigError as err:
-        raise err.prefixed(path) if path else err from None
 
 
 def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
@@ -174,7 +97,12 @@ def config_from_mapping(mapping: Mapping[str, Any] | None = None,
     for override in overrides:
         key, value = parse_override(override)
         _set_dotted(tree, key, value)
-    return build_dataclass(ExperimentConfig, tree, "")
+    try:
+        return build_section(ExperimentConfig, tree)
+    except ConfigError as err:
+        if err.field in MOVED and err.reason.startswith("unknown field"):
+            raise ConfigError(err.field, f"moved: it is {MOVED[err.field]} now") from None
+        raise
 
 
 def config_to_mapping(cfg: ExperimentConfig) -> dict:

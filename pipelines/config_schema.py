@@ -1,22 +1,18 @@
 """The experiment config as a typed schema: the `train` job's launchpad form and the config
 reference (`docs/config.md`).
 
-One source, nothing restated by hand: the frozen dataclasses of `diloco_core/config.py`, their
-types and defaults, and the comment written next to each field (on its line, or the comment
-block just above it). The form has every field, typed, each optional: a field left empty keeps
-its default (shown in its description), so the form layers like a config file, between the
-defaults and the overrides, and the core still validates the result and names a bad field.
+One source, nothing restated by hand: the config sections of `diloco_core/config.py` (pydantic
+dataclasses), their types, defaults and each field's documentation (the string under it, which
+pydantic keeps as the field's description). The form has every field, typed, each optional: a
+field left empty keeps its default (shown in its description), so the form layers like a config
+file, between the defaults and the overrides. The sections themselves validate the result (each
+field's check, then the checks across fields) when the run is launched and name a bad field.
 
     python -m pipelines.config_schema > docs/config.md     # regenerate the reference
 """
 
-import ast
 import dataclasses
 import functools
-import inspect
-import io
-import textwrap
-import tokenize
 import typing
 from collections.abc import Mapping
 from typing import Any
@@ -25,27 +21,7 @@ import dagster as dg
 import pydantic
 
 from diloco_core.config import ExperimentConfig, ModelConfig
-
-
-def field_comments(cls: type) -> dict[str, str]:
-    """field name -> the comments next to it in the class body, joined into one text."""
-    source = textwrap.dedent(inspect.getsource(cls))
-    lines = source.splitlines()
-    comments = {tok.start[0]: tok.string.lstrip("#").strip()
-                for tok in tokenize.generate_tokens(io.StringIO(source).readline)
-                if tok.type == tokenize.COMMENT}
-    out = {}
-    for node in ast.parse(source).body[0].body:
-        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
-            continue
-        above, line = [], node.lineno - 1
-        while line in comments and lines[line - 1].lstrip().startswith("#"):
-            above.insert(0, comments[line])
-            line -= 1
-        trailing = [comments[n] for n in range(node.lineno, node.end_lineno + 1)
-                    if n in comments]
-        out[node.target.id] = " ".join(above + trailing)
-    return out
+from diloco_core.config_section import field_docs
 
 
 def _fields(cls: type) -> list[tuple[str, Any]]:
@@ -78,7 +54,7 @@ class FieldDoc:
 
 
 def _walk(cls: type, plain: Any, orchestrated: Any, prefix: str) -> list[FieldDoc]:
-    comments = field_comments(cls)
+    docs = field_docs(cls)
     rows = []
     for name, hint in _fields(cls):
         path = f"{prefix}{name}"
@@ -86,7 +62,7 @@ def _walk(cls: type, plain: Any, orchestrated: Any, prefix: str) -> list[FieldDo
         if dataclasses.is_dataclass(hint):
             rows += _walk(hint, a, b, f"{path}.")
             continue
-        doc = comments.get(name, "")
+        doc = docs.get(name, "")
         if cls is ModelConfig and name != "preset":
             doc = f"{doc} (from the preset unless set)"
         rows.append(FieldDoc(path, _type_name(hint), _shown(a), _shown(b), doc))
@@ -115,11 +91,11 @@ def _form_type(hint: Any) -> Any:
 @functools.cache
 def form_model(cls: type = ExperimentConfig) -> type[dg.Config]:
     """A Dagster (pydantic) config class mirroring `cls`: nested sections for nested configs,
-    every other field optional (None: keep the default), described by its comments and its
+    every other field optional (None: keep the default), described by its documentation and its
     default under the orchestrated launch defaults."""
     docs = {row.path: row for row in reference()}
     prefix = _prefix_of(cls)
-    comments = field_comments(cls)
+    own_docs = field_docs(cls)
     fields: dict[str, Any] = {}
     for name, hint in _fields(cls):
         if dataclasses.is_dataclass(hint):
@@ -128,7 +104,7 @@ def form_model(cls: type = ExperimentConfig) -> type[dg.Config]:
             fields[name] = (nested, pydantic.Field(default_factory=nested, description=summary))
             continue
         row = docs.get(f"{prefix}{name}")
-        described = comments.get(name, "")
+        described = own_docs.get(name, "")
         if row is not None:
             shown = row.orchestrated if row.orchestrated == row.default else \
                 f"{row.orchestrated} ({row.default} without orchestrated_defaults)"

@@ -33,17 +33,19 @@ def test_the_launchpad_defaults_start_an_orchestrated_experiment(tmp_path):
         assert all(active.current_version(p) == 0 for p in range(4))
 
 
-def test_a_bad_config_fails_the_start_naming_the_field(tmp_path):
+def test_a_bad_config_is_refused_at_launch_naming_the_field_and_no_run_exists(tmp_path):
+    # K > M passes Dagster's schema (each field is well typed); the sections' own check across
+    # fields refuses it when the run is launched, before Dagster creates the run.
+    bad = {"ops": {"start_experiment": {"config": {"overrides": ["sync.min_quorum=9"]}}}}
+    job = _defs(str(tmp_path / "store")).resolve_job_def("train")
     with dg.instance_for_test() as instance:
-        result = _defs(str(tmp_path / "store")).resolve_job_def("train").execute_in_process(
-            instance=instance, raise_on_error=False,
-            run_config={"ops": {"start_experiment": {"config": {
-                "overrides": ["sync.min_quorum=9"]}}}})
-        assert not result.success
-        failure = next(e for e in result.all_events if e.is_step_failure)
-        message = str(failure.step_failure_data.user_failure_data.description)
-        assert "sync.min_quorum" in message and "num_learners" in message
-        assert not (tmp_path / "store" / "experiments").exists()     # nothing was written
+        with pytest.raises(dg.DagsterInvalidConfigError,
+                           match=r"sync\.min_quorum: must be <= learners\.num_learners"):
+            instance.create_run_for_job(job, run_config=bad)
+        with pytest.raises(dg.DagsterInvalidConfigError, match=r"sync\.min_quorum"):
+            job.execute_in_process(instance=instance, run_config=bad)
+        assert instance.get_runs() == []
+    assert not (tmp_path / "store" / "experiments").exists()     # nothing was written
 
 
 def test_defaults_layer_under_the_file_and_the_overrides(tmp_path):

@@ -145,6 +145,21 @@ def _launch_from_the_launchpad(page: Page, dagster, shot) -> str:
                        if "token_budget" in e.text], "the launchpad naming the mistyped field",
               timeout=60)
     shot("launchpad_type_error")
+    # Well typed but inconsistent (a quorum of 3 among 2 learners): the schema passes ("No
+    # errors"), and Launch Run is refused with the field and the reason; no run is created.
+    page.set_editor_text(LAUNCH_YAML.replace("min_quorum: 2", "min_quorum: 3"))
+    page.wait_text("No errors")
+    page.click("Launch Run")
+    page.wait(lambda: [e for e in page.visible_containing("sync.min_quorum")
+                       if "num_learners" in e.text], "the launch refused, naming the field",
+              timeout=120)
+    shot("launchpad_config_error")
+    runs = dagster.graphql('{ runsOrError(filter: {pipelineName: "train"}) { ... on Runs { '
+                           "results { runId } } } }")["runsOrError"]["results"]
+    assert runs == [], runs
+    page.open("/locations/diloco/jobs/train/playground")    # the error dialog dismissed
+    page.wait(lambda: "start_experiment" in (page.editor_text() or ""),
+              "the launchpad's config editor again", timeout=120)
     page.set_editor_text(LAUNCH_YAML)
     page.wait(lambda: "name=ui-e2e" in (page.editor_text() or ""), "the YAML in the editor")
     # The launchpad validates the YAML against the job's config schema as it changes.

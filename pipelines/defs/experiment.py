@@ -64,15 +64,9 @@ def start_experiment(context: dg.AssetExecutionContext, config: TrainingConfig,
                      store: ArtifactStoreResource, learner_compute: LearnerCompute):
     from diloco_core.config import ConfigError
     from diloco_core.config_loading import config_to_mapping
-    from pipelines.commands.config_layers import load_config
 
     try:
-        base = ORCHESTRATED_DEFAULTS if config.orchestrated_defaults else ()
-        from pipelines.config_schema import form_to_mapping
-
-        cfg = load_config(config.config_path, list(config.overrides), base=base,
-                          form=form_to_mapping(config.experiment))
-        require_orchestratable(cfg)
+        cfg = _experiment_config(config)
     except ConfigError as err:
         raise dg.Failure(description=f"invalid experiment config: {err}") from None
     try:   # every learner's region must be placed before anything is written
@@ -150,6 +144,19 @@ def start_experiment(context: dg.AssetExecutionContext, config: TrainingConfig,
     })
 
 
+def _experiment_config(config: TrainingConfig):
+    """The experiment config the launch describes: defaults <- orchestrated defaults <- file <-
+    form <- overrides, validated, and runnable by the orchestrated path; raises ConfigError."""
+    from pipelines.commands.config_layers import load_config
+    from pipelines.config_schema import form_to_mapping
+
+    base = ORCHESTRATED_DEFAULTS if config.orchestrated_defaults else ()
+    cfg = load_config(config.config_path, list(config.overrides), base=base,
+                      form=form_to_mapping(config.experiment))
+    require_orchestratable(cfg)
+    return cfg
+
+
 def _resume_with_a_larger_budget(context, artifacts, cfg) -> None:
     """A relaunch whose config differs from the stored one only in a larger `token_budget`
     resumes the run with that budget (`BUDGET` in the store, read by the syncer's STOP rule);
@@ -209,7 +216,41 @@ def _load_tape(path: str | None, learner_names) -> dict | None:
         raise dg.Failure(description=f"fault_tape_path: invalid fault tape: {err}") from None
 
 
+class _StartExperimentOp(dg.Config):
+    config: TrainingConfig = Field(default_factory=TrainingConfig)
+
+
+class _TrainOps(dg.Config):
+    start_experiment: _StartExperimentOp = Field(default_factory=_StartExperimentOp)
+
+
+class TrainRunConfig(dg.Config):
+    """The `train` job's run config, in the shape of the op's own (`ops.start_experiment.config`),
+    checked as a whole when the run is launched."""
+
+    ops: _TrainOps = Field(default_factory=_TrainOps)
+
+
+@dg.config_mapping
+def checked_at_launch(run: TrainRunConfig) -> dg.RunConfig:
+    """The whole experiment config validated when a run is launched, before Dagster creates it:
+    Dagster's schema types each field of the form, but a check across fields (K <= M, a sync
+    period that P divides, a sequence longer than the model's) needs the sections themselves.
+    A bad config is refused at the launchpad's Launch (or the GraphQL submit) naming its field,
+    and no run exists; the op checks again (and the deployment) when it runs."""
+    from diloco_core.config import ConfigError
+
+    config = run.ops.start_experiment.config
+    try:
+        _experiment_config(config)
+    except ConfigError as err:
+        raise dg.DagsterInvalidConfigError(
+            f"invalid experiment config: {err}", [], config.model_dump()) from None
+    return dg.RunConfig(ops={"start_experiment": config})
+
+
 train_job = dg.define_asset_job(
     "train", selection=["experiment", "initial_params"], executor_def=dg.in_process_executor,
+    config=checked_at_launch,
     description="Start a Decoupled DiLoCo training run: commit the config and the initial "
                 "parameters, then the sensors take over (learners, rounds, merges, evals).")

@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from diloco_core.config import ConfigError, LearnersConfig
-from diloco_core.config_loading import build_dataclass, parse_config_text
+from diloco_core.config_loading import parse_config_text
+from diloco_core.config_section import Flag, Number, build_section, config_section
 from resources.compute.tpu import SliceShape, slice_shape
 
 BACKENDS = ("local", "gke")
@@ -51,7 +52,7 @@ def _require(ok: bool, name: str, reason: str) -> None:
         raise ConfigError(name, reason)
 
 
-@dataclass(frozen=True, kw_only=True)
+@config_section
 class RegionPlacement:
     """One region's compute. `local` runs the learner as a subprocess of the Dagster run (the
     laptop and CI); `gke` runs it as a JobSet on a GKE TPU node pool, one pod per host of its
@@ -66,7 +67,7 @@ class RegionPlacement:
     # either side, so it works across regions and clouds; GKE learners always use it.
     channel: str = "local"
     bucket: str = ""                 # the Pipes channel's bucket (name, no gs://)
-    pipes_interval_seconds: float = 10.0   # how often messages are flushed and read
+    pipes_interval_seconds: Number = 10.0   # how often messages are flushed and read
     project: str = ""                # GCP project of the cluster
     location: str = ""               # GCP region or zone of the cluster, e.g. us-east5
     cluster: str = ""                # GKE cluster name
@@ -79,7 +80,7 @@ class RegionPlacement:
     # in it is the learner's name, e.g. diloco-{learner}: one identity per learner, which the
     # store bucket's per-learner IAM conditions need (`diloco iam`).
     service_account: str = ""
-    spot: bool = False               # schedule on Spot TPU capacity
+    spot: Flag = False               # schedule on Spot TPU capacity
     env: tuple[str, ...] = ()        # extra NAME=value environment variables for the learner
 
     def service_account_for(self, learner: str) -> str:
@@ -183,7 +184,7 @@ def deployment_from_mapping(mapping: Mapping[str, Any] | None) -> Deployment:
         _require(isinstance(name, str) and _DNS_LABEL.fullmatch(name) is not None, path,
                  "a region name must be a DNS label (lowercase letters, digits, '-')")
         _require(isinstance(spec, Mapping), path, f"must be a mapping, got {spec!r}")
-        placed[name] = build_dataclass(RegionPlacement, spec, path)
+        placed[name] = build_section(RegionPlacement, dict(spec), path)
     return Deployment(placed)
 
 
