@@ -99,3 +99,28 @@ def test_example_configs_are_valid():
     assert examples
     for path in examples:
         load_config(str(path), [])
+
+
+def test_a_section_built_in_code_is_checked_like_one_from_a_file():
+    # Direct construction, dataclasses.replace and a nested mapping all raise ConfigError
+    # naming the dotted field (never pydantic's own error type).
+    import dataclasses
+
+    with pytest.raises(ConfigError) as err:
+        ExperimentConfig(sync={"sync_period": 10})
+    assert err.value.field == "sync.sync_period" and "multiple of" in err.value.reason
+    with pytest.raises(ConfigError) as err:
+        dataclasses.replace(SyncConfig(), min_quorum=0)
+    assert err.value.field == "min_quorum" and ">= 1" in err.value.reason
+    with pytest.raises(ConfigError) as err:
+        ExperimentConfig(learners={"num_learners": True})
+    assert err.value.field == "learners.num_learners" and "integer" in err.value.reason
+    # A preset with overrides, whether built in code or read from a file.
+    assert ModelConfig(preset="tiny", n_layers=3) == config_from_mapping(
+        {"model": {"preset": "tiny", "n_layers": 3}}).model
+    assert ModelConfig(preset="tiny") == ModelConfig.from_preset("tiny")
+
+
+def test_a_moved_field_names_its_new_place():
+    with pytest.raises(ConfigError, match="moved: it is sync.block_on_overlap"):
+        config_from_mapping({}, ["orchestration.block_on_overlap=true"])
