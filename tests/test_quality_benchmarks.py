@@ -108,6 +108,11 @@ def test_the_code_hash_ignores_comments_docstrings_and_layout_but_not_code():
     # A docstring-only function stays valid; a changed constant, operator or name does not pass.
     assert semantic_source('def g():\n    """Only a docstring."""\n') == semantic_source(
         'def g():\n    pass\n')
+    # A field's documentation (the string under it) is a docstring too; its default is not.
+    field = 'class C:\n    x: int = 1\n    """The x."""\n    y: int = 2\n'
+    assert semantic_source(field) == semantic_source(
+        'class C:\n    x: int = 1\n    """Another text."""\n    y: int = 2\n')
+    assert semantic_source(field) != semantic_source(field.replace("= 1", "= 3"))
     for changed in ('X = 2\n\ndef f(a):\n    return a + X\n',
                     'X = 1\n\ndef f(a):\n    return a - X\n',
                     'X = 1\n\ndef f(b):\n    return b + X\n',

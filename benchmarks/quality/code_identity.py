@@ -7,8 +7,9 @@ final model into validation and test figures. Code they cannot reach (the
 learner mesh, the goodput model) does not make stored results stale.
 
 The hash is of each module's syntax tree with docstrings dropped, not of its bytes: a comment,
-a docstring or a line reflowed for the linter cannot change a figure, and used to mark every
-stored result stale (a run of hours to clear). Any change the interpreter sees still does.
+a docstring (a field's documentation included) or a line reflowed for the linter cannot change
+a figure, and used to mark every stored result stale (a run of hours to clear). Any change the
+interpreter sees still does.
 """
 
 import ast
@@ -53,15 +54,17 @@ def code_files() -> list[Path]:
 
 def semantic_source(text: str) -> str:
     """The module as the interpreter sees it: its syntax tree, without comments (the parser
-    drops them), layout or docstrings (dropped here; an f-string or a constant is kept)."""
+    drops them), layout or docstrings (dropped here: a module's, class's or function's, and
+    the string under a field, `config.py`'s field documentation; a bare string statement does
+    nothing; an f-string or a constant used anywhere is kept)."""
     tree = ast.parse(text)
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            body = node.body
-            if (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-                    and isinstance(body[0].value.value, str)):
-                # An empty body is not valid syntax: a docstring-only function keeps a `pass`.
-                node.body = body[1:] or [ast.Pass()]
+            kept = [s for s in node.body if not (isinstance(s, ast.Expr)
+                                                 and isinstance(s.value, ast.Constant)
+                                                 and isinstance(s.value.value, str))]
+            # An empty body is not valid syntax: a docstring-only function keeps a `pass`.
+            node.body = kept or [ast.Pass()]
     return ast.dump(tree, annotate_fields=False)
 
 
