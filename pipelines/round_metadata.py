@@ -165,10 +165,9 @@ def global_params_events(artifacts: ArtifactStore, record: StoredMerge,
 
 
 def mirrored_global_params(artifacts: ArtifactStore, partition: str, record: StoredMerge,
-                           decision: RoundDecision, version: int,
-                           with_checks: bool = True) -> list:
-    """The same, as runless events for a round the syncer service merged. Without
-    `with_checks` the caller holds the checks for its partition (`hold_checks`)."""
+                           decision: RoundDecision, version: int) -> list:
+    """The same, as runless events for a round the syncer service merged (a partition of one
+    round; a partition of several is recorded as one digest, `partition_digest.py`)."""
     finite = record.finite
     key = dg.AssetKey("global_params")
     events: list = [dg.AssetMaterialization(
@@ -176,7 +175,7 @@ def mirrored_global_params(artifacts: ArtifactStore, partition: str, record: Sto
         description=f"merged by the syncer service: {record.reason}"[:500],
         metadata=global_params_metadata(artifacts, record, decision, version, finite,
                                         record.merge_seconds or 0.0))]
-    for check in global_params_checks(record, version, finite) if with_checks else []:
+    for check in global_params_checks(record, version, finite):
         events.append(dg.AssetCheckEvaluation(asset_key=key, partition=partition,
                                               **check._asdict()))
     return events
@@ -204,15 +203,13 @@ def eval_regression(result: HeldoutEval, previous: HeldoutEval | None) -> RoundC
 
 
 def mirrored_eval(partition: str, round_index: int, result: HeldoutEval,
-                  previous: HeldoutEval | None, with_check: bool = True) -> list:
+                  previous: HeldoutEval | None) -> list:
     key = dg.AssetKey("heldout_eval")
-    events: list = [dg.AssetMaterialization(asset_key=key, partition=partition,
-                                            description="evaluated by the syncer service",
-                                            metadata=heldout_eval_metadata(result, round_index))]
-    if with_check:
-        events.append(dg.AssetCheckEvaluation(asset_key=key, partition=partition,
-                                              **eval_regression(result, previous)._asdict()))
-    return events
+    return [dg.AssetMaterialization(asset_key=key, partition=partition,
+                                    description="evaluated by the syncer service",
+                                    metadata=heldout_eval_metadata(result, round_index)),
+            dg.AssetCheckEvaluation(asset_key=key, partition=partition,
+                                    **eval_regression(result, previous)._asdict())]
 
 
 # Dagster keeps one runless check evaluation per (asset, check, partition): a second one raises

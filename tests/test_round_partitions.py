@@ -1,6 +1,7 @@
 """Round partitions that stay within Dagster's advised ~100,000 per asset at the paper's cadence:
-one partition per round for short runs, whole outer steps per partition for long ones, and every
-merge still its own materialization (with its round) inside its partition, on both paths."""
+one partition per round for short runs, whole outer steps per partition for long ones: a merge
+run materializes its own round (the sensor path), the syncer service's mirror one digest per
+asset and partition (its database then grows by the partition, not the round)."""
 
 import dagster as dg
 import pytest
@@ -84,15 +85,34 @@ def test_two_rounds_per_partition_on_both_paths(tmp_path, path):
             assert h.store.version_meta(r % 2, r // 2 + 1).round == r     # merged once
         assert instance.get_dynamic_partitions("rounds") == WINDOWS
         expected = [(WINDOWS[r // 2], r) for r in range(4)]
-        assert _events(h, "global_params") == expected
         updates = instance.fetch_materializations(
             dg.AssetRecordsFilter(asset_key=dg.AssetKey("learner_update")), limit=100).records
-        assert sorted(r.partition_key for r in updates) == sorted(
-            f"exp-test/{n}|{WINDOWS[r // 2]}" for r in range(4) for n in PAIR)
         evals = _events(h, "heldout_eval")
         if path == "sensor":
+            # Each merge run materializes its own round, and each offer is recorded.
+            assert _events(h, "global_params") == expected
+            assert sorted(r.partition_key for r in updates) == sorted(
+                f"exp-test/{n}|{WINDOWS[r // 2]}" for r in range(4) for n in PAIR)
             assert evals == expected                    # each merge run evaluates its round
         else:
+            # The mirror records one digest per asset and partition once its rounds are all
+            # mirrored (the database grows by the partition, not the round), named by the
+            # partition's last round; every round's figures are in it.
+            assert _events(h, "global_params") == [(WINDOWS[0], 1), (WINDOWS[1], 3)]
+            digests = instance.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=dg.AssetKey("global_params")),
+                limit=100).records
+            for record in digests:
+                meta = record.asset_materialization.metadata
+                assert (meta["rounds"].value, meta["rounds_merged"].value) == (2, 2)
+                assert meta["admitted_min"].value == 2
+            last = max(digests, key=lambda r: r.partition_key).asset_materialization.metadata
+            assert last["versions"].value == {"0": 2, "1": 2}
+            assert sorted(r.partition_key for r in updates) == sorted(
+                f"exp-test/{n}|{w}" for w in WINDOWS for n in PAIR)
+            for record in updates:
+                meta = record.asset_materialization.metadata
+                assert meta["offers"].value == 2 and meta["tokens"].value > 0
             assert evals == [(WINDOWS[0], 1), (WINDOWS[1], 3)]   # once per outer step (P = 2)
         # One params_finite evaluation per merge run (sensor path), or per partition once all
         # its rounds are mirrored (service path: Dagster keeps one runless evaluation per

@@ -212,6 +212,7 @@ def _mirror(instance: dg.DagsterInstance, artifacts, cfg, cursor: dict,
             holder: str) -> dg.SensorResult:
     """The syncer service runs the rounds: record in Dagster what it did. `holder`: who
     holds the lease, said in the tick's reason when there is nothing to record."""
+    from pipelines.partition_digest import hold_eval, hold_merge, hold_offer, release
     from pipelines.round_metadata import (
         eval_regression,
         global_params_checks,
@@ -223,34 +224,47 @@ def _mirror(instance: dg.DagsterInstance, artifacts, cfg, cursor: dict,
 
     result = mirror_tick(artifacts, cfg, cursor.get("mirror"))
     cursor["mirror"] = result.state
+    exp = artifacts.experiment
     per_partition = cfg.rounds_per_partition
     single = per_partition == 1
-    # Several rounds per partition: their checks are held and evaluated once per partition.
+    # Several rounds per partition: their checks are held and evaluated once per partition,
+    # and their figures recorded as one digest per asset and partition (partition_digest.py).
     held = cursor.setdefault("held_checks", {})
+    digests = cursor.setdefault("held_digests", {})
     closed = int(cursor.get("checks_closed_upto", -1))
-    events: list = [_offer_event(artifacts.experiment, o, per_partition) for o in result.offers
-                    if not o.foreign]
+    events: list = []
+    for offer in (o for o in result.offers if not o.foreign):
+        if single:
+            events.append(_offer_event(exp, offer, per_partition))
+        else:
+            hold_offer(digests, partition_key(exp, offer.round, per_partition), offer)
     for round_index, record, decision, version in result.merges:
-        key = partition_key(artifacts.experiment, round_index, per_partition)
-        events += mirrored_global_params(artifacts, key, record, decision, version,
-                                         with_checks=single)
-        if not single and round_index > closed:
+        key = partition_key(exp, round_index, per_partition)
+        if single:
+            events += mirrored_global_params(artifacts, key, record, decision, version)
+            continue
+        hold_merge(digests, key, round_index, record, decision, version)
+        if round_index > closed:
             hold_checks(held, key, "global_params", global_params_checks(
                 record, version, record.finite), round_index)
     for round_index, evaluation, previous in result.evals:
-        key = partition_key(artifacts.experiment, round_index, per_partition)
-        events += mirrored_eval(key, round_index, evaluation, previous, with_check=single)
-        if not single and round_index > closed:
+        key = partition_key(exp, round_index, per_partition)
+        if single:
+            events += mirrored_eval(key, round_index, evaluation, previous)
+            continue
+        hold_eval(digests, key, round_index, evaluation)
+        if round_index > closed:
             hold_checks(held, key, "heldout_eval", [eval_regression(evaluation, previous)],
                         round_index)
     if not single:
-        mirrored = min(result.state["fates"] - 1, result.state["evals"])
-        released, cursor["checks_closed_upto"] = release_checks(
-            held, None if result.finished else mirrored, closed)
+        mirrored = None if result.finished else min(result.state["fates"] - 1,
+                                                    result.state["evals"])
+        events += release(digests, mirrored, exp)
+        released, cursor["checks_closed_upto"] = release_checks(held, mirrored, closed)
         events += released
     events = _not_yet_evaluated(instance, events)
-    requests = [_summary_request(artifacts.experiment)] if result.finished else []
-    partitions = _partitions_request(artifacts.experiment, result.opened, per_partition)
+    requests = [_summary_request(exp)] if result.finished else []
+    partitions = _partitions_request(exp, result.opened, per_partition)
     return dg.SensorResult(
         run_requests=requests, dynamic_partitions_requests=partitions, asset_events=events,
         cursor=json.dumps(cursor),

@@ -1,0 +1,155 @@
+"""What Dagster records of a partition that holds several rounds: one digest per asset.
+
+A long run groups whole outer steps into one partition of the round assets
+(`orchestration.rounds_per_partition`), so that a month at the paper's cadence stays within
+Dagster's advised partitions per asset. A materialization per round would still grow the
+instance's database by the round: about 48 KB a merged round at M = 4 (a `global_params`
+materialization, a `learner_update` per offer, each event stored twice), 120 GB a month at a
+round a second, and Dagster's SQL event storage cannot delete a partition's events. So the
+quorum sensor, mirroring the syncer service, holds each round's figures in its cursor and
+records one materialization per asset and partition once all its rounds are mirrored: for
+`global_params` the partition's rounds (merged, refused), last versions, members and latencies;
+for `learner_update` one per learner with its offers, tokens, steps, bytes and late offers; for
+`heldout_eval` the partition's last eval. The database then grows by the partition, at most
+`ROUND_PARTITIONS_MAX` of them a run. Every round's detail stays in the store (its decision,
+merge record, offers and eval; `diloco status`, the token ledger). A run with one round per
+partition (every run of up to 10,000 rounds) records each round as before.
+"""
+
+import math
+from typing import Any
+
+import dagster as dg
+
+from diloco_core.round_records import RoundDecision
+from diloco_core.stored_merge import StoredMerge
+from pipelines.offer_summary import OfferSummary
+from pipelines.partition_keys import learner_partition_key, partition_rounds
+from resources.store.summary_records import HeldoutEval
+
+
+def hold_merge(held: dict, partition: str, round_index: int, record: StoredMerge,
+               decision: RoundDecision, version: int) -> None:
+    """Add one round the syncer merged (or refused) to its partition's `global_params`
+    digest (JSON state in the sensor's cursor)."""
+    d = held.setdefault(partition, {}).setdefault("global_params", {
+        "rounds": 0, "merged": 0, "first_round": round_index, "last_round": round_index,
+        "versions": {}, "admitted": [], "rejected": 0, "late": 0, "bytes_in": 0,
+        "merge_seconds": [], "decision_to_publish_seconds": [], "reason": ""})
+    d["rounds"] += 1
+    d["merged"] += int(record.merged and record.finite)
+    d["first_round"] = min(d["first_round"], round_index)
+    d["last_round"] = max(d["last_round"], round_index)
+    d["versions"][str(decision.fragment)] = max(version, d["versions"].get(
+        str(decision.fragment), version))
+    d["admitted"].append(len(record.members))
+    d["rejected"] += len(record.rejected)
+    d["late"] += len(decision.late)
+    d["bytes_in"] += int(record.bytes_in or 0)
+    d["merge_seconds"].append(float(record.merge_seconds or 0.0))
+    latency = record.latency(decision.decided_at)
+    d["decision_to_publish_seconds"].append(float(latency) if latency is not None else 0.0)
+    if round_index == d["last_round"]:
+        d["reason"] = record.reason[:300]
+
+
+def hold_offer(held: dict, partition: str, offer: OfferSummary) -> None:
+    """Add one offer to its learner's `learner_update` digest for the partition."""
+    d = held.setdefault(partition, {}).setdefault("learners", {}).setdefault(offer.learner, {
+        "offers": 0, "tokens": 0, "steps": 0, "nbytes": 0, "late": 0, "refused": 0,
+        "staleness_max": 0, "last_round": offer.round, "train_loss": None, "problem": ""})
+    d["offers"] += 1
+    for name in ("tokens", "steps", "nbytes"):
+        d[name] += int(getattr(offer, name) or 0)
+    d["late"] += int(offer.late)
+    d["staleness_max"] = max(d["staleness_max"], int(offer.staleness or 0))
+    if offer.problem:
+        d["refused"] += 1
+        d["problem"] = offer.problem[:300]
+    if offer.round >= d["last_round"]:
+        d["last_round"] = offer.round
+        if offer.train_loss is not None:
+            d["train_loss"] = offer.train_loss
+
+
+def hold_eval(held: dict, partition: str, round_index: int, evaluation: HeldoutEval) -> None:
+    """Keep the partition's latest eval (what its `heldout_eval` digest shows)."""
+    d = held.setdefault(partition, {})
+    count = d.get("eval", {}).get("evals", 0) + 1
+    if round_index >= d.get("eval", {}).get("round", -1):
+        kept = evaluation.model_dump(mode="json", include=set(HeldoutEval.model_fields))
+        d["eval"] = {"round": round_index, "evals": count,
+                     "eval": {**kept, "sample": evaluation.sample[:2000]}}
+    else:
+        d["eval"]["evals"] = count
+
+
+def release(held: dict, upto: int | None, experiment: str) -> list:
+    """The digests of every partition whose rounds all lie at or before `upto` (None: every
+    partition, the run is finished), as materializations; those partitions are dropped from
+    `held`. A late offer to a partition already released is held again and recorded with the
+    next release, as its own materialization."""
+    from pipelines.round_metadata import heldout_eval_metadata
+
+    events: list = []
+    for partition in sorted(held):
+        if upto is not None and partition_rounds(partition)[-1] > upto:
+            continue
+        d = held.pop(partition)
+        if "global_params" in d:
+            events.append(dg.AssetMaterialization(
+                asset_key="global_params", partition=partition,
+                description=f"{d['global_params']['rounds']} rounds merged by the syncer "
+                            "service (one digest per partition; every round in the store)",
+                metadata=_params_metadata(d["global_params"], experiment)))
+        for learner, figures in sorted(d.get("learners", {}).items()):
+            events.append(dg.AssetMaterialization(
+                asset_key="learner_update",
+                partition=dg.MultiPartitionKey({
+                    "round": partition, "learner": learner_partition_key(experiment, learner)}),
+                metadata=_learner_metadata(figures)))
+        if "eval" in d:
+            evaluation = HeldoutEval.model_validate(d["eval"]["eval"])
+            events.append(dg.AssetMaterialization(
+                asset_key="heldout_eval", partition=partition,
+                description="the partition's latest eval by the syncer service",
+                metadata={**heldout_eval_metadata(evaluation, d["eval"]["round"]),
+                          "evals_in_partition": d["eval"]["evals"]}))
+    return events
+
+
+def _summary(values: list[float], name: str) -> dict[str, float]:
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return {}
+    return {f"{name}_mean": round(sum(finite) / len(finite), 6),
+            f"{name}_max": round(max(finite), 6)}
+
+
+def _params_metadata(d: dict, experiment: str) -> dict[str, Any]:
+    admitted = d["admitted"]
+    return {
+        "experiment": experiment,
+        # The round of the partition's last merge: as a round's own materialization does.
+        "round": d["last_round"],
+        "first_round": d["first_round"],
+        "rounds": d["rounds"], "rounds_merged": d["merged"],
+        "versions": dg.MetadataValue.json({int(k): v for k, v in d["versions"].items()}),
+        "admitted_mean": round(sum(admitted) / len(admitted), 3) if admitted else 0.0,
+        "admitted_min": min(admitted, default=0),
+        "rejected": d["rejected"], "late": d["late"], "bytes_in": d["bytes_in"],
+        **_summary(d["merge_seconds"], "merge_seconds"),
+        **_summary(d["decision_to_publish_seconds"], "decision_to_publish_seconds"),
+        "last_decision_reason": dg.MetadataValue.text(d["reason"]),
+    }
+
+
+def _learner_metadata(d: dict) -> dict[str, Any]:
+    metadata: dict[str, Any] = {k: d[k] for k in ("offers", "tokens", "steps", "nbytes",
+                                                  "late", "refused", "staleness_max")}
+    metadata["round"] = d["last_round"]
+    if d["train_loss"] is not None:
+        metadata["train/loss"] = d["train_loss"]
+    if d["problem"]:
+        metadata["problem"] = dg.MetadataValue.text(d["problem"])
+    return metadata
