@@ -472,8 +472,9 @@ class OrchestrationConfig:
     ~100,000 partitions per asset, and at the paper's cadence (a fragment round every step) a
     month-long run makes millions of rounds: automatic keeps one partition per round while the
     run's expected rounds fit in ROUND_PARTITIONS_MAX, and otherwise groups whole outer steps
-    (multiples of P rounds) so that they do. Each merge stays its own materialization, with its
-    round in the metadata, inside its partition."""
+    (multiples of P rounds) so that they do. With several rounds a partition, the syncer
+    service's mirror records one digest per asset and partition (the database grows by the
+    partition, not the round); every round's detail stays in the store."""
     keep_global_versions: Count = 16
     """Retention, applied by the syncer service after its merges: the arrays of global versions
     older than the newest keep_global_versions of their fragment, and of the contributions to
