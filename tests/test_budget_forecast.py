@@ -234,14 +234,21 @@ class _Writes:
         self.store.put_budget_forecast(made)
 
 
-def _publisher_ticks(store, claims_and_times, guard=lambda: None):
+def _publisher_ticks(store, claims_and_times, guard=lambda: None, rebuilt=False):
     """The forecasts the publisher wrote after ticks at these times, the learners' claims
-    then as given (a total for learner-0, the others at 1,000 tokens, or every claim)."""
+    then as given (a total for learner-0, the others at 1,000 tokens, or every claim).
+    `rebuilt`: a new publisher every tick from the last one's state through JSON, as the
+    quorum sensor builds its controller every tick and keeps the state in its cursor."""
+    import json
+
     cfg = config_from_mapping(store.get_config())
     writes = _Writes(store)
     publisher = ForecastPublisher(writes, cfg, guard)
     state = SyncerState(store.experiment)
     for claims, now in claims_and_times:
+        if rebuilt:
+            publisher = ForecastPublisher(writes, cfg, guard,
+                                          json.loads(json.dumps(publisher.state())))
         if isinstance(claims, int):
             claims = {**dict.fromkeys(NAMES, 1_000), "learner-0": claims}
         obs = replace(_observed(cfg, claims, now=now), budget=None)   # no STOP: see the counts
@@ -273,6 +280,20 @@ def test_far_from_the_budget_at_the_counted_rate_nothing_is_written(store):
     written = _publisher_ticks(store, ticks)
     assert [f.at for f in written] == [float(t) for t in range(187, 192)]
     assert written[-1].counted == 406 * 191
+
+
+def test_a_decider_that_rebuilds_its_writer_every_tick_writes_what_a_long_lived_one_does(
+        store):
+    # The quorum sensor (the fallback decider) builds a controller per tick: with the
+    # writer's state carried in its cursor it knows the counted rate and writes from t = 187,
+    # as the service does, not from half the budget on (t = 124) nor on every tick.
+    ticks = [({n: (100 + i) * t for i, n in enumerate(NAMES)}, float(t)) for t in range(192)]
+    rebuilt = _publisher_ticks(store, ticks, rebuilt=True)
+    assert [f.at for f in rebuilt] == [float(t) for t in range(187, 192)]
+    # And a state that is not one (a cursor from another version) starts a fresh writer.
+    cfg = config_from_mapping(store.get_config())
+    fresh = ForecastPublisher(_Writes(store), cfg, lambda: None, {"counts": [["x", 1]]})
+    assert fresh.state()["counts"] == [] and fresh.state()["written"] is None
 
 
 def test_a_fenced_decider_writes_no_forecast(store):
@@ -325,3 +346,20 @@ def test_a_count_that_waits_on_every_learner_at_its_target_gives_targets_from_th
     publisher.tick(state, replace(_observed(cfg, claims, now=8.0), absent=frozenset({
         "learner-2", "learner-3"})), state)
     assert writes.forecasts[-1].targets == {"learner-0": 52_500, "learner-1": 47_500}
+
+
+def test_the_quorum_sensor_keeps_its_forecast_writers_memory_in_its_cursor(tmp_path):
+    import json
+
+    import dagster as dg
+    from orchestration_harness import Harness
+
+    with dg.instance_for_test() as instance:
+        h = Harness(instance, str(tmp_path / "store"))     # the sensor decides (TINY)
+        h.start()
+        for _ in range(3):
+            for name in ("learner-0", "learner-1", "learner-2"):
+                h.beat(name, 2)
+            h.tick(advance=1.5)
+        memory = json.loads(h.cursor)["forecast"]
+        assert len(memory["counts"]) == 3 and memory["counted_at"] is not None

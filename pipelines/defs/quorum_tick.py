@@ -115,8 +115,10 @@ def _summary_request(exp: str) -> dg.RunRequest:
 def _decide_here(context: dg.SensorEvaluationContext, artifacts, cfg, cursor: dict,
                  why: str) -> dg.SensorResult:
     """The sensor decides rounds and requests merge runs (the fallback, or `syncer: sensor`)."""
-    result = RoundController(artifacts, cfg).tick(cursor.get("controller"))
+    controller = RoundController(artifacts, cfg, forecast_state=cursor.get("forecast"))
+    result = controller.tick(cursor.get("controller"))
     cursor["controller"] = result.state
+    cursor["forecast"] = controller.forecast_state()
     exp = artifacts.experiment
     per_partition = cfg.rounds_per_partition
     requests = [dg.RunRequest(job_name="merge_round",

@@ -28,17 +28,52 @@ RATE_WINDOW_SECONDS = 30.0  # the counted rate: over the counts of the last this
 
 
 class ForecastPublisher:
+    """`state`: what an earlier publisher of this run kept (`state()`), for a decider that
+    builds one per tick (the quorum sensor, whose cursor carries it): the counted rate, the
+    last forecast, the stall clock. Without it such a decider would know no rate and write
+    forecasts only past half the budget."""
+
     def __init__(self, store: ArtifactStore, cfg: ExperimentConfig,
-                 guard: Callable[[], None]):
+                 guard: Callable[[], None], state: dict | None = None):
         self.store, self.cfg, self.guard = store, cfg, guard
         self._speeds = dict(zip(cfg.learners.learner_names, cfg.learners.learner_speeds,
                                 strict=True))
+        self._reset()
+        self._restore(state)
+
+    def _reset(self) -> None:
         self._counted_at = -math.inf
         self._counts: deque[tuple[float, int]] = deque()    # (time, counted)
         self._written: BudgetForecast | None = None
         self._moved_at = -math.inf      # when the count last changed
         self._near = False              # within the horizon (see `tick`)
         self._from_totals = False       # targets from the learners' totals (see `_stalled`)
+
+    def state(self) -> dict:
+        """The publisher's memory as plain JSON (no infinities)."""
+        finite = (lambda t: t if math.isfinite(t) else None)
+        return {"counted_at": finite(self._counted_at), "counts": [list(c) for c in self._counts],
+                "written": None if self._written is None else self._written.to_json(),
+                "moved_at": finite(self._moved_at), "near": self._near,
+                "from_totals": self._from_totals}
+
+    def _restore(self, state: dict | None) -> None:
+        """An earlier publisher's memory; anything malformed is dropped (a fresh publisher:
+        it costs at most a late forecast, never a wrong one)."""
+        if not isinstance(state, dict):
+            return
+        try:
+            counts = [(float(t), int(c)) for t, c in state.get("counts", [])]
+            written = state.get("written")
+            self._written = None if written is None else BudgetForecast.from_json(written)
+            self._counts = deque(counts[-int(RATE_WINDOW_SECONDS * 2 / WRITE_SECONDS):])
+            for name in ("counted_at", "moved_at"):
+                value = state.get(name)
+                setattr(self, f"_{name}", -math.inf if value is None else float(value))
+            self._near = bool(state.get("near", False))
+            self._from_totals = bool(state.get("from_totals", False))
+        except (TypeError, ValueError):      # RecordError is a ValueError
+            self._reset()
 
     def tick(self, before: SyncerState, observed: Observed, after: SyncerState) -> None:
         """After a tick that did not stop the run: count (once a second at most) and write a

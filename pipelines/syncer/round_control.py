@@ -72,7 +72,8 @@ class RoundController:
 
     def __init__(self, store: ArtifactStore, cfg: ExperimentConfig | None = None,
                  decided_by: str = "sensor", guard: Callable[[], None] | None = None,
-                 describe_offers: bool = True, trace: SyncerTrace | None = None):
+                 describe_offers: bool = True, trace: SyncerTrace | None = None,
+                 forecast_state: dict | None = None):
         self.store = store
         self.cfg = cfg or config_from_mapping(store.get_config())
         self.decided_by = decided_by
@@ -88,7 +89,13 @@ class RoundController:
         # Offers a recovery found in the store (reported before): not described again, also
         # when the recovery happened at the end of the last tick (a Conflict).
         self._reported: set[tuple[int, str]] = set()
-        self._forecasts = ForecastPublisher(store, self.cfg, self.guard)
+        # A decider that builds a controller per tick (the quorum sensor) passes the last
+        # one's forecast memory (`forecast_state()`), kept in its cursor.
+        self._forecasts = ForecastPublisher(store, self.cfg, self.guard, forecast_state)
+
+    def forecast_state(self) -> dict:
+        """The budget forecast writer's memory, for the next controller of this run."""
+        return self._forecasts.state()
 
     def tick(self, state: dict | None, now: float | None = None) -> TickResult:
         # A float: the state's times are, and a replayed trace must read back what was decided.
