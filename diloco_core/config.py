@@ -97,7 +97,8 @@ class ModelConfig:
     def _preset_under_overrides(cls, given: Any) -> Any:
         """The preset's fields, then the ones given: `ModelConfig(preset="tiny", n_layers=3)`
         is the tiny model with three layers, whether built in code or from a file."""
-        kwargs = given.kwargs if isinstance(given, ArgsKwargs) else given
+        # `ModelConfig()` arrives as ArgsKwargs with no kwargs at all (None).
+        kwargs = (given.kwargs or {}) if isinstance(given, ArgsKwargs) else given
         if not isinstance(kwargs, dict):
             return given
         name = kwargs.get("preset", "small")

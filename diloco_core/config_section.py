@@ -51,6 +51,8 @@ def config_section(cls: type) -> type:
 
     @functools.wraps(validated_init)
     def __init__(self, *args, **kwargs):
+        if args:    # a programming error, not a config value: said as Python would
+            raise TypeError(f"{section.__name__} takes keyword arguments only")
         try:
             validated_init(self, *args, **kwargs)
         except pydantic.ValidationError as err:

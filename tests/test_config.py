@@ -124,3 +124,9 @@ def test_a_section_built_in_code_is_checked_like_one_from_a_file():
 def test_a_moved_field_names_its_new_place():
     with pytest.raises(ConfigError, match="moved: it is sync.block_on_overlap"):
         config_from_mapping({}, ["orchestration.block_on_overlap=true"])
+
+
+def test_a_model_built_without_arguments_is_the_default_preset_and_positional_is_refused():
+    assert ModelConfig() == ModelConfig.from_preset("small") == ExperimentConfig().model
+    with pytest.raises(TypeError, match="keyword arguments only"):
+        SyncConfig(4)
