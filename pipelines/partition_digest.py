@@ -31,26 +31,41 @@ from resources.store.summary_records import HeldoutEval
 def hold_merge(held: dict, partition: str, round_index: int, record: StoredMerge,
                decision: RoundDecision, version: int) -> None:
     """Add one round the syncer merged (or refused) to its partition's `global_params`
-    digest (JSON state in the sensor's cursor)."""
+    digest (JSON state in the sensor's cursor: counts, sums and extremes, so its size does
+    not grow with the rounds a partition holds)."""
     d = held.setdefault(partition, {}).setdefault("global_params", {
         "rounds": 0, "merged": 0, "first_round": round_index, "last_round": round_index,
-        "versions": {}, "admitted": [], "rejected": 0, "late": 0, "bytes_in": 0,
-        "merge_seconds": [], "decision_to_publish_seconds": [], "reason": ""})
+        "versions": {}, "admitted": _running(), "rejected": 0, "late": 0, "bytes_in": 0,
+        "merge_seconds": _running(), "decision_to_publish_seconds": _running(),
+        "reason": ""})
     d["rounds"] += 1
     d["merged"] += int(record.merged and record.finite)
     d["first_round"] = min(d["first_round"], round_index)
     d["last_round"] = max(d["last_round"], round_index)
     d["versions"][str(decision.fragment)] = max(version, d["versions"].get(
         str(decision.fragment), version))
-    d["admitted"].append(len(record.members))
+    _add(d["admitted"], len(record.members))
     d["rejected"] += len(record.rejected)
     d["late"] += len(decision.late)
     d["bytes_in"] += int(record.bytes_in or 0)
-    d["merge_seconds"].append(float(record.merge_seconds or 0.0))
+    _add(d["merge_seconds"], float(record.merge_seconds or 0.0))
     latency = record.latency(decision.decided_at)
-    d["decision_to_publish_seconds"].append(float(latency) if latency is not None else 0.0)
+    _add(d["decision_to_publish_seconds"], float(latency) if latency is not None else 0.0)
     if round_index == d["last_round"]:
         d["reason"] = record.reason[:300]
+
+
+def _running() -> dict:
+    return {"n": 0, "sum": 0.0, "min": None, "max": None}
+
+
+def _add(stat: dict, value: float) -> None:
+    if not math.isfinite(value):
+        return
+    stat["n"] += 1
+    stat["sum"] += value
+    stat["min"] = value if stat["min"] is None else min(stat["min"], value)
+    stat["max"] = value if stat["max"] is None else max(stat["max"], value)
 
 
 def hold_offer(held: dict, partition: str, offer: OfferSummary) -> None:
@@ -86,9 +101,10 @@ def hold_eval(held: dict, partition: str, round_index: int, evaluation: HeldoutE
 
 def release(held: dict, upto: int | None, experiment: str) -> list:
     """The digests of every partition whose rounds all lie at or before `upto` (None: every
-    partition, the run is finished), as materializations; those partitions are dropped from
-    `held`. A late offer to a partition already released is held again and recorded with the
-    next release, as its own materialization."""
+    partition: the run is finished and every round mirrored), as materializations; those
+    partitions are dropped from `held`. A late offer to a partition already released is held
+    again and recorded with the next release, as its own materialization (its learner's
+    totals for the partition are the sum of its digests)."""
     from pipelines.round_metadata import heldout_eval_metadata
 
     events: list = []
@@ -118,12 +134,11 @@ def release(held: dict, upto: int | None, experiment: str) -> list:
     return events
 
 
-def _summary(values: list[float], name: str) -> dict[str, float]:
-    finite = [v for v in values if math.isfinite(v)]
-    if not finite:
+def _summary(stat: dict, name: str) -> dict[str, float]:
+    if not stat["n"]:
         return {}
-    return {f"{name}_mean": round(sum(finite) / len(finite), 6),
-            f"{name}_max": round(max(finite), 6)}
+    return {f"{name}_mean": round(stat["sum"] / stat["n"], 6),
+            f"{name}_max": round(stat["max"], 6)}
 
 
 def _params_metadata(d: dict, experiment: str) -> dict[str, Any]:
@@ -135,8 +150,8 @@ def _params_metadata(d: dict, experiment: str) -> dict[str, Any]:
         "first_round": d["first_round"],
         "rounds": d["rounds"], "rounds_merged": d["merged"],
         "versions": dg.MetadataValue.json({int(k): v for k, v in d["versions"].items()}),
-        "admitted_mean": round(sum(admitted) / len(admitted), 3) if admitted else 0.0,
-        "admitted_min": min(admitted, default=0),
+        "admitted_mean": round(admitted["sum"] / admitted["n"], 3) if admitted["n"] else 0.0,
+        "admitted_min": int(admitted["min"] or 0),
         "rejected": d["rejected"], "late": d["late"], "bytes_in": d["bytes_in"],
         **_summary(d["merge_seconds"], "merge_seconds"),
         **_summary(d["decision_to_publish_seconds"], "decision_to_publish_seconds"),

@@ -37,6 +37,9 @@ class MirrorResult:
     # (round, eval, the eval before it) of evals the syncer stored
     evals: list[tuple[int, RoundEval, HeldoutEval | None]] = field(default_factory=list)
     finished: bool = False
+    # Whether this tick mirrored any round's fate: at most MAX_ROUNDS_PER_TICK are, so a
+    # mirror that fell behind is still catching up while this is true.
+    fates_moved: bool = False
 
 
 def fresh_mirror() -> dict:
@@ -77,7 +80,9 @@ def mirror_tick(store: ArtifactStore, cfg: ExperimentConfig, state: dict | None)
         result.opened = list(range(first, last + 1))
         state["opened"] = last
     _offers(store, cfg, state, result, last, decision_of)
+    fates_before = state["fates"]
     _fates(store, state, result, last, decision_of)
+    result.fates_moved = state["fates"] != fates_before
     _evals(store, state, result, last, decision_of)
     result.finished = store.finished() is not None
     return result

@@ -83,3 +83,20 @@ def test_the_end_of_the_run_releases_a_partition_whose_rounds_never_came():
     assert release(held, 0, EXP) == []
     events = _by_asset(release(held, None, EXP))
     assert events["global_params"][0].metadata["rounds"].value == 1
+
+
+def test_a_partitions_held_digest_does_not_grow_with_its_rounds():
+    import json
+
+    sizes = []
+    for rounds in (32, 1000):
+        held: dict = {}
+        for r in range(rounds):
+            hold_merge(held, partition_key(EXP, 0, 1024), r,
+                       StoredMerge(round=r, fragment=r % 4, merged=True, reason="quorum",
+                                   members=("learner-0",), weights=(1.0,), finite=True,
+                                   merge_seconds=0.1, published_at=10.0 + r),
+                       RoundDecision(round=r, fragment=r % 4, members=("learner-0",),
+                                     reason="quorum", decided_at=9.5 + r), r // 4 + 1)
+        sizes.append(len(json.dumps(held)))
+    assert sizes[1] < 1.2 * sizes[0]          # a few digits longer, not a list per round

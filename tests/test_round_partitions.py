@@ -135,3 +135,28 @@ def test_two_rounds_per_partition_on_both_paths(tmp_path, path):
             assert not result.success
             failure = next(e for e in result.all_events if e.is_step_failure)
             assert "diloco/round" in failure.step_failure_data.user_failure_data.description
+
+
+def test_a_finished_run_whose_mirror_is_behind_gets_one_digest_per_partition(
+        tmp_path, monkeypatch):
+    # The mirror takes at most MAX_ROUNDS_PER_TICK rounds a tick (a daemon restart near the
+    # end leaves it behind): a partition is released only once all its rounds are mirrored,
+    # even when the run has finished meanwhile, never as two digests each with part of it.
+    import pipelines.round_mirror as round_mirror
+    from resources.store.artifact_store import ArtifactStore
+
+    with dg.instance_for_test() as instance:
+        h = Harness(instance, str(tmp_path / "store"), overrides=[
+            "orchestration.syncer=service", "orchestration.rounds_per_partition=4"])
+        h.start()
+        step, _ = h.decider("service")
+        _play(h, step)                                  # 4 rounds, nothing mirrored yet
+        monkeypatch.setattr(round_mirror, "MAX_ROUNDS_PER_TICK", 2)
+        monkeypatch.setattr(ArtifactStore, "finished", lambda self: {"reason": "test"})
+        for _ in range(3):
+            h.tick()
+        digests = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=dg.AssetKey("global_params")), limit=10).records
+        assert [r.asset_materialization.metadata["rounds"].value for r in digests] == [4]
+        # The summary (which ends the mirroring) is requested once the mirror caught up.
+        assert [r.job_name for r in h.launched] == ["summarize"]

@@ -258,14 +258,19 @@ def _mirror(instance: dg.DagsterInstance, artifacts, cfg, cursor: dict,
         if round_index > closed:
             hold_checks(held, key, "heldout_eval", [eval_regression(evaluation, previous)],
                         round_index)
+    # The run is finished and the mirror has caught up with its rounds (this tick mirrored no
+    # more fates; at most MAX_ROUNDS_PER_TICK a tick): then, not before, every held partition
+    # is released and the summary requested (its run ends the experiment's activity, and with
+    # it the mirroring). Released while its rounds were still being mirrored, a partition
+    # would be recorded twice, each digest with part of its rounds.
+    settled = result.finished and not result.fates_moved
     if not single:
-        mirrored = None if result.finished else min(result.state["fates"] - 1,
-                                                    result.state["evals"])
+        mirrored = None if settled else min(result.state["fates"] - 1, result.state["evals"])
         events += release(digests, mirrored, exp)
         released, cursor["checks_closed_upto"] = release_checks(held, mirrored, closed)
         events += released
     events = _not_yet_evaluated(instance, events)
-    requests = [_summary_request(exp)] if result.finished else []
+    requests = [_summary_request(exp)] if settled else []
     partitions = _partitions_request(exp, result.opened, per_partition)
     return dg.SensorResult(
         run_requests=requests, dynamic_partitions_requests=partitions, asset_events=events,
