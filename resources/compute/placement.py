@@ -33,6 +33,7 @@ from typing import Any
 from diloco_core.config import ConfigError, LearnersConfig
 from diloco_core.config_loading import parse_config_text
 from diloco_core.config_section import Flag, Number, build_section, config_section
+from diloco_core.config_section import require as _require
 from resources.compute.tpu import SliceShape, slice_shape
 
 BACKENDS = ("local", "gke")
@@ -45,11 +46,6 @@ _DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")
 _GCP_PROJECT = re.compile(r"[a-z][a-z0-9-]{4,28}[a-z0-9]")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def _require(ok: bool, name: str, reason: str) -> None:
-    if not ok:
-        raise ConfigError(name, reason)
 
 
 @config_section
