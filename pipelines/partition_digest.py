@@ -10,7 +10,8 @@ quorum sensor, mirroring the syncer service, holds each round's figures in its c
 records one materialization per asset and partition once all its rounds are mirrored: for
 `global_params` the partition's rounds (merged, refused), last versions, members and latencies;
 for `learner_update` one per learner with its offers, tokens, steps, bytes and late offers; for
-`heldout_eval` the partition's last eval. The database then grows by the partition, at most
+`heldout_eval` the partition's last eval (a learner's digest once the partition's rounds are
+closed to late offers). The database then grows by the partition, at most
 `ROUND_PARTITIONS_MAX` of them a run. Every round's detail stays in the store (its decision,
 merge record, offers and eval; `diloco status`, the token ledger). A run with one round per
 partition (every run of up to 10,000 rounds) records each round as before.
@@ -99,38 +100,48 @@ def hold_eval(held: dict, partition: str, round_index: int, evaluation: HeldoutE
         d["eval"]["evals"] = count
 
 
-def release(held: dict, upto: int | None, experiment: str) -> list:
-    """The digests of every partition whose rounds all lie at or before `upto` (None: every
-    partition: the run is finished and every round mirrored), as materializations; those
-    partitions are dropped from `held`. A late offer to a partition already released is held
-    again and recorded with the next release, as its own materialization (its learner's
-    totals for the partition are the sum of its digests)."""
+def release(held: dict, upto: int | None, experiment: str,
+            offers_upto: int | None = None) -> list:
+    """The digests due, as materializations, dropped from `held`: a partition's
+    `global_params` and `heldout_eval` once all its rounds lie at or before `upto` (mirrored),
+    its learners' `learner_update` once they lie at or before `offers_upto` too (closed to
+    offers: a round takes late offers for LATE_WINDOW rounds after it is decided, and the
+    mirror reports none after that), so each learner's digest has every offer it reported.
+    None: due (the run is finished and every round mirrored)."""
     from pipelines.round_metadata import heldout_eval_metadata
+
+    def due(partition: str, limit: int | None) -> bool:
+        return limit is None or partition_rounds(partition)[-1] <= limit
 
     events: list = []
     for partition in sorted(held):
-        if upto is not None and partition_rounds(partition)[-1] > upto:
-            continue
-        d = held.pop(partition)
-        if "global_params" in d:
-            events.append(dg.AssetMaterialization(
-                asset_key="global_params", partition=partition,
-                description=f"{d['global_params']['rounds']} rounds merged by the syncer "
-                            "service (one digest per partition; every round in the store)",
-                metadata=_params_metadata(d["global_params"], experiment)))
-        for learner, figures in sorted(d.get("learners", {}).items()):
-            events.append(dg.AssetMaterialization(
-                asset_key="learner_update",
-                partition=dg.MultiPartitionKey({
-                    "round": partition, "learner": learner_partition_key(experiment, learner)}),
-                metadata=_learner_metadata(figures)))
-        if "eval" in d:
-            evaluation = HeldoutEval.model_validate(d["eval"]["eval"])
-            events.append(dg.AssetMaterialization(
-                asset_key="heldout_eval", partition=partition,
-                description="the partition's latest eval by the syncer service",
-                metadata={**heldout_eval_metadata(evaluation, d["eval"]["round"]),
-                          "evals_in_partition": d["eval"]["evals"]}))
+        d = held[partition]
+        if due(partition, upto):
+            if "global_params" in d:
+                params = d.pop("global_params")
+                events.append(dg.AssetMaterialization(
+                    asset_key="global_params", partition=partition,
+                    description=f"{params['rounds']} rounds merged by the syncer service (one "
+                                "digest per partition; every round in the store)",
+                    metadata=_params_metadata(params, experiment)))
+            if "eval" in d:
+                held_eval = d.pop("eval")
+                evaluation = HeldoutEval.model_validate(held_eval["eval"])
+                events.append(dg.AssetMaterialization(
+                    asset_key="heldout_eval", partition=partition,
+                    description="the partition's latest eval by the syncer service",
+                    metadata={**heldout_eval_metadata(evaluation, held_eval["round"]),
+                              "evals_in_partition": held_eval["evals"]}))
+        if due(partition, upto) and due(partition, offers_upto):
+            for learner, figures in sorted(d.pop("learners", {}).items()):
+                events.append(dg.AssetMaterialization(
+                    asset_key="learner_update",
+                    partition=dg.MultiPartitionKey({
+                        "round": partition,
+                        "learner": learner_partition_key(experiment, learner)}),
+                    metadata=_learner_metadata(figures)))
+        if not d:
+            del held[partition]
     return events
 
 

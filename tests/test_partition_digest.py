@@ -1,6 +1,6 @@
 """A partition of several rounds as the syncer service's mirror records it: one digest per
-asset, released once all its rounds are mirrored, every round counted in it; an offer that
-comes after its partition was released is recorded with the next release, not lost."""
+asset, released once all its rounds are mirrored (a learner's, once they are closed to late
+offers), every round and offer counted in it."""
 
 from diloco_core.round_records import RoundDecision
 from diloco_core.stored_merge import StoredMerge
@@ -65,16 +65,24 @@ def test_a_partition_is_released_once_its_rounds_are_mirrored_with_every_round_i
     assert evaluation.metadata["evals_in_partition"].value == 2
 
 
-def test_an_offer_after_its_partition_was_released_is_recorded_with_the_next_release():
+def test_a_learners_digest_waits_for_its_partitions_late_offers():
+    # A round takes late offers for LATE_WINDOW rounds after its decision: the partition's
+    # merges are recorded once mirrored, each learner's offers once the rounds are closed to
+    # offers, so one digest per learner holds every offer it reported, late ones too.
     held: dict = {}
     for r in range(4):
         _merge(held, r)
         _offer(held, r, "learner-0")
-    assert len(_by_asset(release(held, 3, EXP))["learner_update"]) == 1
-    _offer(held, 3, "learner-1", late=True)            # within the late window, after release
-    (late,) = _by_asset(release(held, 3, EXP))["learner_update"]
-    assert late.metadata["late"].value == 1 and late.metadata["offers"].value == 1
-    assert release(held, None, EXP) == []               # nothing held twice
+    first = _by_asset(release(held, 3, EXP, offers_upto=1))
+    assert set(first) == {"global_params"}
+    _offer(held, 3, "learner-1", late=True)            # within the late window
+    assert release(held, 3, EXP, offers_upto=2) == []
+    updates = _by_asset(release(held, 3, EXP, offers_upto=3))["learner_update"]
+    figures = {e.partition.keys_by_dimension["learner"]: e.metadata for e in updates}
+    assert figures["e1/learner-0"]["offers"].value == 4
+    assert (figures["e1/learner-1"]["offers"].value, figures["e1/learner-1"]["late"].value) \
+        == (1, 1)
+    assert held == {} and release(held, None, EXP) == []    # nothing held twice
 
 
 def test_the_end_of_the_run_releases_a_partition_whose_rounds_never_came():

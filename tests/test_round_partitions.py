@@ -60,9 +60,9 @@ def _events(h: Harness, asset: str) -> list[tuple[str, int]]:
                   for r in records)
 
 
-def _play(h: Harness, step) -> None:
+def _play(h: Harness, step, rounds=range(4)) -> None:
     """Four rounds, two learners offering each: `step` is one decider tick."""
-    for r in range(4):
+    for r in rounds:
         for name in [*PAIR, "learner-2"]:
             h.beat(name, 2)
         step()
@@ -108,12 +108,10 @@ def test_two_rounds_per_partition_on_both_paths(tmp_path, path):
                 assert meta["admitted_min"].value == 2
             last = max(digests, key=lambda r: r.partition_key).asset_materialization.metadata
             assert last["versions"].value == {"0": 2, "1": 2}
-            assert sorted(r.partition_key for r in updates) == sorted(
-                f"exp-test/{n}|{w}" for w in WINDOWS for n in PAIR)
-            for record in updates:
-                meta = record.asset_materialization.metadata
-                assert meta["offers"].value == 2 and meta["tokens"].value > 0
             assert evals == [(WINDOWS[0], 1), (WINDOWS[1], 3)]   # once per outer step (P = 2)
+            # A learner's digest waits until its partition's rounds take no more late offers
+            # (LATE_WINDOW rounds after their decision): four rounds more close both windows.
+            assert updates == []
         # One params_finite evaluation per merge run (sensor path), or per partition once all
         # its rounds are mirrored (service path: Dagster keeps one runless evaluation per
         # partition, and a second would fail the sensor's every later tick).
@@ -128,6 +126,16 @@ def test_two_rounds_per_partition_on_both_paths(tmp_path, path):
             assert len(instance.event_log_storage.get_asset_check_execution_history(
                 dg.AssetCheckKey(dg.AssetKey("global_params"), "params_finite"),
                 limit=100)) == 2
+            _play(h, step, range(4, 8))                 # closes rounds 0-3 to late offers
+            h.tick()
+            updates = instance.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=dg.AssetKey("learner_update")),
+                limit=100).records
+            assert sorted(r.partition_key for r in updates) == sorted(
+                f"exp-test/{n}|{w}" for w in WINDOWS for n in PAIR)
+            for record in updates:
+                meta = record.asset_materialization.metadata
+                assert meta["offers"].value == 2 and meta["tokens"].value > 0
         if path == "sensor":
             # A run on a window without the round tag cannot guess which round: it says so.
             result = h.defs.resolve_job_def("evaluate_round").execute_in_process(

@@ -266,7 +266,8 @@ def _mirror(instance: dg.DagsterInstance, artifacts, cfg, cursor: dict,
     settled = result.finished and not result.fates_moved
     if not single:
         mirrored = None if settled else min(result.state["fates"] - 1, result.state["evals"])
-        events += release(digests, mirrored, exp)
+        closed_to_offers = None if settled else result.state["offers_from"] - 1
+        events += release(digests, mirrored, exp, closed_to_offers)
         released, cursor["checks_closed_upto"] = release_checks(held, mirrored, closed)
         events += released
     events = _not_yet_evaluated(instance, events)
