@@ -283,7 +283,7 @@ class LearnerRuntime:
                         break
                     time.sleep(orch.poll_seconds / 2)
                 elif ((self.max_steps is not None and int(self.train.step) >= self.max_steps)
-                      or self._must_wait() or self._at_budget_target()):
+                      or self._must_wait(rnd) or self._at_budget_target(rnd)):
                     time.sleep(orch.poll_seconds / 4)
                 else:
                     self._step()
@@ -426,14 +426,14 @@ class LearnerRuntime:
         self.book = self.book.settle([f.version for f in self.sync.fragments], self._now(),
                                      self.cfg.orchestration.round_timeout_seconds)
 
-    def _at_budget_target(self) -> bool:
+    def _at_budget_target(self, rnd: RoundOpen | None) -> bool:
         """Near the end of the budget: paused at this learner's target in the syncer's
         forecast (`diloco_core/budget_forecast.py`) until a newer forecast or STOP. It beats on
         pausing, so that the syncer counts the total it paused at without waiting a heartbeat
         period for it."""
         target = self.link.pause_target
         paused = (target is not None and self.tokens_total >= target
-                  and not self._round_waits_for_a_step())
+                  and not self._round_waits_for_a_step(rnd))
         if paused and not self._paused_at_target:
             self.log.info(f"{self.name}: at its share of the token budget ({self.tokens_total} "
                           f">= {target} tokens); waiting for the syncer's count")
@@ -441,24 +441,25 @@ class LearnerRuntime:
         self._paused_at_target = paused
         return paused
 
-    def _round_waits_for_a_step(self) -> bool:
+    def _round_waits_for_a_step(self, rnd: RoundOpen | None) -> bool:
         """The open round is this learner's to answer but it has nothing to offer on its
         fragment (received since its last step: the offer rule waits for the next step). Before
         STOP a round waits for a quorum of offers, not for declines, so a learner paused at its
         budget target takes that one step: paused through it, it could hold the round, and the
         credit the syncer's count waits on, until its pause ran out."""
-        rnd = self.link.open_round
         if rnd is None:
             return False
         p = rnd.fragment
         return (rnd.round > self.book.answered and not self.book.in_flight(p)
                 and self.sync.fragments[p].steps < 1)
 
-    def _must_wait(self) -> bool:
-        """Pacing (`sync.block_on_overlap`): the protocol's rule, as in the simulator."""
+    def _must_wait(self, rnd: RoundOpen | None) -> bool:
+        """Pacing (`sync.block_on_overlap`): the protocol's rule, as in the simulator. `rnd`:
+        the open round this loop iteration offered to, not a newer read of the link (its poll
+        runs beside the loop): a round that opened after the offer check would otherwise end
+        the wait "for a round" and let a step run before the offer."""
         if not self.cfg.sync.block_on_overlap:
             return False
-        rnd = self.link.open_round
         self.book = self.book.saw_round(-1 if rnd is None else rnd.round, self.tokens_total)
         self._settle()
         return self.book.must_wait(int(self.train.step), self.tokens_total,
