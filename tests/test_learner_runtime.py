@@ -324,6 +324,45 @@ def test_block_on_overlap_makes_a_barrier_at_every_sync(tmp_path):
         assert beat.training_seconds - beat.compute_seconds > 1.5  # the waits are idle
 
 
+def test_a_round_that_opens_within_a_loop_iteration_is_offered_before_any_step(
+        tmp_path, monkeypatch):
+    # The link polls the store beside the loop: a round can open between the loop's check
+    # for an offer and its pacing check. The first read that sees round 0 open is made to say
+    # "no round" (as a read just before the poll would), every later read the round: a loop
+    # that reads the link twice an iteration would end the barrier's wait "for a round" on
+    # the second read and step once before offering (the race a CI run hit, 3 == 2).
+    from resources.learner.store_link import StoreLink
+
+    polled = StoreLink.open_round.fget
+    hidden = {"done": False}
+
+    def open_round(link):
+        rnd = polled(link)
+        if rnd is not None and not hidden["done"]:
+            hidden["done"] = True
+            return None
+        return rnd
+
+    monkeypatch.setattr(StoreLink, "open_round", property(open_round))
+    with dg.instance_for_test() as instance:
+        h = Harness(instance, str(tmp_path / "store"), FAST + [
+            "sync.block_on_overlap=true", "sync.overlap_steps=0",
+            "orchestration.round_timeout_seconds=5"])
+        h.start()
+        interval = h.cfg.sync.round_interval_steps
+        runtime, thread, result = _start(h, "learner-0", max_steps=10 * interval)
+        _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "step", 0) >= interval,
+              what="the first H/P steps")
+        h.store.open_round(0, {"fragment": 0, "opened_at": time.time()})
+        _wait(lambda: h.store.contribution_manifest(0, "learner-0") is not None,
+              what="the offer")
+        assert hidden["done"]
+        manifest = h.store.contribution_manifest(0, "learner-0")
+        assert manifest.learner_step == interval     # offered at the barrier, no step before
+        h.store.request_stop({"reason": "test", "final_left": 0})
+        thread.join(60)
+
+
 def test_a_learner_started_from_a_peers_state_waits_on_its_own_tokens(tmp_path):
     # A learner that starts from a peer's checkpoint carries the peer's step counter but only
     # its own tokens. At the barrier it must have processed H/P steps' worth of its own tokens,
