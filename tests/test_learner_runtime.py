@@ -295,18 +295,25 @@ def test_an_orphaned_learner_steps_aside_when_a_newer_attempt_starts(harness):
     assert h.store.get_heartbeat("learner-2").attempt == 1     # never overwritten
 
 
+def _at_the_first_barrier(instance, tmp_path):
+    """learner-0 under tau = 0 pacing (synchronous DiLoCo's barrier), once it has trained its
+    first H/P steps: (harness, H/P, runtime, thread)."""
+    h = Harness(instance, str(tmp_path / "store"), FAST + [
+        "sync.block_on_overlap=true", "sync.overlap_steps=0",
+        "orchestration.round_timeout_seconds=5"])
+    h.start()
+    interval = h.cfg.sync.round_interval_steps
+    runtime, thread, _ = _start(h, "learner-0", max_steps=10 * interval)
+    _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "step", 0) >= interval,
+          what="the first H/P steps")
+    return h, interval, runtime, thread
+
+
 def test_block_on_overlap_makes_a_barrier_at_every_sync(tmp_path):
     # The synchronous-DiLoCo baseline: tau = 0, the learner stops after each offer until the
     # merged fragment comes back, and stops at H/P steps when no round opens.
     with dg.instance_for_test() as instance:
-        h = Harness(instance, str(tmp_path / "store"), FAST + [
-            "sync.block_on_overlap=true", "sync.overlap_steps=0",
-            "orchestration.round_timeout_seconds=5"])
-        h.start()
-        interval = h.cfg.sync.round_interval_steps
-        runtime, thread, result = _start(h, "learner-0", max_steps=10 * interval)
-        _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "step", 0) >= interval,
-              what="the first H/P steps")
+        h, interval, runtime, thread = _at_the_first_barrier(instance, tmp_path)
         time.sleep(1.0)
         assert h.store.get_heartbeat("learner-0").step == interval   # no round: it waits
         h.store.open_round(0, {"fragment": 0, "opened_at": time.time()})
@@ -345,14 +352,7 @@ def test_a_round_that_opens_within_a_loop_iteration_is_offered_before_any_step(
 
     monkeypatch.setattr(StoreLink, "open_round", property(open_round))
     with dg.instance_for_test() as instance:
-        h = Harness(instance, str(tmp_path / "store"), FAST + [
-            "sync.block_on_overlap=true", "sync.overlap_steps=0",
-            "orchestration.round_timeout_seconds=5"])
-        h.start()
-        interval = h.cfg.sync.round_interval_steps
-        runtime, thread, result = _start(h, "learner-0", max_steps=10 * interval)
-        _wait(lambda: getattr(h.store.get_heartbeat("learner-0"), "step", 0) >= interval,
-              what="the first H/P steps")
+        h, interval, runtime, thread = _at_the_first_barrier(instance, tmp_path)
         h.store.open_round(0, {"fragment": 0, "opened_at": time.time()})
         _wait(lambda: h.store.contribution_manifest(0, "learner-0") is not None,
               what="the offer")
