@@ -13,6 +13,14 @@ the syncer can corroborate:
   `max_speed_ratio * H * (1 + s)` steps, and tokens at most its steps times the tokens of one
   of its steps (its configured batch). The norm screen divides by the credited steps, so a
   claim of 10^12 steps no longer shrinks a huge outer gradient to a small one per step.
+  Versions publish only while the syncer merges, so when it stalls (compiling its first merges,
+  or down) honest learners go on training and their next offers carry more steps than the
+  versions account for. The round's other members corroborate that: an offer is also credited
+  up to `max_speed_ratio` times the fewest steps another member of its round offered
+  (`peer_step_bound`). The fewest, so that one honest member is enough to hold a liar to
+  `max_speed_ratio` honest learners; a liar claiming nothing holds an honest member back no
+  further than the versions' pace. (At M = 2 the stall's offers, credited nothing, left the
+  syncer's count 25% behind the learners' true totals: the budget overshot by 9%.)
 - **Weights.** No member's merge weight exceeds `max(max_weight_share, 1 / members)` (0.75 by
   default: at most 3x the rest of its round together), or the
   share its configured batch gives it when that is larger (unequal batches keep their token
@@ -37,6 +45,16 @@ def offer_step_bound(sync_period: int, staleness: int, max_speed_ratio: float) -
     if math.isinf(max_speed_ratio):
         return 2 ** 62
     return max(1, math.ceil(max_speed_ratio * sync_period * (1 + max(0, staleness))))
+
+
+def peer_step_bound(pace_bound: int, other_steps: Sequence[int], max_speed_ratio: float
+                    ) -> int:
+    """The most inner steps an offer can be credited given the other members of its round:
+    `pace_bound` (`offer_step_bound`), or `max_speed_ratio` times the fewest steps another
+    member offered, whichever is larger. No other member: `pace_bound`."""
+    if not other_steps or math.isinf(max_speed_ratio):
+        return pace_bound
+    return max(pace_bound, math.ceil(max_speed_ratio * max(0, min(other_steps))))
 
 
 def credit_offer(tokens: int, steps: int, step_tokens: int | None, step_bound: int

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from diloco_core.config import ExperimentConfig
-from diloco_core.corroboration import credit_offer, offer_step_bound
+from diloco_core.corroboration import credit_offer, offer_step_bound, peer_step_bound
 from diloco_core.liveness import live_learners, observe
 from diloco_core.quorum import Estimates
 from diloco_core.round_protocol import (
@@ -296,15 +296,27 @@ def _collect_offers(t: _Tick, now: float) -> None:
     t.payloads = {k: v for k, v in t.payloads.items() if v[1] >= horizon}
 
 
-def _credit(t: _Tick, learner: str, d: OfferDigest, fragment: int) -> int:
+def _credits(t: _Tick, admitted: Mapping[str, OfferDigest], fragment: int) -> dict[str, int]:
+    """The tokens each member's offer adds to its account once merged (`_credit`), each
+    bounded by the others' offers as well as by the versions' pace."""
+    steps = {m: d.steps for m, d in admitted.items()}
+    return {m: _credit(t, m, d, fragment, [s for n, s in steps.items() if n != m])
+            for m, d in admitted.items()}
+
+
+def _credit(t: _Tick, learner: str, d: OfferDigest, fragment: int,
+            other_steps: Sequence[int]) -> int:
     """The tokens an admitted offer adds to its learner's account once merged. An offer
     claiming more than the protocol's pace allows (more steps than `max_speed_ratio` x H at its
-    staleness, or more tokens than its steps process) is a claim no honest learner makes: it
-    adds nothing, not the capped amount (the hostile soak's over-claiming offers, capped, made a
-    learner that trained like its peers count as 1.1 of them toward STOP)."""
+    staleness, or than `max_speed_ratio` times the fewest another member of its round offered,
+    whichever is more; or more tokens than its steps process) is a claim no honest learner
+    makes: it adds nothing, not the capped amount (the hostile soak's over-claiming offers,
+    capped, made a learner that trained like its peers count as 1.1 of them toward STOP)."""
     current = t.obs.current_versions.get(fragment)
     staleness = 0 if current is None else max(0, current - d.base)
-    bound = offer_step_bound(t.cfg.sync.sync_period, staleness, t.cfg.sync.max_speed_ratio)
+    ratio = t.cfg.sync.max_speed_ratio
+    bound = peer_step_bound(offer_step_bound(t.cfg.sync.sync_period, staleness, ratio),
+                            other_steps, ratio)
     step_tokens = dict(zip(t.cfg.learners.learner_names, t.cfg.learner_step_tokens,
                            strict=True)).get(learner)
     tokens, _, overclaimed = credit_offer(d.tokens, d.steps, step_tokens, bound)
@@ -429,7 +441,7 @@ def _decide(t: _Tick, live: list[str], estimates: Estimates, now: float) -> None
     if decision.members:
         t.pending.append(Pending(
             r, t.get("fragment"), now, {m: d.base for m, d in admitted.items()},
-            {m: _credit(t, m, d, t.get("fragment")) for m, d in admitted.items()}))
+            _credits(t, admitted, t.get("fragment"))))
     if final:
         t.fields["final_left"] = max(0, (t.get("final_left") or 1) - 1)
     t.reason = f"round {r} decided: {decision.reason}"

@@ -10,6 +10,7 @@ from diloco_core.corroboration import (
     credit_offer,
     credited_totals,
     offer_step_bound,
+    peer_step_bound,
     share_caps,
 )
 
@@ -65,3 +66,10 @@ def test_heartbeat_totals_are_credited_up_to_the_other_live_learners():
     assert credited["c"] == 2 ** 62
     credited, _ = credited_totals(claimed, ["a", "b", "c"], 4.0, 0)
     assert credited["c"] == 4800
+
+
+def test_the_other_members_of_a_round_corroborate_steps_past_the_versions_pace():
+    assert peer_step_bound(64, [100, 30], 4.0) == 120      # 4 x the fewest another offered
+    assert peer_step_bound(64, [10], 4.0) == 64            # never below the versions' pace
+    assert peer_step_bound(64, [], 4.0) == 64              # alone in its round
+    assert peer_step_bound(64, [10 ** 6], math.inf) == 64  # no ratio: offer_step_bound's

@@ -454,3 +454,32 @@ def test_a_refused_offer_to_a_final_round_answers_it_so_the_round_does_not_wait_
     assert decided[0].members == ("learner-0",) and decided[0].missing == ()
     assert "a replay" in decided[0].refused["learner-1"]
     assert "learner-1: offer refused" in decided[0].reason
+
+
+@pytest.mark.parametrize("liar", [False, True])
+def test_offers_past_the_versions_pace_count_as_far_as_the_other_member_corroborates(liar):
+    """M = 2: the syncer stalled (no version published) while both learners trained 100 steps,
+    past what the versions' pace allows (16 steps at staleness 0). Each offer is credited as
+    far as the other member's offer corroborates it: honest learners keep their tokens
+    (credited nothing, the budget's count fell behind them for good: the demo overshot by 9%
+    at M = 2). A liar claiming a million steps beside an honest 100 is credited nothing, and
+    the honest learner beside it keeps its 100."""
+    cfg = _cfg()
+    per_step = cfg.learner_step_tokens[0]
+    s = Script(cfg)
+    s.train_and_offer()
+    stall = 100
+    assert stall > cfg.sync.max_speed_ratio * cfg.sync.sync_period
+    for n in NAMES:
+        s.tokens[n] += stall * per_step
+    s.tick()                                               # the round opens
+    r = s.state.round
+    assert not s.state.decided
+    offers = [_offer("learner-0", r, cfg, stall, base=s.store.base(r)),
+              _offer("learner-1", r, cfg, 10 ** 6 if liar else stall, base=s.store.base(r))]
+    s.tick(offers)
+    s.tick()                                               # the merge is seen published
+    fragment = r % cfg.sync.num_fragments
+    accounts = s.state.accounts.offered
+    assert accounts["learner-0"][fragment] == stall * per_step, accounts
+    assert accounts["learner-1"].get(fragment, 0) == (0 if liar else stall * per_step), accounts
