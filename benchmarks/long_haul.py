@@ -54,6 +54,7 @@ from diloco_core.config_loading import config_from_mapping  # noqa: E402
 from pipelines.commands.status import run_status  # noqa: E402
 from pipelines.reporting import code_revision, machine_info  # noqa: E402
 from pipelines.token_ledger import run_ledger  # noqa: E402
+from resources.compute.local import DEFAULT_XLA_FLAGS, local_env  # noqa: E402
 from resources.store.artifact_store import ArtifactStore  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "long_haul.json"
@@ -160,8 +161,10 @@ def main(argv=None) -> dict:
         learners = SyntheticLearners(store, cfg, scale_step=1e-6)
 
         log_path = Path(tmp) / "syncer.log"
-        env = {**os.environ, "DILOCO_SYNCER_STANDBY": "0", "JAX_PLATFORMS": "cpu",
-               "PYTHONPATH": str(ROOT)}
+        # The environment the product launches its syncer with (`LearnerCompute`: one XLA
+        # thread, two malloc arenas); the hauls before 2026-11-27 ran it with neither.
+        env = {**os.environ, **local_env(DEFAULT_XLA_FLAGS, {}), "DILOCO_SYNCER_STANDBY": "0",
+               "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
         with open(log_path, "w") as log:
             syncer = subprocess.Popen(
                 [sys.executable, "-m", "pipelines.syncer.entry", "--store", str(root),
@@ -256,7 +259,8 @@ def main(argv=None) -> dict:
                      "sample_every": args.sample_every, "syncer_poll_seconds": args.poll_seconds,
                      "keep_global_versions": cfg.orchestration.keep_global_versions,
                      "keep_contribution_rounds": cfg.orchestration.keep_contribution_rounds,
-                     "model": "tiny", "encoding": "int4", "dagster": False},
+                     "model": "tiny", "encoding": "int4", "dagster": False,
+                     "syncer_env": local_env(DEFAULT_XLA_FLAGS, {})},
         "samples": samples,
         "slopes_per_round": slopes,
         "month_rounds": MONTH_ROUNDS,
