@@ -28,6 +28,7 @@ Not in it (yet): the Dagster daemon and the quorum sensor mirroring the rounds i
 """
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -56,6 +57,7 @@ from pipelines.reporting import code_revision, machine_info  # noqa: E402
 from pipelines.token_ledger import run_ledger  # noqa: E402
 from resources.compute.local import DEFAULT_XLA_FLAGS, local_env  # noqa: E402
 from resources.store.artifact_store import ArtifactStore  # noqa: E402
+from resources.store.backends import open_blob_store  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "long_haul.json"
 MONTH_ROUNDS = 30 * 24 * 3600      # the paper's cadence: a fragment round every second
@@ -68,16 +70,27 @@ def parse_args(argv):
     p.add_argument("--learners", type=int, default=16)
     p.add_argument("--sample-every", type=int, default=250, help="rounds between samples")
     p.add_argument("--poll-seconds", type=float, default=0.02, help="the syncer's poll")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    return p.parse_args(argv)
+    p.add_argument("--dagster", action="store_true",
+                   help="the syncer launched by the learner supervisor on a Dagster instance "
+                        "(daemon, code server, webserver), the quorum sensor mirroring "
+                        "every round; writes long_haul_dagster.json unless --out is given")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+    if args.out is None:
+        args.out = DEFAULT_OUT.with_name("long_haul_dagster.json") if args.dagster else DEFAULT_OUT
+    return args
 
 
-def _proc(pid: int) -> tuple[float, float]:
-    """(resident MB, CPU seconds) of process `pid`."""
-    status = Path(f"/proc/{pid}/status").read_text()
+def _proc(pid: int | None) -> tuple[float | None, float | None]:
+    """(resident MB, CPU seconds) of process `pid`; (None, None) when there is none (the
+    syncer between a crash and its relaunch)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, TypeError):
+        return None, None
     rss_kb = next(int(line.split()[1]) for line in status.splitlines()
                   if line.startswith("VmRSS:"))
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
     return rss_kb / 1024, (int(fields[11]) + int(fields[12])) / ticks
 
@@ -119,6 +132,22 @@ def _slope(xs, ys) -> float | None:
     return float(np.polyfit(np.asarray(xs, float), np.asarray(ys, float), 1)[0])
 
 
+# What the Dagster instance adds to each sample, fitted and projected as the syncer's figures.
+DAGSTER_SERIES = ("dagster_home_bytes", "dagster_database_bytes", "dagster_runs",
+                  "daemon_rss_mb", "code_server_rss_mb", "webserver_rss_mb", "run_worker_rss_mb")
+
+
+def _dagster_line(s: dict) -> str:
+    if "dagster_database_bytes" not in s:
+        return ""
+    tick = s.get("sensor_tick_p50_s")
+    return (f"  dagster db {s['dagster_database_bytes'] / 1e6:.1f} MB home "
+            f"{s['dagster_home_bytes'] / 1e6:.1f} MB runs {s['dagster_runs']} daemon "
+            f"{s.get('daemon_rss_mb', 0):.0f} MB code server {s.get('code_server_rss_mb', 0):.0f}"
+            f" MB sensor ticks {s['sensor_ticks']}"
+            + ("" if tick is None else f" p50 {tick * 1e3:.0f} ms"))
+
+
 def _opened_after(store, offered: int):
     rnd = store.latest_open_round()
     return rnd if rnd is not None and rnd.round > offered else None
@@ -129,14 +158,63 @@ def _newer_version(store, fragment: int, version: int) -> int | None:
     return current if current is not None and current > version else None
 
 
-def _wait(predicate, timeout: float, what: str, syncer: subprocess.Popen):
+class PlainSyncer:
+    """The syncer service as its own process against a local store, started by the haul."""
+
+    def __init__(self, tmp: Path, overrides: list[str]):
+        self.root, self.log_path = tmp / "store", tmp / "syncer.log"
+        self.overrides = overrides
+        self.process: subprocess.Popen | None = None
+
+    def __enter__(self) -> "PlainSyncer":
+        self.store = committed_experiment(str(self.root), EXPERIMENT, self.overrides)
+        # The environment the product launches its syncer with (`LearnerCompute`: one XLA
+        # thread, two malloc arenas); the hauls before 2026-11-27 ran it with neither.
+        env = {**os.environ, **local_env(DEFAULT_XLA_FLAGS, {}), "DILOCO_SYNCER_STANDBY": "0",
+               "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+        with open(self.log_path, "w") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "pipelines.syncer.entry", "--store", str(self.root),
+                 "--experiment", EXPERIMENT], cwd=ROOT, env=env, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)     # gives its lease back
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def syncer_pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
+
+    def sample(self) -> dict:
+        return {}
+
+    def log_tail(self) -> list[str]:
+        return self.log_path.read_text().splitlines()[-5:]
+
+
+def _dagster_side(tmp: Path, overrides: list[str], names: list[str]):
+    from haul_dagster import DagsterSide
+
+    return DagsterSide(tmp, overrides, names, EXPERIMENT)
+
+
+def _wait(predicate, timeout: float, what: str, alive):
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
-        if syncer.poll() is not None:
-            raise RuntimeError(f"the syncer exited ({syncer.returncode}) waiting for {what}")
+        if not alive():
+            raise RuntimeError(f"the syncer (or the instance running it) ended waiting for "
+                               f"{what}")
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out waiting for {what}")
         time.sleep(0.002)
@@ -154,22 +232,26 @@ def main(argv=None) -> dict:
                  "sync.max_speed_ratio=inf", "token_budget=1000000000000",
                  "orchestration.syncer=service", "orchestration.eval_every_rounds=1000000000",
                  f"orchestration.syncer_poll_seconds={args.poll_seconds}"]
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp) / "store"
-        store = committed_experiment(str(root), EXPERIMENT, overrides)
+    if args.dagster:
+        # The grouping a month's run at a round a second gets (`rounds_per_partition`'s
+        # automatic choice for 2.6 million rounds, P = 2): partitions complete within the haul,
+        # so the mirror's digests are in it (with this budget the automatic choice is larger).
+        overrides.append("orchestration.rounds_per_partition=260")
+    names = list(config_from_mapping({}, overrides).learners.learner_names)
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        side = stack.enter_context(_dagster_side(Path(tmp), overrides, names) if args.dagster
+                                   else PlainSyncer(Path(tmp), overrides))
+        root = side.store_root if args.dagster else side.root
+        if args.dagster:
+            # `train` commits the experiment; the supervisor then launches the syncer's run.
+            _wait(lambda: side.train_succeeded() is not None, 600, "the train run", side.alive)
+            if not side.train_succeeded():
+                raise SystemExit("the train run failed: see the instance's logs")
+            store = ArtifactStore(open_blob_store(str(root)), EXPERIMENT)
+        else:
+            store = side.store
         cfg = config_from_mapping(store.get_config())
         learners = SyntheticLearners(store, cfg, scale_step=1e-6)
-
-        log_path = Path(tmp) / "syncer.log"
-        # The environment the product launches its syncer with (`LearnerCompute`: one XLA
-        # thread, two malloc arenas); the hauls before 2026-11-27 ran it with neither.
-        env = {**os.environ, **local_env(DEFAULT_XLA_FLAGS, {}), "DILOCO_SYNCER_STANDBY": "0",
-               "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
-        with open(log_path, "w") as log:
-            syncer = subprocess.Popen(
-                [sys.executable, "-m", "pipelines.syncer.entry", "--store", str(root),
-                 "--experiment", EXPERIMENT], cwd=ROOT, env=env, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True)
         pool = ThreadPoolExecutor(8)
         samples, window, offered, merged, last_kinds = [], [], -1, 0, {}
         started = time.monotonic()
@@ -178,20 +260,21 @@ def main(argv=None) -> dict:
                 t0 = time.monotonic()
                 learners.advance()
                 list(pool.map(learners.beat, learners.names))
-                rnd = _wait(functools.partial(_opened_after, store, offered), 120,
-                            f"round {offered + 1} to open", syncer)
+                # The first round waits for the syncer to start (on Dagster: its run's launch).
+                rnd = _wait(functools.partial(_opened_after, store, offered),
+                            120 if merged else 600, f"round {offered + 1} to open", side.alive)
                 r = offered = rnd.round
                 version = store.current_version(r % P)
                 list(pool.map(learners.offer, learners.names, [r] * M, [version] * M))
                 new = _wait(functools.partial(_newer_version, store, r % P, version), 120,
-                            f"round {r}'s merge", syncer)
+                            f"round {r}'s merge", side.alive)
                 decision, meta = store.get_decision(r), store.version_meta(r % P, new)
                 window.append({"period_s": time.monotonic() - t0,
                                "latency_s": meta.latency(decision.decided_at)
                                if decision is not None and meta is not None else None})
                 merged += 1
                 if merged % args.sample_every == 0 or merged == args.rounds:
-                    rss, cpu = _proc(syncer.pid)
+                    rss, cpu = _proc(side.syncer_pid())
                     objects, size, kinds, directories = _store_size(root)
                     status_started = time.perf_counter()
                     run_status(store)
@@ -205,26 +288,22 @@ def main(argv=None) -> dict:
                         "store_directories": directories,
                         "latency_p50_s": _pct(lat, 0.5), "latency_p99_s": _pct(lat, 0.99),
                         "period_median_s": statistics.median(periods),
-                        "status_s": status_s})
+                        "status_s": status_s, **side.sample()})
                     window = []
                     last_kinds = kinds
                     s = samples[-1]
-                    print(f"{merged:>7} rounds {s['elapsed_s']:7.0f}s  syncer {rss:6.0f} MB "
-                          f"{cpu:7.1f} cpu-s  store {objects:>8} objects {size / 1e6:8.1f} MB "
+                    print(f"{merged:>7} rounds {s['elapsed_s']:7.0f}s  syncer {rss or 0:6.0f} MB "
+                          f"{cpu or 0:7.1f} cpu-s  store {objects:>8} objects {size / 1e6:8.1f} MB "
                           f"{directories:>6} dirs  "
                           f"decision->published p50 {s['latency_p50_s'] * 1e3:5.1f} ms p99 "
                           f"{s['latency_p99_s'] * 1e3:6.1f} ms  round "
-                          f"{s['period_median_s'] * 1e3:5.1f} ms  status {status_s * 1e3:.0f} ms",
-                          flush=True)
+                          f"{s['period_median_s'] * 1e3:5.1f} ms  status {status_s * 1e3:.0f} ms"
+                          + _dagster_line(s), flush=True)
         finally:
             pool.shutdown()
-            if syncer.poll() is None:
-                os.killpg(syncer.pid, signal.SIGTERM)     # gives its lease back
-                try:
-                    syncer.wait(30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(syncer.pid, signal.SIGKILL)
-            tail = log_path.read_text().splitlines()[-5:]
+            tail = side.log_tail()
+            relaunches = max(0, len(getattr(side, "syncer_pids", ())) - 1)
+            stack.close()             # the syncer (and the instance) stop before the ledger
         # The end of a run's accounting, timed on the store as the haul left it, two ways
         # side by side: the archived rounds' fates from their blocks' digests (what a run
         # does), and every round's records parsed (decision, merge, each offer's manifest).
@@ -239,16 +318,17 @@ def main(argv=None) -> dict:
         if (by_digest[0].summary(), by_digest[1]) != (by_records[0].summary(), by_records[1]):
             raise SystemExit("the ledger from the digests differs from the records' ledger")
     # Slopes over the samples after the first (the first holds the start: compiling, warming).
-    later = samples[1:]
-    xs = [s["rounds"] for s in later]
-    slopes = {k: _slope(xs, [s[k] for s in later]) for k in (
+    later, last = samples[1:], samples[-1]
+    slopes = {k: _slope([s["rounds"] for s in later if s.get(k) is not None],
+                        [s[k] for s in later if s.get(k) is not None]) for k in (
         "syncer_rss_mb", "store_objects", "store_bytes", "store_directories", "latency_p99_s",
-        "latency_p50_s", "syncer_cpu_s", "status_s")}
-    last = samples[-1]
+        "latency_p50_s", "syncer_cpu_s", "status_s", *DAGSTER_SERIES, "sensor_tick_p50_s")
+        if k in last}
     # Projected only for what accumulates; the latencies' slopes are reported as they are.
     month = {k: (None if slopes[k] is None
                  else last[k] + max(0.0, slopes[k]) * (MONTH_ROUNDS - last["rounds"]))
-             for k in ("syncer_rss_mb", "store_objects", "store_bytes", "store_directories")}
+             for k in ("syncer_rss_mb", "store_objects", "store_bytes", "store_directories",
+                       *DAGSTER_SERIES) if k in slopes}
     report = {
         "benchmark": "long_haul",
         "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -259,7 +339,8 @@ def main(argv=None) -> dict:
                      "sample_every": args.sample_every, "syncer_poll_seconds": args.poll_seconds,
                      "keep_global_versions": cfg.orchestration.keep_global_versions,
                      "keep_contribution_rounds": cfg.orchestration.keep_contribution_rounds,
-                     "model": "tiny", "encoding": "int4", "dagster": False,
+                     "model": "tiny", "encoding": "int4", "dagster": args.dagster,
+                     "syncer_relaunches": relaunches,
                      "syncer_env": local_env(DEFAULT_XLA_FLAGS, {})},
         "samples": samples,
         "slopes_per_round": slopes,

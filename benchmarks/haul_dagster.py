@@ -1,0 +1,197 @@
+"""The long haul's syncer as the product runs it: on a Dagster instance (`long_haul.py --dagster`).
+
+The instance runs as a production deployment does (`DagsterDev(split=True)`: a code server, the
+webserver and the daemon, each its own process group, SQLite storage in its home). The haul
+launches the `train` job through the webserver; the learner supervisor launches the syncer
+service as a Dagster run (Pipes, the product's environment) and the quorum sensor mirrors every
+round into the instance, with the partition grouping the config chooses. The learners are the
+haul's synthetic ones, outside Dagster: each is registered as an in-progress `learner` run
+before `train` starts, as a learner process the supervisor launched would be, so that the
+supervisor watches their heartbeats instead of launching real learners.
+
+Each sample adds what the instance costs: resident memory by process kind (daemon, code
+server, webserver, run workers; the syncer is measured by the haul), the instance home's
+bytes (SQLite databases, compute logs), the runs it holds, and the quorum sensor's ticks
+since the last sample (count, duration median and max).
+"""
+
+import os
+import statistics
+import time
+import uuid
+from pathlib import Path
+
+from pipelines.commands.dagster_dev import DagsterDev
+from pipelines.defs.partitions import LEARNER_TAG
+from pipelines.experiment_context import EXPERIMENT_TAG
+
+# What each process of the instance is, by its command line (first match wins).
+PROCESS_KINDS = (("syncer", "pipelines.syncer.entry"), ("daemon", "dagster._daemon"),
+                 ("webserver", "dagster_webserver"), ("run worker", "execute_run"),
+                 ("code server", "code-server"), ("code server", "grpc"))
+SENSOR = "quorum_sensor"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _rss_mb(pid: int) -> float:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0.0
+    return next((int(line.split()[1]) / 1024 for line in status.splitlines()
+                 if line.startswith("VmRSS:")), 0.0)
+
+
+def _descendants(root: int) -> list[int]:
+    """`root` and every process below it (from /proc's parent links)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def _dir_bytes(root: Path) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            try:
+                total += os.stat(os.path.join(dirpath, f)).st_size
+            except FileNotFoundError:
+                continue
+    return total
+
+
+class DagsterSide:
+    """`with DagsterSide(tmp, overrides, names, experiment) as side:` the instance runs, `train`
+    has committed the experiment to `side.store_root`, and the supervisor is launching the
+    syncer service."""
+
+    def __init__(self, tmp: Path, overrides: list[str], learner_names: list[str],
+                 experiment: str, tick_seconds: int = 2):
+        self.home, self.store_root = tmp / "dagster_home", tmp / "store"
+        self.overrides, self.names, self.experiment = overrides, learner_names, experiment
+        self.env = {"DILOCO_STORE_URI": str(self.store_root), "DILOCO_ENV": "local",
+                    "DILOCO_TICK_SECONDS": str(tick_seconds),
+                    "JAX_COMPILATION_CACHE_DIR": str(tmp / "jax-cache"),
+                    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.2"}
+        self.dev: DagsterDev | None = None
+        self.last_tick = 0.0
+        self._syncer_pid: int | None = None
+        self.syncer_pids: set[int] = set()       # more than one: the syncer was relaunched
+
+    def __enter__(self) -> "DagsterSide":
+        import dagster as dg
+
+        # Room for the registered learners, `train`, the syncer, a summary and a merge or two.
+        self.dev = DagsterDev(self.home, env=self.env, split=True,
+                              max_concurrent_runs=len(self.names) + 6)
+        self.dev.__enter__()
+        try:
+            with dg.DagsterInstance.from_config(str(self.home)) as instance:
+                for name in self.names:
+                    instance.add_run(dg.DagsterRun(
+                        job_name="learner", run_id=str(uuid.uuid4()),
+                        status=dg.DagsterRunStatus.STARTED,
+                        run_config={"ops": {"run_learner": {"config": {"learner": name,
+                                                                       "attempt": 0}}}},
+                        tags={EXPERIMENT_TAG: self.experiment, LEARNER_TAG: name}))
+            self.train_run = self.dev.submit_job("train", {"ops": {"start_experiment": {
+                "config": {"overrides": [*self.overrides, f"name={self.experiment}"],
+                           "orchestrated_defaults": False}}}})
+        except BaseException:
+            self.dev.__exit__(None, None, None)
+            raise
+        self.last_tick = time.time()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.dev is not None:
+            self.dev.__exit__(*exc)
+
+    def train_succeeded(self) -> bool | None:
+        """True once `train` succeeded, False if it failed, None while it runs."""
+        import dagster as dg
+
+        with dg.DagsterInstance.from_config(str(self.home)) as instance:
+            run = instance.get_run_by_id(self.train_run)
+        if run is None or not run.is_finished:
+            return None
+        return run.status == dg.DagsterRunStatus.SUCCESS
+
+    def alive(self) -> bool:
+        return self.dev is not None and all(s.alive() for s in self.dev.services.values())
+
+    def syncer_pid(self) -> int | None:
+        """The syncer service's process, once its Dagster run has launched it (a descendant of
+        the code server: the run worker's Pipes subprocess)."""
+        if self._syncer_pid is not None and "pipelines.syncer.entry" in _cmdline(
+                self._syncer_pid):
+            return self._syncer_pid
+        server = None if self.dev is None else self.dev.services["code_server"].process
+        if server is None:
+            return None
+        self._syncer_pid = next((pid for pid in _descendants(server.pid)
+                                 if "pipelines.syncer.entry" in _cmdline(pid)), None)
+        if self._syncer_pid is not None:
+            self.syncer_pids.add(self._syncer_pid)
+        return self._syncer_pid
+
+    def log_tail(self) -> list[str]:
+        """The daemon's last lines (the syncer's own log is its run's, in the instance)."""
+        assert self.dev is not None
+        path = self.dev.log_path.with_name(f"{self.dev.log_path.stem}-daemon.log")
+        return path.read_text(errors="replace").splitlines()[-5:] if path.exists() else []
+
+    def sample(self) -> dict:
+        """The instance's cost now, and the quorum sensor's ticks since the last sample."""
+        import dagster as dg
+        from dagster._core.scheduler.instigation import TickStatus
+
+        rss: dict[str, float] = {}
+        assert self.dev is not None
+        for service in self.dev.services.values():
+            if service.process is None:
+                continue
+            for pid in _descendants(service.process.pid):
+                cmd = _cmdline(pid)
+                kind = next((k for k, marker in PROCESS_KINDS if marker in cmd), None)
+                if kind is not None and kind != "syncer":
+                    rss[kind] = rss.get(kind, 0.0) + _rss_mb(pid)
+        now = time.time()
+        with dg.DagsterInstance.from_config(str(self.home)) as instance:
+            runs = instance.get_runs_count()
+            state = next((s for s in instance.all_instigator_state()
+                          if s.instigator_name == SENSOR), None)
+            ticks = [] if state is None else instance.get_ticks(
+                state.instigator_origin_id, state.selector_id, after=self.last_tick)
+        done = [t for t in ticks if t.end_timestamp is not None]
+        seconds = [t.end_timestamp - t.timestamp for t in done]
+        self.last_tick = now
+        databases = sum(p.stat().st_size for p in self.home.rglob("*.db"))
+        return {
+            **{f"{kind.replace(' ', '_')}_rss_mb": round(mb, 1) for kind, mb in rss.items()},
+            "dagster_home_bytes": _dir_bytes(self.home),
+            "dagster_database_bytes": databases,
+            "dagster_runs": runs,
+            "sensor_ticks": len(ticks),
+            "sensor_tick_failures": sum(1 for t in ticks if t.status == TickStatus.FAILURE),
+            "sensor_tick_p50_s": statistics.median(seconds) if seconds else None,
+            "sensor_tick_max_s": max(seconds) if seconds else None,
+        }
