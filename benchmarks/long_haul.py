@@ -19,11 +19,13 @@ At the end it times the run's token ledger two ways on the store the haul left: 
 rounds' fates from their blocks' digests (what a run does) and every round's records parsed,
 and checks that both give the same ledger.
 
-Not in it (yet): the Dagster daemon and the quorum sensor mirroring the rounds into Dagster
-(run records, events, the SQLite database), which the issue's long haul also asks for
-(`benchmarks/orchestration_demo.py` measures the database's bytes per merged round).
+With `--dagster` the syncer runs as the product runs it: launched as a Dagster run by the
+learner supervisor on an instance with its daemon, code server and webserver, while the quorum
+sensor mirrors every round into the instance (`haul_dagster.py`); each sample then adds the
+instance's memory, database and runs, and the sensor's tick times.
 
     python benchmarks/long_haul.py --rounds 5000           # ~15 min on 2 cores
+    python benchmarks/long_haul.py --dagster --rounds 6000 --sample-every 300
     python benchmarks/long_haul.py --rounds 100000 --sample-every 5000
 """
 
