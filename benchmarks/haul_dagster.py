@@ -25,8 +25,11 @@ from pipelines.commands.dagster_dev import DagsterDev
 from pipelines.defs.partitions import LEARNER_TAG
 from pipelines.experiment_context import EXPERIMENT_TAG
 
+# The syncer's warm standby: a child process of the syncer, its own module with this flag.
+STANDBY_MARKER = "--standby-for"
 # What each process of the instance is, by its command line (first match wins).
-PROCESS_KINDS = (("syncer", "pipelines.syncer.entry"), ("daemon", "dagster._daemon"),
+PROCESS_KINDS = (("syncer standby", STANDBY_MARKER), ("syncer", "pipelines.syncer.entry"),
+                 ("daemon", "dagster._daemon"),
                  ("webserver", "dagster_webserver"), ("run worker", "execute_run"),
                  ("code server", "code-server"), ("code server", "grpc"))
 SENSOR = "quorum_sensor"
@@ -148,7 +151,8 @@ class DagsterSide:
         if server is None:
             return None
         self._syncer_pid = next((pid for pid in _descendants(server.pid)
-                                 if "pipelines.syncer.entry" in _cmdline(pid)), None)
+                                 if "pipelines.syncer.entry" in _cmdline(pid)
+                                 and STANDBY_MARKER not in _cmdline(pid)), None)
         if self._syncer_pid is not None:
             self.syncer_pids.add(self._syncer_pid)
         return self._syncer_pid

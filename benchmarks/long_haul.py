@@ -136,6 +136,7 @@ def _slope(xs, ys) -> float | None:
 
 # What the Dagster instance adds to each sample, fitted and projected as the syncer's figures.
 DAGSTER_SERIES = ("dagster_home_bytes", "dagster_database_bytes", "dagster_runs",
+                  "syncer_standby_rss_mb",
                   "daemon_rss_mb", "code_server_rss_mb", "webserver_rss_mb", "run_worker_rss_mb")
 
 
@@ -145,8 +146,9 @@ def _dagster_line(s: dict) -> str:
     tick = s.get("sensor_tick_p50_s")
     return (f"  dagster db {s['dagster_database_bytes'] / 1e6:.1f} MB home "
             f"{s['dagster_home_bytes'] / 1e6:.1f} MB runs {s['dagster_runs']} daemon "
-            f"{s.get('daemon_rss_mb', 0):.0f} MB code server {s.get('code_server_rss_mb', 0):.0f}"
-            f" MB sensor ticks {s['sensor_ticks']}"
+            f"{s.get('daemon_rss_mb', 0):.0f} MB code server "
+            f"{s.get('code_server_rss_mb', 0):.0f} MB standby "
+            f"{s.get('syncer_standby_rss_mb', 0):.0f} MB sensor ticks {s['sensor_ticks']}"
             + ("" if tick is None else f" p50 {tick * 1e3:.0f} ms"))
 
 
