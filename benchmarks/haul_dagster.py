@@ -30,7 +30,8 @@ STANDBY_MARKER = "--standby-for"
 # What each process of the instance is, by its command line (first match wins).
 PROCESS_KINDS = (("syncer standby", STANDBY_MARKER), ("syncer", "pipelines.syncer.entry"),
                  ("daemon", "dagster._daemon"),
-                 ("webserver", "dagster_webserver"), ("run worker", "execute_run"),
+                 # A run worker is a multiprocessing child of the gRPC server (spawn_main).
+                 ("webserver", "dagster_webserver"), ("run worker", "spawn_main"),
                  ("code server", "code-server"), ("code server", "grpc"))
 SENSOR = "quorum_sensor"
 
