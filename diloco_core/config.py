@@ -261,8 +261,8 @@ class SyncConfig:
     """A learner's counters are claims (diloco_core/corroboration.py): an offer is credited at most
     this x H x (1 + its staleness) steps, or this x the fewest steps another member of its round
     offered if more, and a heartbeat's total tokens toward opening rounds at most this x the
-    largest of the other live learners'; 4 leaves room for learners 2.5x apart in speed (the heterogeneous-speed
-    experiment). inf trusts every claim."""
+    largest of the other live learners'; 4 leaves room for learners 2.5x apart in speed (the
+    heterogeneous-speed experiment). inf trusts every claim."""
     max_learner_tokens_per_second: number_at_least(
         0, finite=False, strict=True, note=" (inf: not declared)") = math.inf
     """The most tokens a second any learner's hardware can process, if the deployment declares it: a
