@@ -10,16 +10,18 @@ before `train` starts, as a learner process the supervisor launched would be, so
 supervisor watches their heartbeats instead of launching real learners.
 
 Each sample adds what the instance costs: resident memory by process kind (daemon, code
-server, webserver, run workers; the syncer is measured by the haul), the instance home's
-bytes (SQLite databases, compute logs), the runs it holds, and the quorum sensor's ticks
+server, webserver, run workers, the syncer's standby; the syncer is measured by the haul), its
+databases' bytes (the haul adds the whole home's), the runs it holds, and the quorum sensor's ticks
 since the last sample (count, duration median and max).
 """
 
-import os
 import statistics
 import time
 import uuid
 from pathlib import Path
+
+from orchestration_demo import ROLES as DEMO_ROLES
+from orchestration_demo import memory_snapshot, process_tree
 
 from pipelines.commands.dagster_dev import DagsterDev
 from pipelines.defs.partitions import LEARNER_TAG
@@ -27,59 +29,9 @@ from pipelines.experiment_context import EXPERIMENT_TAG
 
 # The syncer's warm standby: a child process of the syncer, its own module with this flag.
 STANDBY_MARKER = "--standby-for"
-# What each process of the instance is, by its command line (first match wins).
-PROCESS_KINDS = (("syncer standby", STANDBY_MARKER), ("syncer", "pipelines.syncer.entry"),
-                 ("daemon", "dagster._daemon"),
-                 # A run worker is a multiprocessing child of the gRPC server (spawn_main).
-                 ("webserver", "dagster_webserver"), ("run worker", "spawn_main"),
-                 ("code server", "code-server"), ("code server", "grpc"))
+# The demo's roles, with the standby told apart from the syncer.
+ROLES = (("syncer standby", STANDBY_MARKER), *DEMO_ROLES)
 SENSOR = "quorum_sensor"
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
-def _rss_mb(pid: int) -> float:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return 0.0
-    return next((int(line.split()[1]) / 1024 for line in status.splitlines()
-                 if line.startswith("VmRSS:")), 0.0)
-
-
-def _descendants(root: int) -> list[int]:
-    """`root` and every process below it (from /proc's parent links)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo.extend(children.get(pid, []))
-    return found
-
-
-def _dir_bytes(root: Path) -> int:
-    total = 0
-    for dirpath, _, files in os.walk(root):
-        for f in files:
-            try:
-                total += os.stat(os.path.join(dirpath, f)).st_size
-            except FileNotFoundError:
-                continue
-    return total
 
 
 class DagsterSide:
@@ -97,7 +49,6 @@ class DagsterSide:
                     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.2"}
         self.dev: DagsterDev | None = None
         self.last_tick = 0.0
-        self._syncer_pid: int | None = None
         self.syncer_pids: set[int] = set()       # more than one: the syncer was relaunched
 
     def __enter__(self) -> "DagsterSide":
@@ -145,18 +96,18 @@ class DagsterSide:
     def syncer_pid(self) -> int | None:
         """The syncer service's process, once its Dagster run has launched it (a descendant of
         the code server: the run worker's Pipes subprocess)."""
-        if self._syncer_pid is not None and "pipelines.syncer.entry" in _cmdline(
-                self._syncer_pid):
-            return self._syncer_pid
         server = None if self.dev is None else self.dev.services["code_server"].process
         if server is None:
             return None
-        self._syncer_pid = next((pid for pid in _descendants(server.pid)
-                                 if "pipelines.syncer.entry" in _cmdline(pid)
-                                 and STANDBY_MARKER not in _cmdline(pid)), None)
-        if self._syncer_pid is not None:
-            self.syncer_pids.add(self._syncer_pid)
-        return self._syncer_pid
+        pid = next((pid for pid, cmd in process_tree(server.pid)
+                    if "pipelines.syncer.entry" in cmd and STANDBY_MARKER not in cmd), None)
+        if pid is not None:
+            self.syncer_pids.add(pid)
+        return pid
+
+    def relaunches(self) -> int:
+        """How many times a new syncer process was seen after the first."""
+        return max(0, len(self.syncer_pids) - 1)
 
     def log_tail(self) -> list[str]:
         """The daemon's last lines (the syncer's own log is its run's, in the instance)."""
@@ -174,11 +125,9 @@ class DagsterSide:
         for service in self.dev.services.values():
             if service.process is None:
                 continue
-            for pid in _descendants(service.process.pid):
-                cmd = _cmdline(pid)
-                kind = next((k for k, marker in PROCESS_KINDS if marker in cmd), None)
-                if kind is not None and kind != "syncer":
-                    rss[kind] = rss.get(kind, 0.0) + _rss_mb(pid)
+            for role, row in memory_snapshot(service.process.pid, ROLES)["by_role"].items():
+                if role not in ("syncer", "other"):    # the haul measures the syncer itself
+                    rss[role] = rss.get(role, 0.0) + row["rss_mib"]
         now = time.time()
         with dg.DagsterInstance.from_config(str(self.home)) as instance:
             runs = instance.get_runs_count()
@@ -192,7 +141,6 @@ class DagsterSide:
         databases = sum(p.stat().st_size for p in self.home.rglob("*.db"))
         return {
             **{f"{kind.replace(' ', '_')}_rss_mb": round(mb, 1) for kind, mb in rss.items()},
-            "dagster_home_bytes": _dir_bytes(self.home),
             "dagster_database_bytes": databases,
             "dagster_runs": runs,
             "sensor_ticks": len(ticks),

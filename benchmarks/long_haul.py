@@ -166,19 +166,19 @@ class PlainSyncer:
     """The syncer service as its own process against a local store, started by the haul."""
 
     def __init__(self, tmp: Path, overrides: list[str]):
-        self.root, self.log_path = tmp / "store", tmp / "syncer.log"
+        self.store_root, self.log_path = tmp / "store", tmp / "syncer.log"
         self.overrides = overrides
         self.process: subprocess.Popen | None = None
 
     def __enter__(self) -> "PlainSyncer":
-        self.store = committed_experiment(str(self.root), EXPERIMENT, self.overrides)
+        self.store = committed_experiment(str(self.store_root), EXPERIMENT, self.overrides)
         # The environment the product launches its syncer with (`LearnerCompute`: one XLA
         # thread, two malloc arenas); the hauls before 2026-11-27 ran it with neither.
         env = {**os.environ, **local_env(DEFAULT_XLA_FLAGS, {}), "DILOCO_SYNCER_STANDBY": "0",
                "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "pipelines.syncer.entry", "--store", str(self.root),
+                [sys.executable, "-m", "pipelines.syncer.entry", "--store", str(self.store_root),
                  "--experiment", EXPERIMENT], cwd=ROOT, env=env, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True)
         return self
@@ -199,6 +199,9 @@ class PlainSyncer:
 
     def sample(self) -> dict:
         return {}
+
+    def relaunches(self) -> int:
+        return 0
 
     def log_tail(self) -> list[str]:
         return self.log_path.read_text().splitlines()[-5:]
@@ -245,7 +248,7 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         side = stack.enter_context(_dagster_side(Path(tmp), overrides, names) if args.dagster
                                    else PlainSyncer(Path(tmp), overrides))
-        root = side.store_root if args.dagster else side.root
+        root = side.store_root
         if args.dagster:
             # `train` commits the experiment; the supervisor then launches the syncer's run.
             _wait(lambda: side.train_succeeded() is not None, 600, "the train run", side.alive)
@@ -293,6 +296,8 @@ def main(argv=None) -> dict:
                         "latency_p50_s": _pct(lat, 0.5), "latency_p99_s": _pct(lat, 0.99),
                         "period_median_s": statistics.median(periods),
                         "status_s": status_s, **side.sample()})
+                    if args.dagster:
+                        samples[-1]["dagster_home_bytes"] = _store_size(side.home)[1]
                     window = []
                     last_kinds = kinds
                     s = samples[-1]
@@ -306,7 +311,7 @@ def main(argv=None) -> dict:
         finally:
             pool.shutdown()
             tail = side.log_tail()
-            relaunches = max(0, len(getattr(side, "syncer_pids", ())) - 1)
+            relaunches = side.relaunches()
             stack.close()             # the syncer (and the instance) stop before the ledger
         # The end of a run's accounting, timed on the store as the haul left it, two ways
         # side by side: the archived rounds' fates from their blocks' digests (what a run

@@ -44,8 +44,8 @@ ROLES = (("learner", "pipelines.learner_entry"), ("syncer", "pipelines.syncer.en
          ("demo command", "pipelines.commands.cli demo"))
 
 
-def _role(cmdline: str) -> str:
-    return next((role for role, marker in ROLES if marker in cmdline), "other")
+def _role(cmdline: str, roles=ROLES) -> str:
+    return next((role for role, marker in roles if marker in cmdline), "other")
 
 
 def _memory_kib(pid: int) -> tuple[int, int]:
@@ -62,9 +62,9 @@ def _memory_kib(pid: int) -> tuple[int, int]:
     return rss, pss
 
 
-def memory_snapshot(root_pid: int) -> dict:
-    """RSS and PSS of a process and all its descendants (from /proc), in MiB, in total and
-    by role (learners, syncer, Dagster's run workers, code server, webserver, daemon)."""
+def process_tree(root_pid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of a process and all its descendants (from /proc's parent links);
+    a process that exits meanwhile is left out."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -75,18 +75,30 @@ def memory_snapshot(root_pid: int) -> dict:
         except (OSError, IndexError, ValueError):
             continue
         children.setdefault(ppid, []).append(int(entry))
-    by_role: dict[str, dict[str, float]] = {}
-    stack = [root_pid]
+    tree, stack = [], [root_pid]
     while stack:
         pid = stack.pop()
         stack.extend(children.get(pid, []))
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+                tree.append((pid, f.read().replace(b"\0", b" ").decode(errors="replace")))
+        except OSError:  # exited meanwhile
+            continue
+    return tree
+
+
+def memory_snapshot(root_pid: int, roles=ROLES) -> dict:
+    """RSS and PSS of a process and all its descendants (from /proc), in MiB, in total and
+    by role (learners, syncer, Dagster's run workers, code server, webserver, daemon; `roles`
+    as `ROLES`)."""
+    by_role: dict[str, dict[str, float]] = {}
+    for pid, cmdline in process_tree(root_pid):
+        try:
             rss, pss = _memory_kib(pid)
         except (OSError, ValueError):  # exited meanwhile
             continue
-        row = by_role.setdefault(_role(cmdline), {"processes": 0, "rss_mib": 0.0, "pss_mib": 0.0})
+        row = by_role.setdefault(_role(cmdline, roles),
+                                 {"processes": 0, "rss_mib": 0.0, "pss_mib": 0.0})
         row["processes"] += 1
         row["rss_mib"] += rss / 1024
         row["pss_mib"] += pss / 1024
