@@ -47,25 +47,30 @@ def fresh_mirror() -> dict:
             "last_eval": None}
 
 
-def round_fate(store: ArtifactStore, round_index: int, decision: RoundDecision
-               ) -> tuple[str, StoredMerge | None, int | None]:
+def round_fate(store: ArtifactStore, round_index: int, decision: RoundDecision,
+               after: int | None = None
+               ) -> tuple[str, StoredMerge | None, int | None, int | None]:
     """("merged", version meta, version), ("not_merged", record, None), ("skipped", None,
-    None) for a round whose fragment moved past it without it, or ("pending", None, None)."""
+    None) for a round whose fragment moved past it without it, or ("pending", None, None);
+    then the version the search for this fragment's next round can start after.
+
+    `after`: the version up to which every version of the fragment holds an earlier round,
+    from the search for its round before (`next_round_commit`); the search then goes forward
+    from it, one read per version over a whole catch-up. Without it (a cursor from before
+    it) the search walks back from the current version."""
     fragment = decision.fragment
     current = store.current_version(fragment)
     if current is None:
-        return "pending", None, None
-    meta = store.version_meta(fragment, current) or StoredMerge()
-    found = store.find_round_commit(fragment, round_index, current, meta)
-    if found is not None:
-        version, meta = found
-        return "merged", meta, version
+        return "pending", None, None, after
+    below, version, meta = store.next_round_commit(fragment, round_index, current, after)
+    if meta is not None and meta.round == round_index:
+        return "merged", meta, version, version
     refused = store.get_round_not_merged(round_index)
     if refused is not None:
-        return "not_merged", refused, None
-    if meta.round is not None and meta.round > round_index:
-        return "skipped", None, None
-    return "pending", None, None
+        return "not_merged", refused, None, below
+    if version is not None:     # a version of a later round: the fragment moved past it
+        return "skipped", None, None, below
+    return "pending", None, None, below
 
 
 def mirror_tick(store: ArtifactStore, cfg: ExperimentConfig, state: dict | None) -> MirrorResult:
@@ -112,6 +117,11 @@ def _offers(store: ArtifactStore, cfg: ExperimentConfig, state: dict, result: Mi
 def _fates(store: ArtifactStore, state: dict, result: MirrorResult, last: int,
            decision_of: Callable[[int], RoundDecision | None]) -> None:
     k = state["fates"]
+    # Per fragment, the version up to and including which every version holds a round
+    # before k. A mirror starting at round 0 starts every fragment's search at version 0 (the
+    # initial parameters); a cursor from before this record has none, so each fragment's first
+    # search walks back from its current version (forward from 0 would read its whole history).
+    searched = state.setdefault("searched", {"default": 0} if k == 0 else {})
     for _ in range(MAX_ROUNDS_PER_TICK):
         if k > last:
             break
@@ -121,7 +131,11 @@ def _fates(store: ArtifactStore, state: dict, result: MirrorResult, last: int,
         if not decision.members:
             k += 1   # nobody to merge (a final round nobody offered to)
             continue
-        fate, record, version = round_fate(store, k, decision)
+        key = str(decision.fragment)
+        fate, record, version, below = round_fate(store, k, decision,
+                                                 searched.get(key, searched.get("default")))
+        if below is not None:
+            searched[key] = below
         if fate == "pending":
             break
         if record is not None and record.merged_by.startswith("syncer"):

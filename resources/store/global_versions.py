@@ -127,6 +127,37 @@ class GlobalVersions(StoreBase):
             meta = self.version_meta(fragment, version) or StoredMerge()
         return None
 
+    def next_round_commit(self, fragment: int, round_index: int, current: int,
+                          after: int | None = None
+                          ) -> tuple[int, int | None, StoredMerge | None]:
+        """(below, version, meta): the first committed version of the fragment up to `current`
+        that holds this round or a later one (merges of a fragment commit in round order) and
+        its meta, or None, None when none does; `below` the version before it, up to which
+        every version holds an earlier round (a version whose meta has no round, version 0
+        or an unreadable one, counts as earlier).
+
+        `after`, a `below` from the search for an earlier round: the search goes forward from
+        it, so a reader going through the rounds in order (the mirror) reads each version
+        about once. Without it the search walks back from `current`, as many reads as
+        versions since the round (what `find_round_commit` does): fine for a recent round,
+        quadratic for a reader catching up on an hour's rounds one walk at a time."""
+        def holds_it_or_later(meta: StoredMerge) -> bool:
+            return isinstance(meta.round, int) and meta.round >= round_index
+
+        if after is None or after > current:
+            version, first = current, None
+            while version > 0:
+                meta = self.version_meta(fragment, version) or StoredMerge()
+                if not holds_it_or_later(meta):
+                    break
+                first, version = (version, meta), version - 1
+            return (version, None, None) if first is None else (version, *first)
+        for version in range(after + 1, current + 1):
+            meta = self.version_meta(fragment, version) or StoredMerge()
+            if holds_it_or_later(meta):
+                return version - 1, version, meta
+        return current, None, None
+
     def adopt_version(self, fragment: int, version: int) -> None:
         """Move the pointer to an already written version (a commit whose pointer move was
         lost: the manifest is there, the pointer still at version - 1)."""
