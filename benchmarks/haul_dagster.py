@@ -34,19 +34,35 @@ ROLES = (("syncer standby", STANDBY_MARKER), *DEMO_ROLES)
 SENSOR = "quorum_sensor"
 
 
+def _database_parts(home: Path) -> dict[str, int]:
+    """The SQLite instance's bytes by what they hold: the sensor and schedule ticks
+    (`schedules.db`, purged by the instance's tick retention), the runs (`runs.db`), the asset
+    events reported outside runs (the quorum sensor's mirror, `runs/.db`), the index of every
+    event (`runs/index.db`) and the runs' own event logs (one file a run)."""
+    parts = {"ticks": 0, "runs": 0, "mirror_events": 0, "event_index": 0, "run_events": 0}
+    for path in home.rglob("*.db"):
+        name = path.name
+        part = ("ticks" if name == "schedules.db" else "runs" if name == "runs.db"
+                else "mirror_events" if name == ".db" else "event_index"
+                if name == "index.db" else "run_events")
+        parts[part] += path.stat().st_size
+    return parts
+
+
 class DagsterSide:
     """`with DagsterSide(tmp, overrides, names, experiment) as side:` the instance runs, `train`
     has committed the experiment to `side.store_root`, and the supervisor is launching the
     syncer service."""
 
     def __init__(self, tmp: Path, overrides: list[str], learner_names: list[str],
-                 experiment: str, tick_seconds: int = 2):
+                 experiment: str, tick_seconds: int = 2,
+                 extra_env: dict[str, str] | None = None):
         self.home, self.store_root = tmp / "dagster_home", tmp / "store"
         self.overrides, self.names, self.experiment = overrides, learner_names, experiment
         self.env = {"DILOCO_STORE_URI": str(self.store_root), "DILOCO_ENV": "local",
                     "DILOCO_TICK_SECONDS": str(tick_seconds),
                     "JAX_COMPILATION_CACHE_DIR": str(tmp / "jax-cache"),
-                    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.2"}
+                    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.2", **(extra_env or {})}
         self.dev: DagsterDev | None = None
         self.last_tick = 0.0
         self.syncer_pids: set[int] = set()       # more than one: the syncer was relaunched
@@ -138,10 +154,11 @@ class DagsterSide:
         done = [t for t in ticks if t.end_timestamp is not None]
         seconds = [t.end_timestamp - t.timestamp for t in done]
         self.last_tick = now
-        databases = sum(p.stat().st_size for p in self.home.rglob("*.db"))
+        by_part = _database_parts(self.home)
         return {
             **{f"{kind.replace(' ', '_')}_rss_mb": round(mb, 1) for kind, mb in rss.items()},
-            "dagster_database_bytes": databases,
+            "dagster_database_bytes": sum(by_part.values()),
+            **{f"dagster_db_{part}_bytes": size for part, size in by_part.items()},
             "dagster_runs": runs,
             "sensor_ticks": len(ticks),
             "sensor_tick_failures": sum(1 for t in ticks if t.status == TickStatus.FAILURE),

@@ -76,6 +76,9 @@ def parse_args(argv):
                    help="the syncer launched by the learner supervisor on a Dagster instance "
                         "(daemon, code server, webserver), the quorum sensor mirroring "
                         "every round; writes long_haul_dagster.json unless --out is given")
+    p.add_argument("--dagster-arenas", type=int, default=None,
+                   help="MALLOC_ARENA_MAX for the Dagster processes (code server, daemon, "
+                        "webserver); default: unset, as `diloco dev` runs them")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     if args.out is None:
@@ -135,7 +138,9 @@ def _slope(xs, ys) -> float | None:
 
 
 # What the Dagster instance adds to each sample, fitted and projected as the syncer's figures.
-DAGSTER_SERIES = ("dagster_home_bytes", "dagster_database_bytes", "dagster_runs",
+DAGSTER_SERIES = ("dagster_home_bytes", "dagster_database_bytes", "dagster_db_ticks_bytes",
+                  "dagster_db_runs_bytes", "dagster_db_mirror_events_bytes",
+                  "dagster_db_event_index_bytes", "dagster_db_run_events_bytes", "dagster_runs",
                   "syncer_standby_rss_mb",
                   "daemon_rss_mb", "code_server_rss_mb", "webserver_rss_mb", "run_worker_rss_mb")
 
@@ -207,10 +212,11 @@ class PlainSyncer:
         return self.log_path.read_text().splitlines()[-5:]
 
 
-def _dagster_side(tmp: Path, overrides: list[str], names: list[str]):
+def _dagster_side(tmp: Path, overrides: list[str], names: list[str], arenas: int | None):
     from haul_dagster import DagsterSide
 
-    return DagsterSide(tmp, overrides, names, EXPERIMENT)
+    env = {} if arenas is None else {"MALLOC_ARENA_MAX": str(arenas)}
+    return DagsterSide(tmp, overrides, names, EXPERIMENT, extra_env=env)
 
 
 def _wait(predicate, timeout: float, what: str, alive):
@@ -246,7 +252,8 @@ def main(argv=None) -> dict:
         overrides.append("orchestration.rounds_per_partition=260")
     names = list(config_from_mapping({}, overrides).learners.learner_names)
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        side = stack.enter_context(_dagster_side(Path(tmp), overrides, names) if args.dagster
+        side = stack.enter_context(_dagster_side(Path(tmp), overrides, names, args.dagster_arenas)
+                                   if args.dagster
                                    else PlainSyncer(Path(tmp), overrides))
         root = side.store_root
         if args.dagster:
@@ -350,7 +357,8 @@ def main(argv=None) -> dict:
                      "keep_contribution_rounds": cfg.orchestration.keep_contribution_rounds,
                      "model": "tiny", "encoding": "int4", "dagster": args.dagster,
                      "syncer_relaunches": relaunches,
-                     "syncer_env": local_env(DEFAULT_XLA_FLAGS, {})},
+                     "syncer_env": local_env(DEFAULT_XLA_FLAGS, {}),
+                     "dagster_malloc_arena_max": args.dagster_arenas},
         "samples": samples,
         "slopes_per_round": slopes,
         "month_rounds": MONTH_ROUNDS,
