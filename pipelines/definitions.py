@@ -11,6 +11,11 @@ import pipelines.defs
 # Modules, not their functions: Dagster refuses a second `@dg.definitions` in this scope.
 import pipelines.defs.resources
 import pipelines.defs.sensors
+from pipelines.alembic_paths import resolve_resource_paths_once
+
+# Before any sensor ticks: each tick opens a Dagster instance, and without this alembic leaks an
+# atexit ExitStack each time (pipelines/alembic_paths.py).
+resolve_resource_paths_once()
 
 
 @dg.definitions
