@@ -1,7 +1,8 @@
-"""The code server's sensor ticks hold no memory past the tick: each evaluation opens a Dagster
-instance from its reference, and alembic registered an ExitStack with atexit for every one
-(pipelines/alembic_paths.py). Evaluated here as the code server evaluates them (Dagster's gRPC
-implementation, `get_external_sensor_execution`, with an instance reference)."""
+"""The code server's sensor ticks hold no memory past the tick, over the weeks of a run: alembic
+registered an ExitStack with atexit for each Dagster instance a tick opens
+(pipelines/alembic_paths.py), and glibc kept the heap the ticks freed (each tick now hands it
+back: pipelines/defs/sensors.py). Evaluated here as the code server evaluates them (Dagster's
+gRPC implementation, `get_external_sensor_execution`, with an instance reference)."""
 
 import atexit
 
@@ -43,3 +44,16 @@ def test_sensor_ticks_register_nothing_at_exit(code_location, monkeypatch, senso
     # Before the mend: 2 a tick (the run and the schedule storage's schema checks), kept until
     # the process exits; ~5 KB a tick, the code server's +3.5 MB per 1,000 rounds.
     assert registered == []
+
+
+@pytest.mark.parametrize("sensor", ["quorum_sensor", "learner_supervisor"])
+def test_each_sensor_tick_hands_the_freed_heap_back(code_location, monkeypatch, sensor):
+    """What the release does is tests/test_process_memory.py's; here, that every tick asks."""
+    import pipelines.defs.sensors as sensors
+
+    released = []
+    monkeypatch.setattr(sensors, "release_free_heap", lambda: released.append(1))
+    with dg.instance_for_test() as instance:
+        for _ in range(3):
+            _evaluate(code_location, instance.get_ref(), sensor)
+    assert len(released) == 3
