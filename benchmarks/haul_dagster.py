@@ -15,6 +15,7 @@ databases' bytes (the haul adds the whole home's), the runs it holds, and the qu
 since the last sample (count, duration median and max).
 """
 
+import json
 import statistics
 import time
 import uuid
@@ -56,13 +57,14 @@ class DagsterSide:
 
     def __init__(self, tmp: Path, overrides: list[str], learner_names: list[str],
                  experiment: str, tick_seconds: int = 2,
-                 extra_env: dict[str, str] | None = None):
+                 extra_env: dict[str, str] | None = None, heap_probe: Path | None = None):
         self.home, self.store_root = tmp / "dagster_home", tmp / "store"
         self.overrides, self.names, self.experiment = overrides, learner_names, experiment
         self.env = {"DILOCO_STORE_URI": str(self.store_root), "DILOCO_ENV": "local",
                     "DILOCO_TICK_SECONDS": str(tick_seconds),
                     "JAX_COMPILATION_CACHE_DIR": str(tmp / "jax-cache"),
                     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.2", **(extra_env or {})}
+        self.heap_probe = heap_probe    # the code server's allocator samples (--heap-probe)
         self.dev: DagsterDev | None = None
         self.last_tick = 0.0
         self.syncer_pids: set[int] = set()       # more than one: the syncer was relaunched
@@ -131,6 +133,18 @@ class DagsterSide:
         path = self.dev.log_path.with_name(f"{self.dev.log_path.stem}-daemon.log")
         return path.read_text(errors="replace").splitlines()[-5:] if path.exists() else []
 
+    def _heap(self) -> dict:
+        """The code server's newest allocator sample from inside (`--heap-probe`), or none."""
+        if self.heap_probe is None or not self.heap_probe.exists():
+            return {}
+        lines = self.heap_probe.read_text().splitlines()
+        if not lines:
+            return {}
+        row = json.loads(lines[-1])
+        return {"code_server_python_blocks": row["python_blocks"],
+                "code_server_heap_in_use_mb": round(row["heap_in_use_mb"], 2),
+                "code_server_heap_free_mb": round(row["heap_free_mb"], 2)}
+
     def sample(self) -> dict:
         """The instance's cost now, and the quorum sensor's ticks since the last sample."""
         import dagster as dg
@@ -155,7 +169,9 @@ class DagsterSide:
         seconds = [t.end_timestamp - t.timestamp for t in done]
         self.last_tick = now
         by_part = _database_parts(self.home)
+        heap = self._heap()
         return {
+            **heap,
             **{f"{kind.replace(' ', '_')}_rss_mb": round(mb, 1) for kind, mb in rss.items()},
             "dagster_database_bytes": sum(by_part.values()),
             **{f"dagster_db_{part}_bytes": size for part, size in by_part.items()},

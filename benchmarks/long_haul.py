@@ -22,7 +22,10 @@ and checks that both give the same ledger.
 With `--dagster` the syncer runs as the product runs it: launched as a Dagster run by the
 learner supervisor on an instance with its daemon, code server and webserver, while the quorum
 sensor mirrors every round into the instance (`haul_dagster.py`); each sample then adds the
-instance's memory, database and runs, and the sensor's tick times.
+instance's memory, database and runs, and the sensor's tick times. `--heap-probe` adds the
+code server's allocator seen from inside its gRPC process (`heap_probe/sitecustomize.py`):
+Python's allocated blocks and glibc's heap in use and free, which tell an accumulating
+allocation from freed memory the allocator keeps.
 
     python benchmarks/long_haul.py --rounds 5000           # ~15 min on 2 cores
     python benchmarks/long_haul.py --dagster --rounds 6000 --sample-every 300
@@ -79,8 +82,13 @@ def parse_args(argv):
     p.add_argument("--dagster-arenas", type=int, default=None,
                    help="MALLOC_ARENA_MAX for the Dagster processes (code server, daemon, "
                         "webserver); default: unset, as `diloco dev` runs them")
+    p.add_argument("--heap-probe", action="store_true",
+                   help="with --dagster: sample the code server's allocator from inside "
+                        "(Python's blocks, the heap in use and free; benchmarks/heap_probe/)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
+    if args.heap_probe and not args.dagster:
+        p.error("--heap-probe needs --dagster (it samples the code server)")
     if args.out is None:
         args.out = DEFAULT_OUT.with_name("long_haul_dagster.json") if args.dagster else DEFAULT_OUT
     return args
@@ -142,7 +150,10 @@ DAGSTER_SERIES = ("dagster_home_bytes", "dagster_database_bytes", "dagster_db_ti
                   "dagster_db_runs_bytes", "dagster_db_mirror_events_bytes",
                   "dagster_db_event_index_bytes", "dagster_db_run_events_bytes", "dagster_runs",
                   "syncer_standby_rss_mb",
-                  "daemon_rss_mb", "code_server_rss_mb", "webserver_rss_mb", "run_worker_rss_mb")
+                  "daemon_rss_mb", "code_server_rss_mb", "webserver_rss_mb", "run_worker_rss_mb",
+                  # With --heap-probe: the code server's gRPC process from inside.
+                  "code_server_python_blocks", "code_server_heap_in_use_mb",
+                  "code_server_heap_free_mb")
 
 
 def _dagster_line(s: dict) -> str:
@@ -154,7 +165,11 @@ def _dagster_line(s: dict) -> str:
             f"{s.get('daemon_rss_mb', 0):.0f} MB code server "
             f"{s.get('code_server_rss_mb', 0):.0f} MB standby "
             f"{s.get('syncer_standby_rss_mb', 0):.0f} MB sensor ticks {s['sensor_ticks']}"
-            + ("" if tick is None else f" p50 {tick * 1e3:.0f} ms"))
+            + ("" if tick is None else f" p50 {tick * 1e3:.0f} ms")
+            + ("" if "code_server_heap_free_mb" not in s else
+               f"  code server heap in use {s['code_server_heap_in_use_mb']:.1f} MB free "
+               f"{s['code_server_heap_free_mb']:.1f} MB, {s['code_server_python_blocks']} "
+               "Python blocks"))
 
 
 def _opened_after(store, offered: int):
@@ -212,11 +227,18 @@ class PlainSyncer:
         return self.log_path.read_text().splitlines()[-5:]
 
 
-def _dagster_side(tmp: Path, overrides: list[str], names: list[str], arenas: int | None):
+def _dagster_side(tmp: Path, overrides: list[str], names: list[str], arenas: int | None,
+                  heap_probe: bool):
     from haul_dagster import DagsterSide
 
     env = {} if arenas is None else {"MALLOC_ARENA_MAX": str(arenas)}
-    return DagsterSide(tmp, overrides, names, EXPERIMENT, extra_env=env)
+    probe = None
+    if heap_probe:
+        probe = tmp / "heap_probe.jsonl"
+        paths = [str(Path(__file__).parent / "heap_probe"), os.environ.get("PYTHONPATH", "")]
+        env |= {"PYTHONPATH": os.pathsep.join(p for p in paths if p),
+                "DILOCO_HEAP_PROBE": str(probe)}
+    return DagsterSide(tmp, overrides, names, EXPERIMENT, extra_env=env, heap_probe=probe)
 
 
 def _wait(predicate, timeout: float, what: str, alive):
@@ -252,7 +274,8 @@ def main(argv=None) -> dict:
         overrides.append("orchestration.rounds_per_partition=260")
     names = list(config_from_mapping({}, overrides).learners.learner_names)
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        side = stack.enter_context(_dagster_side(Path(tmp), overrides, names, args.dagster_arenas)
+        side = stack.enter_context(_dagster_side(Path(tmp), overrides, names,
+                                                 args.dagster_arenas, args.heap_probe)
                                    if args.dagster
                                    else PlainSyncer(Path(tmp), overrides))
         root = side.store_root
@@ -358,7 +381,8 @@ def main(argv=None) -> dict:
                      "model": "tiny", "encoding": "int4", "dagster": args.dagster,
                      "syncer_relaunches": relaunches,
                      "syncer_env": local_env(DEFAULT_XLA_FLAGS, {}),
-                     "dagster_malloc_arena_max": args.dagster_arenas},
+                     "dagster_malloc_arena_max": args.dagster_arenas,
+                     "code_server_heap_probe": args.heap_probe},
         "samples": samples,
         "slopes_per_round": slopes,
         "month_rounds": MONTH_ROUNDS,
