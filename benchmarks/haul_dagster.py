@@ -141,9 +141,8 @@ class DagsterSide:
         if not lines:
             return {}
         row = json.loads(lines[-1])
-        return {"code_server_python_blocks": row["python_blocks"],
-                "code_server_heap_in_use_mb": round(row["heap_in_use_mb"], 2),
-                "code_server_heap_free_mb": round(row["heap_free_mb"], 2)}
+        # `grpc_`: the code server's gRPC process alone (its `code_server_rss_mb` adds the proxy).
+        return {f"grpc_{k}": round(v, 2) for k, v in row.items() if k != "t"}
 
     def sample(self) -> dict:
         """The instance's cost now, and the quorum sensor's ticks since the last sample."""

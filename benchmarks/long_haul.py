@@ -152,8 +152,9 @@ DAGSTER_SERIES = ("dagster_home_bytes", "dagster_database_bytes", "dagster_db_ti
                   "syncer_standby_rss_mb",
                   "daemon_rss_mb", "code_server_rss_mb", "webserver_rss_mb", "run_worker_rss_mb",
                   # With --heap-probe: the code server's gRPC process from inside.
-                  "code_server_python_blocks", "code_server_heap_in_use_mb",
-                  "code_server_heap_free_mb")
+                  "grpc_rss_mb", "grpc_rss_anon_mb", "grpc_rss_file_mb", "grpc_rss_shmem_mb",
+                  "grpc_main_heap_mb", "grpc_unnamed_mb", "grpc_unnamed_maps",
+                  "grpc_python_blocks", "grpc_heap_in_use_mb", "grpc_heap_free_mb")
 
 
 def _dagster_line(s: dict) -> str:
@@ -166,10 +167,12 @@ def _dagster_line(s: dict) -> str:
             f"{s.get('code_server_rss_mb', 0):.0f} MB standby "
             f"{s.get('syncer_standby_rss_mb', 0):.0f} MB sensor ticks {s['sensor_ticks']}"
             + ("" if tick is None else f" p50 {tick * 1e3:.0f} ms")
-            + ("" if "code_server_heap_free_mb" not in s else
-               f"  code server heap in use {s['code_server_heap_in_use_mb']:.1f} MB free "
-               f"{s['code_server_heap_free_mb']:.1f} MB, {s['code_server_python_blocks']} "
-               "Python blocks"))
+            + ("" if "grpc_heap_free_mb" not in s else
+               f"  gRPC process {s['grpc_rss_mb']:.0f} MB (anon {s['grpc_rss_anon_mb']:.0f}: "
+               f"main heap {s['grpc_main_heap_mb']:.0f}, unnamed {s['grpc_unnamed_mb']:.0f} in "
+               f"{s['grpc_unnamed_maps']:.0f} maps), glibc heap in use "
+               f"{s['grpc_heap_in_use_mb']:.1f} MB free {s['grpc_heap_free_mb']:.1f} MB, "
+               f"{s['grpc_python_blocks']:.0f} Python blocks"))
 
 
 def _opened_after(store, offered: int):
