@@ -82,6 +82,9 @@ def parse_args(argv):
     p.add_argument("--dagster-arenas", type=int, default=None,
                    help="MALLOC_ARENA_MAX for the Dagster processes (code server, daemon, "
                         "webserver); default: unset, as `diloco dev` runs them")
+    p.add_argument("--dagster-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="an environment variable for the Dagster processes (repeatable), "
+                        "e.g. PYTHONMALLOC=malloc")
     p.add_argument("--heap-probe", action="store_true",
                    help="with --dagster: sample the code server's allocator from inside "
                         "(Python's blocks, the heap in use and free; benchmarks/heap_probe/)")
@@ -231,10 +234,11 @@ class PlainSyncer:
 
 
 def _dagster_side(tmp: Path, overrides: list[str], names: list[str], arenas: int | None,
-                  heap_probe: bool):
+                  heap_probe: bool, extra: list[str]):
     from haul_dagster import DagsterSide
 
     env = {} if arenas is None else {"MALLOC_ARENA_MAX": str(arenas)}
+    env |= dict(item.split("=", 1) for item in extra)
     probe = None
     if heap_probe:
         probe = tmp / "heap_probe.jsonl"
@@ -278,7 +282,8 @@ def main(argv=None) -> dict:
     names = list(config_from_mapping({}, overrides).learners.learner_names)
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         side = stack.enter_context(_dagster_side(Path(tmp), overrides, names,
-                                                 args.dagster_arenas, args.heap_probe)
+                                                 args.dagster_arenas, args.heap_probe,
+                                                 args.dagster_env)
                                    if args.dagster
                                    else PlainSyncer(Path(tmp), overrides))
         root = side.store_root
@@ -385,7 +390,8 @@ def main(argv=None) -> dict:
                      "syncer_relaunches": relaunches,
                      "syncer_env": local_env(DEFAULT_XLA_FLAGS, {}),
                      "dagster_malloc_arena_max": args.dagster_arenas,
-                     "code_server_heap_probe": args.heap_probe},
+                     "code_server_heap_probe": args.heap_probe,
+                     "dagster_env": args.dagster_env},
         "samples": samples,
         "slopes_per_round": slopes,
         "month_rounds": MONTH_ROUNDS,
