@@ -5,8 +5,10 @@ and a sensor evaluation opens one every tick (Dagster builds the sensor's resour
 the code server. Alembic (1.20) resolves its script location, a package resource
 (`dagster:_core/storage/alembic`), through `alembic.util.coerce_resource_to_filename`, which
 registers a new `ExitStack` with `atexit` on every call and never closes it before the process
-exits: two more per tick (the run and schedule storages), about 5 KB. In the long haul that was
-the code server's whole growth, +3.5 to 4 MB per 1,000 rounds, 9 GB a month at a round a second.
+exits: two more per tick (the run and schedule storages), about 5 KB
+(`benchmarks/sensor_instance_memory.py`): about 5 GB a month at the default 5 s tick, since it
+follows the ticks, not the rounds. (Part of the code server's growth in the long haul, not all:
+docs/scale_out.md, "The code server's growth".)
 
 A resource's path does not change while the process lives (for a file on disk it is the file;
 for a zipped package, a temporary copy alembic keeps until exit anyway), so resolving each
