@@ -50,6 +50,13 @@ def _database_parts(home: Path) -> dict[str, int]:
     return parts
 
 
+def _rounded(value):
+    """A probe figure to 2 places: a number, a list of them (one an arena), or None."""
+    if isinstance(value, list):
+        return [round(v, 2) for v in value]
+    return value if value is None else round(value, 2)
+
+
 class DagsterSide:
     """`with DagsterSide(tmp, overrides, names, experiment) as side:` the instance runs, `train`
     has committed the experiment to `side.store_root`, and the supervisor is launching the
@@ -142,7 +149,7 @@ class DagsterSide:
             return {}
         row = json.loads(lines[-1])
         # `grpc_`: the code server's gRPC process alone (its `code_server_rss_mb` adds the proxy).
-        return {f"grpc_{k}": round(v, 2) for k, v in row.items() if k != "t"}
+        return {f"grpc_{k}": _rounded(v) for k, v in row.items() if k != "t"}
 
     def sample(self) -> dict:
         """The instance's cost now, and the quorum sensor's ticks since the last sample."""

@@ -157,7 +157,8 @@ DAGSTER_SERIES = ("dagster_home_bytes", "dagster_database_bytes", "dagster_db_ti
                   # With --heap-probe: the code server's gRPC process from inside.
                   "grpc_rss_mb", "grpc_rss_anon_mb", "grpc_rss_file_mb", "grpc_rss_shmem_mb",
                   "grpc_main_heap_mb", "grpc_unnamed_mb", "grpc_unnamed_maps",
-                  "grpc_python_blocks", "grpc_heap_in_use_mb", "grpc_heap_free_mb")
+                  "grpc_python_blocks", "grpc_heap_in_use_mb", "grpc_heap_free_mb",
+                  "grpc_threads", "grpc_mmap_chunks", "grpc_mmap_chunks_mb")
 
 
 def _dagster_line(s: dict) -> str:
