@@ -231,6 +231,31 @@ def _experiments() -> tuple[Experiment, ...]:
         "its own best inner lr? The defaults of every other experiment come from here.", "",
         (*(Arm(f"data-parallel, inner lr {lr:g}", DATA_PARALLEL, (f"inner.lr={lr}",), 0,
                headline) for lr in (3e-3, 6e-3, 1e-2)),
+         # Data-parallel tuned as hard as the method (issue 38): its learning rate between the
+         # three above, its warm-up, its schedule and its AdamW settings, one change at a time
+         # from the defaults (lr 6e-3, warm-up 20 of ~122 steps, cosine, b2 0.95, decay 0.1).
+         *(Arm(f"data-parallel, {what}", DATA_PARALLEL, overrides, 0, headline)
+           for what, overrides in (
+               ("inner lr 4.5e-3", ("inner.lr=0.0045",)),
+               ("inner lr 8e-3", ("inner.lr=0.008",)),
+               ("warm-up 10", ("inner.warmup_steps=10",)),
+               ("warm-up 40", ("inner.warmup_steps=40",)),
+               ("constant lr after warm-up", ("inner.schedule=constant",)),
+               ("AdamW b2 0.99", ("inner.b2=0.99",)),
+               ("no weight decay", ("inner.weight_decay=0.0",)),
+               ("cosine to zero", ("inner.min_lr_ratio=0.0",)),
+               ("clip at 0.5", ("inner.clip_norm=0.5",)),
+               ("AdamW b1 0.95", ("inner.b1=0.95",)),
+               ("inner lr 8e-3, warm-up 40", ("inner.lr=0.008", "inner.warmup_steps=40")))),
+         # Synchronous DiLoCo at its own best outer settings: its outer lr and momentum around
+         # the defaults, and H = 8 as Decoupled DiLoCo's candidates have.
+         *(Arm(f"synchronous DiLoCo, {what}", SYNCHRONOUS, overrides, 0, headline)
+           for what, overrides in (
+               ("outer 0.5/0.5 warm-up 8", _outer(0.5, 0.5, 8, 6e-3)),
+               ("outer 1.0/0.5 warm-up 8", _outer(1.0, 0.5, 8, 6e-3)),
+               ("outer 0.7/0.7 warm-up 8", _outer(0.7, 0.7, 8, 6e-3)),
+               ("H = 8, outer 0.5/0.5 warm-up 8",
+                (*_outer(0.5, 0.5, 8, 6e-3), "sync.sync_period=8")))),
          *(Arm(f"{name}, {what}", method, overrides, 0, headline)
            for name, method in (("Decoupled DiLoCo", DECOUPLED),
                                 ("synchronous DiLoCo", SYNCHRONOUS))
