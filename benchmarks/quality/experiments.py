@@ -124,6 +124,14 @@ def _experiments() -> tuple[Experiment, ...]:
            for seed in (1, 2)
            for label, method in (("data-parallel", DATA_PARALLEL),
                                  ("Decoupled DiLoCo", DECOUPLED))),
+         # How the gap moves with M at the defaults, as in the scaling-law anchor (Charles et al.
+         # 2025: M = 2, 4, 8 at 1.005x, 1.015x, 1.031x data-parallel): the global batch held at
+         # data-parallel's 64 sequences, so every learner still takes ~122 inner steps and
+         # data-parallel's run is the same configuration at every M.
+         *(arm for m, batch in ((2, 32), (8, 8))
+           for arm in _seeds(f"Decoupled DiLoCo, M = {m}", DECOUPLED,
+                             (f"learners.num_learners={m}", f"data.batch_size={batch}"),
+                             (0, 1, 2), headline)),
          # The candidate the 1M confirmation ranked first among Decoupled DiLoCo's settings, at
          # the largest budget: the 1.5% bar is set at 4M, and its confirmation seeds (3-5, run
          # with --seeds confirmation beside data-parallel's) say whether it holds there.
