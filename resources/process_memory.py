@@ -13,16 +13,24 @@ import ctypes.util
 import functools
 from collections.abc import Callable
 
+# glibc's mallopt parameter (malloc.h), and its own starting value for it.
+_M_MMAP_THRESHOLD = -3
+_GLIBC_MMAP_THRESHOLD = 128 * 1024
+
 
 @functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
+def _libc_function(name: str, argtypes: tuple, restype) -> Callable | None:
+    """A glibc function, or None off glibc."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        trim = libc.malloc_trim
+        function = getattr(ctypes.CDLL(ctypes.util.find_library("c")), name)
     except (OSError, AttributeError, TypeError):
         return None
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return trim
+    function.argtypes, function.restype = list(argtypes), restype
+    return function
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    return _libc_function("malloc_trim", (ctypes.c_size_t,), ctypes.c_int)
 
 
 def release_free_heap() -> bool:
@@ -32,3 +40,22 @@ def release_free_heap() -> bool:
         return False
     trim(0)
     return True
+
+
+@functools.cache
+def unmap_large_blocks() -> bool:
+    """Fix glibc's mmap threshold at its starting 128 KiB, so that every large block is a mapping
+    of its own, handed back to the system when freed; whether it could be set (once a process).
+
+    By default glibc raises the threshold to the size of each mapped block freed (up to 32 MiB).
+    After that, blocks of that size come from the arena of the thread asking, and the trim
+    threshold rises with it (twice the mmap threshold), so each thread arena that once served
+    such a block keeps it resident for good: `malloc_trim` trims only the main arena's top. The
+    code server's gRPC threads do exactly that: its heap probe (`benchmarks/heap_probe/`) saw
+    thread arenas step up 3.4 MB at a time, the first step as a mapped block of about that size
+    was freed, with the bytes in use flat (what allocates the block was not traced). Fixing
+    the threshold turns the dynamic raise off; the price is a map and an unmap per large
+    block, which a process ticking sensors every few seconds does not notice.
+    """
+    mallopt = _libc_function("mallopt", (ctypes.c_int, ctypes.c_int), ctypes.c_int)
+    return mallopt is not None and mallopt(_M_MMAP_THRESHOLD, _GLIBC_MMAP_THRESHOLD) == 1

@@ -1,10 +1,15 @@
 """The code server's sensor ticks hold no memory past the tick, over the weeks of a run: alembic
 registered an ExitStack with atexit for each Dagster instance a tick opens
-(pipelines/alembic_paths.py), and glibc kept the heap the ticks freed (each tick now hands it
-back: pipelines/defs/sensors.py). Evaluated here as the code server evaluates them (Dagster's
-gRPC implementation, `get_external_sensor_execution`, with an instance reference)."""
+(pipelines/alembic_paths.py), glibc kept the heap the ticks freed (each tick now hands it
+back: pipelines/defs/sensors.py), and glibc's thread arenas kept the large blocks the gRPC
+threads freed (each tick fixes the mmap threshold). Evaluated here as the code server
+evaluates them (Dagster's gRPC implementation, `get_external_sensor_execution`, with an
+instance reference)."""
 
 import atexit
+import subprocess
+import sys
+from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -57,3 +62,14 @@ def test_each_sensor_tick_hands_the_freed_heap_back(code_location, monkeypatch, 
         for _ in range(3):
             _evaluate(code_location, instance.get_ref(), sensor)
     assert len(released) == 3
+
+
+def test_a_sensor_tick_keeps_large_blocks_from_settling_in_thread_arenas():
+    """After one tick, a 4 MB block freed in each of four threads goes back to the system: the
+    tick fixed glibc's mmap threshold (resources/process_memory.py). In a fresh process, since
+    the threshold is process-wide; `tests/large_block_probe.py default` is the same probe
+    without a tick (16 MB kept, tests/test_process_memory.py)."""
+    probe = Path(__file__).with_name("large_block_probe.py")
+    out = subprocess.run([sys.executable, str(probe), "sensor"], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert float(out[-1]) < 2

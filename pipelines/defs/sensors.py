@@ -22,7 +22,7 @@ from pipelines.defs.rounds import merge_job
 from pipelines.defs.summary import summary_job
 from pipelines.defs.supervise_tick import supervise_tick
 from pipelines.defs.syncer import syncer
-from resources.process_memory import release_free_heap
+from resources.process_memory import release_free_heap, unmap_large_blocks
 from resources.store.resource import ArtifactStoreResource
 
 
@@ -37,6 +37,7 @@ def sensors() -> dg.Definitions:
                            "the K-of-M quorum and adaptive grace window, and requests exactly "
                            "one merge run per round.")
     def quorum_sensor(context: dg.SensorEvaluationContext, store: ArtifactStoreResource):
+        unmap_large_blocks()    # once per process: the one that ticks, for weeks
         try:
             return quorum_tick(context, store)
         finally:
@@ -49,6 +50,7 @@ def sensors() -> dg.Definitions:
                            "launches them, relaunches failed or hung ones with exponential "
                            "backoff, records learner checkpoints.")
     def learner_supervisor(context: dg.SensorEvaluationContext, store: ArtifactStoreResource):
+        unmap_large_blocks()    # once per process: the one that ticks, for weeks
         try:
             return supervise_tick(context, store)
         finally:
