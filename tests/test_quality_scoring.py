@@ -92,8 +92,12 @@ def test_seeds_are_named_by_role_and_arms_reseeded():
 
 
 def test_configurations_count_hyperparameters_not_scenarios():
-    # Data-parallel at 1M tokens: three inner learning rates (6e-3 is the default, experiment 1's).
-    assert configurations_tried(DATA_PARALLEL, 1_000_000) == 3
+    # Data-parallel at 1M tokens: three inner learning rates (6e-3 is the default, experiment
+    # 1's) and experiment 12's eleven other settings of its own (warm-up, schedule, AdamW).
+    assert configurations_tried(DATA_PARALLEL, 1_000_000) == 14
+    # Counted as tried only once run: here only the default has.
+    assert configurations_tried(DATA_PARALLEL, 1_000_000,
+                                ran=lambda arm: arm.overrides == ()) == 1
     assert configurations_tried(DECOUPLED, 1_000_000) > 10
     # Step jitter changes the scenario: experiment 3's quorum policies are not tuning of
     # experiment 1's setting; experiment 2's fragments and overlap are (6 settings).
@@ -146,4 +150,5 @@ def test_the_report_prefers_confirmation_seeds_on_the_test_slice(monkeypatch):
     assert headline[("Decoupled DiLoCo", "selection")]["test_vs_data_parallel"] == 1.1
     assert headline[("Decoupled DiLoCo", "confirmation")]["seeds"] == "3, 4, 5"
     assert headline[("Decoupled DiLoCo", "selection")]["first_8kb_vs_data_parallel"] == 1.5
-    assert headline[("data-parallel", "selection")]["configurations_tried"] == 3
+    # Only experiment 1's runs are stored here: data-parallel's one configuration has run.
+    assert headline[("data-parallel", "selection")]["configurations_tried"] == 1

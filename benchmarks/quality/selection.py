@@ -71,13 +71,14 @@ def _settings(arm: Arm) -> tuple[dict, dict]:
     return tuned, {k: v for k, v in changed.items() if k not in tuned}
 
 
-def configurations_tried(method: str, tokens: int, experiments=None) -> int:
-    """How many distinct hyperparameter settings of `method` the experiments ran at `tokens`
-    in the default scenario (any seed)."""
+def configurations_tried(method: str, tokens: int, experiments=None, ran=None) -> int:
+    """How many distinct hyperparameter settings of `method` the experiments define at `tokens`
+    in the default scenario (any seed); with `ran` (arm -> whether it has a result), only
+    those that have been run."""
     seen = set()
     for exp in experiments or EXPERIMENTS.values():
         for arm in exp.arms:
-            if arm.method != method or arm.tokens != tokens:
+            if arm.method != method or arm.tokens != tokens or (ran and not ran(arm)):
                 continue
             tuned, scenario = _settings(arm)
             if not scenario:
