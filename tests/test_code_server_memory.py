@@ -20,9 +20,12 @@ from dagster._grpc.impl import get_external_sensor_execution
 def code_location(tmp_path, monkeypatch):
     monkeypatch.setenv("DILOCO_STORE_URI", str(tmp_path / "store"))
     monkeypatch.setenv("DILOCO_ENV", "local")
-    # Loading the code location applies the mend.
-    from pipelines.definitions import defs
+    import pipelines.defs.sensors as sensors
+    from pipelines.definitions import defs  # loading the code location: the alembic mend
 
+    # Not in the test process: a fixed mmap threshold would stay for every later test in it
+    # (that the tick sets it is checked in a process of its own, below).
+    monkeypatch.setattr(sensors, "unmap_large_blocks", lambda: True)
     return defs().get_repository_def()
 
 
