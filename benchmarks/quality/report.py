@@ -16,8 +16,11 @@ from benchmarks.quality.experiments import EXPERIMENTS, HEADLINE_TOKENS, RUN_ORD
 from benchmarks.quality.runner import load_arm
 from benchmarks.quality.scoring import mean_and_standard_error
 from benchmarks.quality.selection import (
+    CONFIRMATION_SEEDS,
+    SELECTION_SEEDS,
     configurations_tried,
     observed_arms,
+    reseed,
     role,
 )
 from benchmarks.quality.slice_report import across_seeds, paired_ratios, ratio_se_over_batches
@@ -57,8 +60,14 @@ def _mean_loss(arms: list[Arm]) -> float:
 
 
 def _ran(arm: Arm) -> bool:
-    """Whether the arm has a stored result (a configuration counts as tried once it has)."""
+    """Whether the arm has a stored result."""
     return load_arm(arm) is not None
+
+
+def _tried(arm: Arm) -> bool:
+    """Whether the arm's configuration has run at any selection or confirmation seed (a
+    configuration counts as tried once it has)."""
+    return _ran(arm) or any(_ran(a) for a in reseed([arm], SELECTION_SEEDS + CONFIRMATION_SEEDS))
 
 
 def _paired_ratio(arms: list[Arm], reference: list[Arm]) -> float:
@@ -139,7 +148,7 @@ def _exp1_row(tokens: int, label: str, seed_role: str, members: list[Arm], dp: d
                     / dp[s]["summary"]["final_heldout_loss"] for s in records if s in dp]
     return {"tokens": tokens, "method": label, "seeds": ", ".join(map(str, records)),
             "seed_role": seed_role,
-            "configurations_tried": configurations_tried(members[0].method, tokens, ran=_ran),
+            "configurations_tried": configurations_tried(members[0].method, tokens, ran=_tried),
             "validation_loss": _round(val and val["loss"], 4),
             "validation_se_batches": _round(val and val["se_batches"], 4),
             "test_loss": _round(test and test["loss"], 4),
@@ -608,7 +617,7 @@ def _selection_record(exp: Experiment, arms: list[Arm]) -> dict:
                                        f"--seeds confirmation")
     if exp.number == 1:
         out["configurations_tried"] = {
-            method: {str(t): configurations_tried(method, t, ran=_ran)
+            method: {str(t): configurations_tried(method, t, ran=_tried)
                      for t in sorted({a.tokens for a in exp.arms})}
             for method in sorted({a.method for a in exp.arms})}
     return out
