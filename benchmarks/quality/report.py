@@ -109,7 +109,7 @@ def _exp1(exp):
         # Only the three methods at the headline budget must have run; every other arm (the
         # budget trend, M = 2 and 8, a candidate at 4M) shows where it has.
         arms = [a for a in arms_seen if a.tokens == tokens and (
-            load_arm(a) is not None or (tokens == HEADLINE_TOKENS and a.label in METHODS))]
+            _ran(a) or (tokens == HEADLINE_TOKENS and a.label in METHODS))]
         if not any(a.label == "data-parallel" for a in arms):
             continue
         groups = _by_label(Experiment(exp.number, exp.slug, exp.title, exp.question, exp.target,
@@ -414,7 +414,7 @@ def _trend_plot(exp: Experiment, path: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     budgets = sorted({a.tokens for a in exp.arms if a.seed == 0
-                      and all(load_arm(b) is not None for b in exp.arms
+                      and all(_ran(b) for b in exp.arms
                               if b.tokens == a.tokens and b.label in METHODS)})
     if len(budgets) < 2:
         return None
