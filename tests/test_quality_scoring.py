@@ -131,6 +131,9 @@ def test_the_report_prefers_confirmation_seeds_on_the_test_slice(monkeypatch):
         # Decoupled 10% behind on the selection seeds' test slice, 2% on confirmation's; the
         # first-8 KB figure says 50% (it must not be what the verdict reads).
         gap = {True: 1.10, False: 1.02}[arm.seed < 3] if arm.label == "Decoupled DiLoCo" else 1.0
+        # Data-parallel on a constant inner lr 3% better than on the cosine: the arms on the
+        # same schedule are measured against it, not against the cosine's.
+        gap *= 0.97 if arm.label == "data-parallel, constant inner lr" else 1.0
         return {"key": arm_key(arm), "code": code_hash(), "commit": {"commit": "abc1234"},
                 "summary": {"final_heldout_loss": 3.0 if arm.label == "Decoupled DiLoCo"
                             else 2.0, "final_bits_per_byte": None, "goodput": 1.0,
@@ -150,5 +153,10 @@ def test_the_report_prefers_confirmation_seeds_on_the_test_slice(monkeypatch):
     assert headline[("Decoupled DiLoCo", "selection")]["test_vs_data_parallel"] == 1.1
     assert headline[("Decoupled DiLoCo", "confirmation")]["seeds"] == "3, 4, 5"
     assert headline[("Decoupled DiLoCo", "selection")]["first_8kb_vs_data_parallel"] == 1.5
-    # Only experiment 1's runs are stored here: data-parallel's one configuration has run.
-    assert headline[("data-parallel", "selection")]["configurations_tried"] == 1
+    # Only experiment 1's runs are stored here: data-parallel's two configurations (the cosine
+    # and the constant inner lr) have run.
+    assert headline[("data-parallel", "selection")]["configurations_tried"] == 2
+    constant = headline[("Decoupled DiLoCo, constant inner lr", "selection")]
+    assert constant["against"] == "data-parallel, constant inner lr"
+    assert constant["test_vs_data_parallel"] == pytest.approx(1 / 0.97, abs=1e-4)
+    assert headline[("Decoupled DiLoCo", "selection")]["against"] == "data-parallel"

@@ -12,7 +12,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.quality.code_identity import changed_since, is_current
-from benchmarks.quality.experiments import EXPERIMENTS, HEADLINE_TOKENS, RUN_ORDER, Arm, Experiment
+from benchmarks.quality.experiments import (
+    CONSTANT_INNER,
+    EXPERIMENTS,
+    HEADLINE_TOKENS,
+    RUN_ORDER,
+    Arm,
+    Experiment,
+)
 from benchmarks.quality.runner import load_arm
 from benchmarks.quality.scoring import mean_and_standard_error
 from benchmarks.quality.selection import (
@@ -114,10 +121,12 @@ def _exp1(exp):
             continue
         groups = _by_label(Experiment(exp.number, exp.slug, exp.title, exp.question, exp.target,
                                       tuple(arms)))
-        dp = {a.seed: _record(a) for a in groups["data-parallel"]}
         for label, group in groups.items():
+            # Each arm against data-parallel on the same inner schedule, where that has run.
+            reference = _exp1_reference(label, groups)
+            dp = {a.seed: _record(a) for a in groups[reference]}
             for seed_role, members in _by_role(group):
-                rows.append(_exp1_row(tokens, label, seed_role, members, dp))
+                rows.append(_exp1_row(tokens, label, seed_role, members, dp, reference))
     ratio, measured = _decoupled_gap(exp, HEADLINE_TOKENS)
     measured += f"; within 2%: {'yes' if ratio <= 1.02 else 'no'}"
     # The largest budget, where it was run on more than one seed: where the trend ends up.
@@ -128,6 +137,15 @@ def _exp1(exp):
     return rows, {"target": exp.target, "measured": measured, "met": ratio <= 1.04}
 
 
+def _exp1_reference(label: str, groups: dict[str, list[Arm]]) -> str:
+    """The data-parallel arm a label is compared with: the one on a constant inner lr for the
+    arms on it (where it has run at that budget), else the default's (the cosine)."""
+    constant = f"data-parallel, {CONSTANT_INNER}"
+    if label.endswith(CONSTANT_INNER) and groups.get(constant):
+        return constant
+    return "data-parallel"
+
+
 def _by_role(group: list[Arm]) -> list[tuple[str, list[Arm]]]:
     """The group's runs split into selection and confirmation seeds (others: their own row)."""
     roles: dict[str, list[Arm]] = {}
@@ -136,13 +154,14 @@ def _by_role(group: list[Arm]) -> list[tuple[str, list[Arm]]]:
     return list(roles.items())
 
 
-def _exp1_row(tokens: int, label: str, seed_role: str, members: list[Arm], dp: dict) -> dict:
+def _exp1_row(tokens: int, label: str, seed_role: str, members: list[Arm], dp: dict,
+              against: str) -> dict:
     records = {a.seed: _record(a) for a in members}
     c = _common(members[0])
     val, test = (across_seeds(list(records.values()), name) for name in ("validation", "test"))
     ratios = paired_ratios(records, dp, "test")
     ratio, ratio_se = mean_and_standard_error(ratios) if ratios else (None, None)
-    reference = label == "data-parallel"  # its ratio to itself is 1 with no error
+    reference = label.startswith("data-parallel")  # its ratio to itself is 1, no error
     first = [r["summary"]["final_heldout_loss"] for r in records.values()]
     first_ratios = [records[s]["summary"]["final_heldout_loss"]
                     / dp[s]["summary"]["final_heldout_loss"] for s in records if s in dp]
@@ -154,7 +173,7 @@ def _exp1_row(tokens: int, label: str, seed_role: str, members: list[Arm], dp: d
             "test_loss": _round(test and test["loss"], 4),
             "test_se_batches": _round(test and test["se_batches"], 4),
             "test_se_seeds": _round(test and test["se_seeds"], 4),
-            "test_vs_data_parallel": _round(ratio, 4),
+            "against": against, "test_vs_data_parallel": _round(ratio, 4),
             "test_ratio_se_seeds": None if reference else _round(ratio_se, 4),
             "test_ratio_se_batches": None if reference else
             _round(ratio_se_over_batches(records, dp, "test"), 4),
@@ -448,14 +467,27 @@ def _plot(exp: Experiment, path: Path) -> Path:
     # Experiment 1's extra budgets would crowd the plot: it shows the headline budget only.
     shown = [a for a in exp.arms if load_arm(a) is not None
              and (exp.number != 1 or a.tokens == HEADLINE_TOKENS)]
-    for i, arm in enumerate(shown):
-        evals = _record(arm)["summary"]["evals"]
-        x = [e["time"] if over_time else e["tokens"] / (1e3 if images else 1e6) for e in evals]
-        style = "--" if arm.seed or "no failures" in arm.label else "-"
-        ax.plot(x, [e["accuracy" if images else "loss"] for e in evals], style, marker="o",
-                markersize=2.5,
-                color=f"C{i % 10}" if not arm.seed else ax.lines[-1].get_color(),
-                label=arm.label + (f" (seed {arm.seed})" if _seeded(exp) else ""))
+    # One line per configuration: the mean over the seeds that ran it where their evaluations
+    # fall at the same points (seed-by-seed lines made experiment 1's plot unreadable).
+    by_label: dict[str, list[Arm]] = {}
+    for arm in shown:
+        by_label.setdefault(arm.label, []).append(arm)
+    metric = "accuracy" if images else "loss"
+    for i, (label, arms) in enumerate(by_label.items()):
+        curves = [[(e["time"] if over_time else e["tokens"] / (1e3 if images else 1e6),
+                    e[metric]) for e in _record(a)["summary"]["evals"]] for a in arms]
+        xs = {tuple(x for x, _ in curve) for curve in curves}
+        if len(xs) != 1:   # evaluated at different points: each seed on its own
+            for arm, curve in zip(arms, curves, strict=True):
+                ax.plot([x for x, _ in curve], [y for _, y in curve],
+                        "--" if arm.seed else "-", marker="o", markersize=2.5,
+                        color=f"C{i % 10}", label=f"{label} (seed {arm.seed})")
+            continue
+        mean = [statistics.fmean(ys) for ys in zip(*[[y for _, y in c] for c in curves],
+                                                          strict=True)]
+        seeds = f" (mean of {len(arms)} seeds)" if len(arms) > 1 else ""
+        ax.plot(next(iter(xs)), mean, "--" if "no failures" in label else "-", marker="o",
+                markersize=2.5, color=f"C{i % 10}", label=label + seeds)
     ax.set_xlabel("simulated seconds" if over_time else "images processed (thousands)"
                   if images else "tokens processed (millions)")
     ax.set_ylabel("held-out accuracy" if images else "held-out loss (nats/byte)")
