@@ -5,7 +5,9 @@
   step takes as long as the slowest learner (lock-step), and the whole job stalls while any
   learner is down (no elasticity), then restarts. Scavenged capacity (`simulation.capacity`)
   it does use: the global batch grows by the batches of the extra learners while they are
-  there (an elastic batch).
+  there (an elastic batch), at the price `simulation.capacity_allreduce_seconds` (capacity in
+  another site: every step's all-reduce crosses the inter-site link) and
+  `simulation.capacity_restart_seconds` (each join or leave restarts the job) set.
 - Synchronous DiLoCo: the simulator itself with K = M, P = 1, tau = 0, no grace window, plain
   mean: every learner waits for every other at each sync.
 """
@@ -85,6 +87,7 @@ def run_data_parallel(cfg: ExperimentConfig, learner_streams: Sequence[np.ndarra
     t, tokens, up_time, step, losses, evals = 0.0, 0, 0.0, 0, [], []
     learner_steps = 0    # gradients exchanged: one per learner present at each step
     windows = cfg.capacity_windows()
+    previous = None      # the learners present at the last step: a change is a restart
     while tokens < cfg.token_budget:
         restart = _stalled_until(t, cfg)
         if restart > t:
@@ -92,12 +95,25 @@ def run_data_parallel(cfg: ExperimentConfig, learner_streams: Sequence[np.ndarra
                 s.down_seconds += restart - t  # the whole job is stalled, all chips allocated
             t = restart
         # Elastic under `simulation.capacity`: each step is one update on the batches of the
-        # learners present (a larger global batch while extra capacity is there).
+        # learners present (a larger global batch while extra capacity is there). A change in
+        # who is present restarts the job (re-shard, relaunch) before the step.
         present = _present(windows, m, t)
+        while sim.capacity_restart_seconds and previous is not None and present != previous:
+            for i in range(m):   # every chip of the new roster waits for the restart
+                if i in present:
+                    stats[i].down_seconds += sim.capacity_restart_seconds
+                else:
+                    stats[i].absent_seconds += sim.capacity_restart_seconds
+            t += sim.capacity_restart_seconds
+            previous, present = present, _present(windows, m, t)
+        previous = present
         durations = [sim.step_seconds / speeds[i] * max(
             1.0 + sim.step_jitter * rng.standard_normal() if sim.step_jitter else 1.0, 0.1)
             for i in present]
-        step_time = max(durations)
+        # Scavenged capacity in another site: every step all-reduces the gradients over the
+        # inter-site link, and the step waits for it.
+        remote = any(i in windows for i in present)
+        step_time = max(durations) + (sim.capacity_allreduce_seconds if remote else 0.0)
         failed_at = _first_failure_in(t, t + step_time, cfg)
         if failed_at is not None:  # a learner fails mid-step: the step is lost, the job stalls
             for s in stats:

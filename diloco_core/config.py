@@ -406,6 +406,18 @@ class SimulationConfig:
     """Scavenged capacity: learners present only from `join` to `leave` (fractions of the run),
     {learner, join, leave}; a joining learner starts from the global parameters and a peer's
     AdamW state, a leaving one is gone for good. Learners not listed are there throughout."""
+    capacity_start_seconds: number_at_least(0) = 0.0
+    """Scavenged capacity's start-up under the DiLoCos: a joining learner's first step comes
+    this long after its capacity arrives (launch, restore, compile); the capacity is paid for
+    but idle meanwhile."""
+    capacity_allreduce_seconds: number_at_least(0) = 0.0
+    """Data-parallel only: what each step spends all-reducing the whole model's gradients
+    across sites while scavenged capacity in another site is part of its batch (the bandwidth
+    planner's data-parallel transfer over the inter-site link; 0 = the capacity is in the
+    same site). The step waits for it: nothing overlaps."""
+    capacity_restart_seconds: number_at_least(0) = 0.0
+    """Data-parallel only: a join or a leave of scavenged capacity restarts the whole job to
+    re-shard its global batch (relaunch, restore, compile); every chip waits meanwhile."""
     eval_points: PositiveInteger = 8
     """held-out evals of the global params, evenly over the budget"""
     eval_batches: PositiveInteger = 4

@@ -140,8 +140,11 @@ class Simulation:
             if joins > 0:   # not here yet: no step, no offer, not live for quorums
                 learner = self.learners[index]
                 learner.up, learner.joined, learner.since.absent = False, False, 0.0
-                if joins < math.inf:   # a standby learner without a window never joins
-                    self.events.push(joins, "join", index)
+                # A standby learner without a window never joins; a joining one takes its
+                # start-up first, and one that would leave before it is ready never steps.
+                ready = joins + self.cfg.simulation.capacity_start_seconds
+                if ready < leaves:
+                    self.events.push(ready, "join", index)
             if leaves < math.inf:
                 self.events.push(leaves, "leave", index)
         for learner in self.learners:
@@ -261,8 +264,11 @@ class Simulation:
         parameters, the most advanced peer's AdamW state and step) on its own shard, which
         nobody has read, so the data stays disjoint."""
         learner = self.learners[index]
-        learner.stats.absent_seconds += t - learner.since.absent
-        learner.since.absent, learner.since.down = None, t   # absent, not down: no downtime
+        # Absent until its capacity arrived; from then its start-up is down time (the capacity
+        # is there and paid for, not training), none without a start-up.
+        arrived = t - self.cfg.simulation.capacity_start_seconds
+        learner.stats.absent_seconds += arrived - learner.since.absent
+        learner.since.absent, learner.since.down = None, arrived
         learner.joined = True
         self._on_up(t, index)
         learner.rejoined_at = None    # a join, not the return of a failed learner

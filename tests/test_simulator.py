@@ -401,6 +401,48 @@ def test_scavenged_capacity_joins_from_the_global_model_and_leaves_for_good(corp
     assert dp.bytes_up == param_count(cfg.model) * 2 * sum(s.steps for s in dp.learners)
 
 
+def test_scavenged_capacity_pays_its_start_up_and_data_parallel_its_link_and_restarts(corpus):
+    """The prices of capacity that comes and goes (issue 38's scavenging model): a DiLoCo
+    learner starts training only after its start-up (its capacity idle, booked as down time);
+    data-parallel's steps wait for an all-reduce over the inter-site link while the remote
+    capacity is in the batch, and each join and leave restarts the whole job."""
+    prices = ("simulation.capacity_start_seconds=3", "simulation.capacity_allreduce_seconds=0.5",
+              "simulation.capacity_restart_seconds=2")
+    cfg = tiny_cfg(SCAVENGED, *prices)
+    run_seconds = cfg.nominal_run_seconds
+    joined = {}
+
+    class Watched(Simulation):
+        def _on_join(self, t, index):
+            joined[index] = t
+            super()._on_join(t, index)
+
+    result = Watched(cfg, corpus.learner_streams, corpus.heldout_stream).run()
+    assert joined == {2: 0.25 * run_seconds + 3}
+    extra = result.learners[2]
+    assert extra.down_seconds == pytest.approx(3.0)
+    assert extra.absent_seconds == pytest.approx(result.wall_seconds - 0.5 * run_seconds)
+    assert 0.5 * run_seconds - 5 <= extra.steps <= 0.5 * run_seconds - 2
+    for s in result.learners:     # every second of the run booked once, absence included
+        assert (s.busy_seconds + s.idle_seconds + s.down_seconds + s.lost_seconds
+                + s.closing_seconds + s.absent_seconds) == pytest.approx(result.wall_seconds)
+
+    free = run_data_parallel(tiny_cfg(SCAVENGED), corpus.learner_streams,
+                             corpus.heldout_stream)
+    dp = run_data_parallel(cfg, corpus.learner_streams, corpus.heldout_stream)
+    base, remote = dp.learners[0], dp.learners[2]
+    # Two restarts (the join and the leave) for the base learners, one for the joiner; every
+    # step with the joiner in the batch waited 0.5 s for the link (1 s steps, no jitter).
+    assert base.down_seconds == pytest.approx(4.0) and remote.down_seconds == pytest.approx(2.0)
+    assert dp.wall_seconds == pytest.approx(base.steps * 1.0 + remote.steps * 0.5 + 4.0)
+    # The window is time: slower steps fit fewer of the joiner's batches into it.
+    assert remote.steps < free.learners[2].steps
+    assert dp.wall_seconds > free.wall_seconds
+    for s in dp.learners:
+        assert (s.busy_seconds + s.idle_seconds + s.down_seconds + s.lost_seconds
+                + s.absent_seconds) == pytest.approx(dp.wall_seconds)
+
+
 def test_a_standby_learner_never_joins_without_a_window_and_the_schedule_ignores_it(corpus):
     """`learners.standby` is capacity that may not come: the schedule is the base's, and in the
     simulator a standby learner without a capacity window takes no step; with one, it joins."""
