@@ -4,6 +4,8 @@ mean the same run share one stored result, and each experiment compares what it 
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.quality.experiments import EXPERIMENTS, RUN_ORDER  # noqa: E402
@@ -175,3 +177,24 @@ def test_the_report_states_the_gap_at_the_largest_multi_seed_budget_and_counts_u
     undated = sum(a.seed == 1 for a in exp.arms)
     assert f"Runs computed at commit abcdef1; {undated} of {len(exp.arms)} predate" in line
     assert "stale" not in line
+
+
+def test_scavenged_capacity_is_priced_from_the_bandwidth_planner_and_the_window():
+    """The scavenging benchmark's prices on the simulator's clock: a 12B model's bf16
+    all-reduce between two sites (24 GB each way per step) over 100 Gbps is 1.92 s of a 1 s
+    step; start-up and restarts are their share of a two-hour window mapped onto the run's."""
+    import argparse
+
+    from benchmarks.scavenging import DATA_PARALLEL, arm, prices
+
+    args = argparse.Namespace(params=12e9, inter_site_gbps=100.0, step_seconds=1.0,
+                              window_seconds=7200.0, start_seconds=12.5, restart_seconds=600.0)
+    priced = prices(args, window_sim_seconds=36.0, sim_step_seconds=1.0)
+    assert priced["allreduce_bytes_per_step"] == pytest.approx(24e9)
+    assert priced["capacity_allreduce_seconds"] == pytest.approx(1.92)
+    assert priced["capacity_start_seconds"] == pytest.approx(12.5 * 36 / 7200)
+    assert priced["capacity_restart_seconds"] == pytest.approx(600 * 36 / 7200)
+    # The prices ride on the capacity arms only: the base run is the plain default.
+    assert not any("capacity" in o for o in arm(DATA_PARALLEL, 0, 500_000, 1, priced).overrides)
+    extra = arm(DATA_PARALLEL, 2, 500_000, 1, priced, ("outer.lr=0.9",)).overrides
+    assert "simulation.capacity_allreduce_seconds=1.92" in extra and "outer.lr=0.9" in extra
