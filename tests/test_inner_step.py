@@ -83,7 +83,8 @@ def test_cosine_schedule_values():
     assert lr_at(cfg, total, 500) == pytest.approx(1e-4)  # stays at the floor
     # An explicit decay_steps replaces total_steps: 60 => cosine over 10..60,
     # step 35: 1e-4 + 4.5e-4 * (1 + cos(pi * 25/50)) = 5.5e-4
-    explicit = InnerOptConfig(lr=1e-3, warmup_steps=10, decay_steps=60, min_lr_ratio=0.1)
+    explicit = InnerOptConfig(lr=1e-3, warmup_steps=10, schedule="cosine", decay_steps=60,
+                              min_lr_ratio=0.1)
     assert lr_at(explicit, total, 35) == pytest.approx(5.5e-4)
 
 

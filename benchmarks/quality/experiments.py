@@ -33,11 +33,14 @@ def _outer(lr: float, momentum: float, warmup: int, inner_lr: float) -> tuple[st
             f"outer.momentum_warmup_steps={warmup}", f"inner.lr={inner_lr}")
 
 
-# Experiment 1's arms on a constant inner lr after warm-up (labels get CONSTANT_INNER appended,
-# and each is compared with data-parallel on the same schedule): its reference, the defaults,
-# and the best setting the 1M confirmation found.
-CONSTANT_INNER = "constant inner lr"
-CONSTANT_INNER_ARMS = (
+# The inner schedule before issue 38's tuning (a cosine to 0.1x of the peak after warm-up; a
+# constant lr after warm-up since): arms that study it pin it so that they keep their meaning.
+COSINE = ("inner.schedule=cosine",)
+# Experiment 1's arms on that cosine (labels get COSINE_INNER appended, and each is compared
+# with data-parallel on the same schedule): its reference, the defaults, and the best setting
+# the 1M confirmation found.
+COSINE_INNER = "cosine inner lr"
+COSINE_INNER_ARMS = (
     ("data-parallel", DATA_PARALLEL, ()),
     ("Decoupled DiLoCo", DECOUPLED, ()),
     ("Decoupled DiLoCo, H = 8, outer lr 0.5, rebase", DECOUPLED,
@@ -149,18 +152,12 @@ def _experiments() -> tuple[Experiment, ...]:
          Arm("Decoupled DiLoCo, H = 8, outer lr 0.5, rebase", DECOUPLED,
              ("sync.sync_period=8", "outer.lr=0.5", "sync.receive_rule=rebase"), 0,
              TREND_TOKENS[-1]),
-         # Every method on a constant inner lr after warm-up (experiment 12: data-parallel's
-         # cosine lost 2.4-3.2% to it on all three selection seeds, and the learners gained as
-         # much): each is compared with data-parallel on the same schedule, at 1M on the
-         # selection seeds (shared with experiment 12's runs) and at 4M from seed 0 (the
-         # confirmation seeds come with --seeds confirmation).
-         *(arm for label, method, overrides in CONSTANT_INNER_ARMS
-           for arm in _seeds(f"{label}, {CONSTANT_INNER}", method,
-                             (*overrides, "inner.schedule=constant"), (0, 1, 2), headline)),
-         *(Arm(f"{label}, {CONSTANT_INNER}", method, (*overrides, "inner.schedule=constant"), 0,
-               TREND_TOKENS[-1])
-           for label, method, overrides in CONSTANT_INNER_ARMS
-           if label != "Decoupled DiLoCo")))
+         # Every method on the cosine inner schedule, the default until data-parallel's lost
+         # 1-3% to a constant lr on every seed (experiment 12 and the confirmation seeds) and
+         # the learners gained as much: each compared with data-parallel on the same schedule.
+         *(arm for label, method, overrides in COSINE_INNER_ARMS
+           for arm in _seeds(f"{label}, {COSINE_INNER}", method, (*overrides, *COSINE),
+                             (0, 1, 2), headline))))
     exp2 = Experiment(
         2, "fragments_overlap", "Fragments P and overlap tau",
         "What do streaming fragments and overlapping their transfer cost in loss, and what do "
@@ -264,32 +261,26 @@ def _experiments() -> tuple[Experiment, ...]:
                headline) for lr in (3e-3, 6e-3, 1e-2)),
          # Data-parallel tuned as hard as the method (issue 38): its learning rate between the
          # three above, its warm-up, its schedule and its AdamW settings, one change at a time
-         # from the defaults (lr 6e-3, warm-up 20 of ~122 steps, cosine, b2 0.95, decay 0.1).
+         # from the defaults (lr 6e-3, warm-up 20 of ~122 steps, constant after it, b2 0.95,
+         # decay 0.1, clip 1). The constant schedule was one of these changes when the default
+         # was the cosine; the cosine arms are the old default and its variant.
          *(Arm(f"data-parallel, {what}", DATA_PARALLEL, overrides, 0, headline)
            for what, overrides in (
                ("inner lr 4.5e-3", ("inner.lr=0.0045",)),
                ("inner lr 8e-3", ("inner.lr=0.008",)),
                ("warm-up 10", ("inner.warmup_steps=10",)),
                ("warm-up 40", ("inner.warmup_steps=40",)),
-               ("constant lr after warm-up", ("inner.schedule=constant",)),
+               ("cosine to 0.1x after warm-up (the old default)", COSINE),
                ("AdamW b2 0.99", ("inner.b2=0.99",)),
                ("no weight decay", ("inner.weight_decay=0.0",)),
-               ("cosine to zero", ("inner.min_lr_ratio=0.0",)),
+               ("cosine to zero", (*COSINE, "inner.min_lr_ratio=0.0")),
                ("clip at 0.5", ("inner.clip_norm=0.5",)),
                ("AdamW b1 0.95", ("inner.b1=0.95",)),
-               ("inner lr 8e-3, warm-up 40", ("inner.lr=0.008", "inner.warmup_steps=40")),
-               # The two changes that beat the default on seed 0 (each about 2.8% on the
-               # validation slice: a constant lr, and a larger lr warmed up longer), and the
-               # clip that gained 1.2%, on top of the constant schedule.
-               ("constant lr after warm-up, clip at 0.5",
-                ("inner.schedule=constant", "inner.clip_norm=0.5")),
-               ("constant lr after warm-up, inner lr 8e-3, warm-up 40",
-                ("inner.schedule=constant", "inner.lr=0.008", "inner.warmup_steps=40")))),
-         # Data-parallel's constant lr after warm-up beat its cosine by 2.8% on the validation
-         # slice: the learners get the same inner schedule, so Decoupled DiLoCo is tried with it
-         # too, at the defaults and at the best setting found.
-         *(Arm(f"Decoupled DiLoCo, {what}, constant inner lr after warm-up", DECOUPLED,
-               (*overrides, "inner.schedule=constant"), 0, headline)
+               ("inner lr 8e-3, warm-up 40", ("inner.lr=0.008", "inner.warmup_steps=40")))),
+         # Decoupled DiLoCo's learners on the old cosine too, at the defaults and at the best
+         # setting found: the schedule changed for every method at once.
+         *(Arm(f"Decoupled DiLoCo, {what}, cosine inner lr", DECOUPLED,
+               (*overrides, *COSINE), 0, headline)
            for what, overrides in (
                ("defaults", ()),
                ("H = 8, outer 0.5/0.5 warm-up 8, rebase",
@@ -324,7 +315,7 @@ def _experiments() -> tuple[Experiment, ...]:
                (*_outer(0.7, 0.9, 8, 6e-3), *overrides), 0, headline)
            for what, overrides in (
                ("H = 8 (each fragment synced twice as often)", ("sync.sync_period=8",)),
-               ("outer lr on the inner cosine", ("outer.lr_schedule=inner",)),
+               ("outer lr on the inner cosine", ("outer.lr_schedule=inner", *COSINE)),
                ("data-parallel warm start 50%", ("learners.warm_start_fraction=0.5",)))),
          Arm("Decoupled DiLoCo, outer 0.7/0.9 warm-up 8, inner 8e-3", DECOUPLED,
              _outer(0.7, 0.9, 8, 8e-3), 0, headline),

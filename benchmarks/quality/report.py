@@ -13,7 +13,7 @@ from pathlib import Path
 
 from benchmarks.quality.code_identity import changed_since, is_current
 from benchmarks.quality.experiments import (
-    CONSTANT_INNER,
+    COSINE_INNER,
     EXPERIMENTS,
     HEADLINE_TOKENS,
     RUN_ORDER,
@@ -138,11 +138,11 @@ def _exp1(exp):
 
 
 def _exp1_reference(label: str, groups: dict[str, list[Arm]]) -> str:
-    """The data-parallel arm a label is compared with: the one on a constant inner lr for the
-    arms on it (where it has run at that budget), else the default's (the cosine)."""
-    constant = f"data-parallel, {CONSTANT_INNER}"
-    if label.endswith(CONSTANT_INNER) and groups.get(constant):
-        return constant
+    """The data-parallel arm a label is compared with: the one on the cosine inner schedule for
+    the arms on it (where it has run at that budget), else the default's."""
+    cosine = f"data-parallel, {COSINE_INNER}"
+    if label.endswith(COSINE_INNER) and groups.get(cosine):
+        return cosine
     return "data-parallel"
 
 
