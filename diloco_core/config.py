@@ -175,7 +175,7 @@ class InnerOptConfig:
     schedule: one_of("cosine", "constant") = "constant"
     """After warmup: "constant" (the peak lr to the end) or "cosine" (down to `min_lr_ratio` of
     it). Constant since issue 38's tuning: at 1M tokens on `small`, data-parallel's cosine lost
-    to it on every seed (validation slice 0.968-0.976x on seeds 0-2, test slice 0.986-0.991x on
+    to it on every seed (validation slice 0.968-0.976x on seeds 0-2, test slice 0.985-0.991x on
     the confirmation seeds) and Decoupled DiLoCo's learners gained as much (quality experiments
     1 and 12)."""
     decay_steps: Count = 0

@@ -198,3 +198,33 @@ def test_scavenged_capacity_is_priced_from_the_bandwidth_planner_and_the_window(
     assert not any("capacity" in o for o in arm(DATA_PARALLEL, 0, 500_000, 1, priced).overrides)
     extra = arm(DATA_PARALLEL, 2, 500_000, 1, priced, ("outer.lr=0.9",)).overrides
     assert "simulation.capacity_allreduce_seconds=1.92" in extra and "outer.lr=0.9" in extra
+
+
+def test_a_run_stored_under_an_old_default_is_not_taken_for_the_new_one(tmp_path):
+    """An arm's key names only the fields it changes from the defaults, so when a default
+    changes, the arms that do not override it land on the key of runs made under the old one:
+    those runs answer another question and must not load (the report would show them under
+    the new meaning). A field added since a run is no conflict."""
+    import json
+
+    from benchmarks.quality.experiments import DECOUPLED, Arm
+    from benchmarks.quality.runner import arm_path, load_arm
+    from diloco_core.config_loading import config_to_mapping
+
+    arm = Arm("defaults", DECOUPLED, (), 0, 500_000)
+    config = json.loads(json.dumps(config_to_mapping(arm_config(arm))))
+    path = arm_path(arm, tmp_path)
+
+    def store(cfg):
+        path.write_text(json.dumps({"key": arm_key(arm), "config": cfg}))
+
+    store(config)
+    assert load_arm(arm, tmp_path) is not None
+    older = json.loads(json.dumps(config))
+    del older["simulation"]["capacity_restart_seconds"]     # a field added since
+    store(older)
+    assert load_arm(arm, tmp_path) is not None
+    other = json.loads(json.dumps(config))
+    other["inner"]["schedule"] = "cosine" if config["inner"]["schedule"] != "cosine" else "constant"
+    store(other)
+    assert load_arm(arm, tmp_path) is None

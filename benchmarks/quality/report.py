@@ -690,6 +690,19 @@ def real_path_section(path: Path = OUT_DIR / "real_path.json") -> str:
         _markdown_table(data["rows"]), ""])
 
 
+def _last_written(exp: Experiment, why: Missing) -> str:
+    """An experiment that cannot be written now (a required arm has no result this code and
+    these defaults stand behind): its last written section, said to be from older runs, so the
+    page keeps what was measured without passing it off as current; or that it never ran."""
+    written = OUT_DIR / f"{_name(exp)}.md"
+    if not written.exists():
+        return f"### {exp.number}. {exp.title}\n\nNot run yet: {why}.\n"
+    title, rest = written.read_text().split("\n", 1)
+    return (f"{title}\n\n**Not current: {why}** (the code or the defaults changed since these "
+            f"runs; `python benchmarks/quality_benchmarks.py {exp.number}` runs it again). The "
+            f"last table written, from the runs it names:\n{rest}")
+
+
 def write_results_page(page: Path = RESULTS_PAGE) -> Path:
     """Replace the generated block of the results page with every finished experiment."""
     parts = []
@@ -697,7 +710,7 @@ def write_results_page(page: Path = RESULTS_PAGE) -> Path:
         try:
             parts.append(section(EXPERIMENTS[number]))
         except Missing as why:
-            parts.append(f"### {number}. {EXPERIMENTS[number].title}\n\nNot run yet: {why}.\n")
+            parts.append(_last_written(EXPERIMENTS[number], why))
         if number == 1:
             parts.append(real_path_section())
     block = "\n".join([BEGIN, "", *parts, END])

@@ -53,8 +53,20 @@ def arm_path(arm: Arm, runs_dir: Path = RUNS_DIR) -> Path:
 
 
 def load_arm(arm: Arm, runs_dir: Path = RUNS_DIR) -> dict | None:
+    """The stored result of the arm's configuration, or None: none stored, or one stored under
+    the same key when a default meant something else (the key names only the fields that
+    differ from the defaults, so a changed default moves every arm that does not override it
+    onto the key of runs made under the old one). A field added since the run is no conflict:
+    it sits at a default that keeps the old behaviour."""
     path = arm_path(arm, runs_dir)
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return None
+    record = json.loads(path.read_text())
+    now = _leaves(json.loads(json.dumps(config_to_mapping(arm_config(arm)))))
+    then = _leaves(record["config"])
+    if any(name in now and now[name] != value for name, value in then.items()):
+        return None
+    return record
 
 
 _DATA: dict[tuple, object] = {}
