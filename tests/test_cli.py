@@ -208,14 +208,14 @@ def test_config_orchestrated_shows_what_demo_and_train_run(capsys):
 
 def test_orchestrated_runs_rebase_on_receipt_and_the_chaos_soak_measures_that_rule():
     """A late merge (a syncer relaunch) must not overwrite what a learner trained since its
-    offer in orchestrated runs; the experiments keep the paper's rule. The soak has its own
-    config, so it must follow the launch defaults' rule or it measures another product."""
+    offer in orchestrated runs (the experiments' default too since issue 38). The soak has its
+    own config, so it must follow the launch defaults' rule or it measures another product."""
     from benchmarks.chaos_soak import configs
     from pipelines.commands.config_layers import load_config
     from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
 
     assert load_config(None, [], base=ORCHESTRATED_DEFAULTS).sync.receive_rule == "rebase"
-    assert load_config(None, []).sync.receive_rule == "overwrite"
+    assert load_config(None, []).sync.receive_rule == "rebase"
     soak = configs(600_000)
     assert soak["decoupled"].sync.receive_rule == "rebase"
     # Synchronous DiLoCo's learners block at each sync: nothing to keep, the paper's rule.

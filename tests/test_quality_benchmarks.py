@@ -49,10 +49,17 @@ def test_each_experiment_varies_what_it_studies():
     tuning = {a.label: arm_key(a) for a in EXPERIMENTS[12].arms}
     headline = {(a.label, a.seed): arm_key(a) for a in EXPERIMENTS[1].arms
                 if a.tokens == 1_000_000}
-    assert tuning["Decoupled DiLoCo, outer 0.7/0.5 warm-up 8, inner 6e-3 (defaults)"] == \
-        headline[("Decoupled DiLoCo", 0)]
-    assert tuning["synchronous DiLoCo, outer 0.7/0.5 warm-up 8, inner 6e-3 (defaults)"] == \
-        headline[("synchronous DiLoCo", 0)]
+    # The defaults until issue 38 (H = 16, outer lr 0.7, overwrite) are experiment 1's arm of
+    # that name, not today's defaults.
+    old_defaults = "outer 0.7/0.5 warm-up 8, inner 6e-3 (defaults until issue 38)"
+    assert tuning[f"Decoupled DiLoCo, {old_defaults}"] == headline[
+        ("Decoupled DiLoCo, H = 16, outer lr 0.7, overwrite (the old defaults)", 0)]
+    assert tuning[f"Decoupled DiLoCo, {old_defaults}"] != headline[("Decoupled DiLoCo", 0)]
+    assert tuning[f"synchronous DiLoCo, {old_defaults}"] != headline[("synchronous DiLoCo", 0)]
+    # The arms on the old cosine inner schedule pin it; every other arm runs today's default.
+    for arm in (*EXPERIMENTS[1].arms, *EXPERIMENTS[12].arms):
+        schedule = arm_config(arm).inner.schedule
+        assert schedule == ("cosine" if "cosine" in arm.label else "constant"), arm.label
     for old in ("outer 0.7/0.9, inner 3e-3 (old defaults)",
                 "outer 0.7/0.9 warm-up 8, inner 6e-3 (first tuned defaults)"):
         assert tuning[f"Decoupled DiLoCo, {old}"] != headline[("Decoupled DiLoCo", 0)]

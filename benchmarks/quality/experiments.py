@@ -28,8 +28,14 @@ TREND_TOKENS = (500_000, 1_000_000, 2_000_000, 4_000_000)
 OLD_OUTER = ("outer.lr=0.7", "outer.momentum=0.9", "outer.momentum_warmup_steps=0")
 
 
+# H and the receive rule before issue 38's confirmation (H = 8 and rebase since): experiment
+# 12's outer-optimizer arms were run at them, and pin them so that they keep their meaning (an
+# arm that changes H or the rule lists its own after them: the later override wins).
+OLD_SYNC = ("sync.sync_period=16", "sync.receive_rule=overwrite")
+
+
 def _outer(lr: float, momentum: float, warmup: int, inner_lr: float) -> tuple[str, ...]:
-    return (f"outer.lr={lr}", f"outer.momentum={momentum}",
+    return (*OLD_SYNC, f"outer.lr={lr}", f"outer.momentum={momentum}",
             f"outer.momentum_warmup_steps={warmup}", f"inner.lr={inner_lr}")
 
 
@@ -37,14 +43,9 @@ def _outer(lr: float, momentum: float, warmup: int, inner_lr: float) -> tuple[st
 # constant lr after warm-up since): arms that study it pin it so that they keep their meaning.
 COSINE = ("inner.schedule=cosine",)
 # Experiment 1's arms on that cosine (labels get COSINE_INNER appended, and each is compared
-# with data-parallel on the same schedule): its reference, the defaults, and the best setting
-# the 1M confirmation found.
+# with data-parallel on the same schedule): its reference and the defaults.
 COSINE_INNER = "cosine inner lr"
-COSINE_INNER_ARMS = (
-    ("data-parallel", DATA_PARALLEL, ()),
-    ("Decoupled DiLoCo", DECOUPLED, ()),
-    ("Decoupled DiLoCo, H = 8, outer lr 0.5, rebase", DECOUPLED,
-     ("sync.sync_period=8", "outer.lr=0.5", "sync.receive_rule=rebase")))
+COSINE_INNER_ARMS = (("data-parallel", DATA_PARALLEL, ()), ("Decoupled DiLoCo", DECOUPLED, ()))
 
 # Experiment 9's failure schedule on the fake clock (1 s per step at speed 1.0; a 1M-token run
 # lasts about 125 s): three learners down in turn, 75 learner-seconds in all (15% of the run).
@@ -101,23 +102,21 @@ def _experiments() -> tuple[Experiment, ...]:
         1, "baselines", "Data-parallel vs synchronous DiLoCo vs Decoupled DiLoCo (M = 4)",
         "At equal tokens, how far is each DiLoCo from data-parallel's held-out loss, and how "
         "does the gap move with the budget (the number of outer steps)? Every method on the "
-        "defaults experiment 12 chose (inner lr 6e-3, each at its best; outer Nesterov lr 0.7 / "
-        "momentum 0.5 warmed up over 8 outer steps).",
+        "defaults experiments 12 and 1 chose (inner lr 6e-3, constant after warm-up, each "
+        "method's best; H = 8; outer Nesterov lr 0.5 / momentum 0.5 warmed up over 8 outer "
+        "steps; rebase on receipt).",
         "Decoupled DiLoCo within 4% of data-parallel held-out loss (stretch: 2%)",
         (*(arm for label, method in (("data-parallel", DATA_PARALLEL),
                                      ("synchronous DiLoCo", SYNCHRONOUS),
                                      ("Decoupled DiLoCo", DECOUPLED))
            for arm in _seeds(label, method, (), (0, 1, 2), headline)),
-         # The candidates the sweeps found (seed 0), on the three paired seeds: each fragment
-         # synced twice as often (twice the upload bytes), with and without rebase on receipt,
-         # and with a smaller outer lr (experiment 12's later finding), with and without rebase.
+         # The defaults before issue 38's confirmation (H = 16, outer lr 0.7, overwrite), and
+         # the paper's receive rule at today's, on the three paired seeds: what the new
+         # defaults bought, and what rebase is worth in it.
          *(arm for label, overrides in (
-             ("Decoupled DiLoCo, H = 8", ("sync.sync_period=8",)),
-             ("Decoupled DiLoCo, H = 8, rebase", ("sync.sync_period=8",
-                                                  "sync.receive_rule=rebase")),
-             ("Decoupled DiLoCo, H = 8, outer lr 0.5", ("sync.sync_period=8", "outer.lr=0.5")),
-             ("Decoupled DiLoCo, H = 8, outer lr 0.5, rebase",
-              ("sync.sync_period=8", "outer.lr=0.5", "sync.receive_rule=rebase")))
+             ("Decoupled DiLoCo, H = 16, outer lr 0.7, overwrite (the old defaults)",
+              (*OLD_SYNC, "outer.lr=0.7")),
+             ("Decoupled DiLoCo, overwrite on receipt", ("sync.receive_rule=overwrite",)))
            for arm in _seeds(label, DECOUPLED, overrides, (0, 1, 2), headline)),
          # The floor the outer step has to beat: the same four learners (a quarter of the batch
          # each, their own AdamW states) averaged after every inner step, which no outer
@@ -146,12 +145,6 @@ def _experiments() -> tuple[Experiment, ...]:
            for arm in _seeds(f"Decoupled DiLoCo, M = {m}", DECOUPLED,
                              (f"learners.num_learners={m}", f"data.batch_size={batch}"),
                              (0, 1, 2), headline)),
-         # The candidate the 1M confirmation ranked first among Decoupled DiLoCo's settings, at
-         # the largest budget: the 1.5% bar is set at 4M, and its confirmation seeds (3-5, run
-         # with --seeds confirmation beside data-parallel's) say whether it holds there.
-         Arm("Decoupled DiLoCo, H = 8, outer lr 0.5, rebase", DECOUPLED,
-             ("sync.sync_period=8", "outer.lr=0.5", "sync.receive_rule=rebase"), 0,
-             TREND_TOKENS[-1]),
          # Every method on the cosine inner schedule, the default until data-parallel's lost
          # 1-3% to a constant lr on every seed (experiment 12 and the confirmation seeds) and
          # the learners gained as much: each compared with data-parallel on the same schedule.
@@ -277,14 +270,9 @@ def _experiments() -> tuple[Experiment, ...]:
                ("clip at 0.5", ("inner.clip_norm=0.5",)),
                ("AdamW b1 0.95", ("inner.b1=0.95",)),
                ("inner lr 8e-3, warm-up 40", ("inner.lr=0.008", "inner.warmup_steps=40")))),
-         # Decoupled DiLoCo's learners on the old cosine too, at the defaults and at the best
-         # setting found: the schedule changed for every method at once.
-         *(Arm(f"Decoupled DiLoCo, {what}, cosine inner lr", DECOUPLED,
-               (*overrides, *COSINE), 0, headline)
-           for what, overrides in (
-               ("defaults", ()),
-               ("H = 8, outer 0.5/0.5 warm-up 8, rebase",
-                (*_outer(0.5, 0.5, 8, 6e-3), "sync.sync_period=8", "sync.receive_rule=rebase")))),
+         # Decoupled DiLoCo's learners on the old cosine too: the schedule changed for every
+         # method at once.
+         Arm("Decoupled DiLoCo, defaults, cosine inner lr", DECOUPLED, COSINE, 0, headline),
          # Synchronous DiLoCo at its own best outer settings: its outer lr and momentum around
          # the defaults, and H = 8 as Decoupled DiLoCo's candidates have.
          *(Arm(f"synchronous DiLoCo, {what}", SYNCHRONOUS, overrides, 0, headline)
@@ -320,9 +308,11 @@ def _experiments() -> tuple[Experiment, ...]:
          Arm("Decoupled DiLoCo, outer 0.7/0.9 warm-up 8, inner 8e-3", DECOUPLED,
              _outer(0.7, 0.9, 8, 8e-3), 0, headline),
          # Momentum 0.5 (the defaults since): level at H = 16, far better at H = 8.
-         Arm("Decoupled DiLoCo, outer 0.7/0.5 warm-up 8, inner 6e-3 (defaults)", DECOUPLED,
+         Arm("Decoupled DiLoCo, outer 0.7/0.5 warm-up 8, inner 6e-3 (defaults until issue 38)",
+             DECOUPLED,
              _outer(0.7, 0.5, 8, 6e-3), 0, headline),
-         Arm("synchronous DiLoCo, outer 0.7/0.5 warm-up 8, inner 6e-3 (defaults)", SYNCHRONOUS,
+         Arm("synchronous DiLoCo, outer 0.7/0.5 warm-up 8, inner 6e-3 (defaults until issue 38)",
+             SYNCHRONOUS,
              _outer(0.7, 0.5, 8, 6e-3), 0, headline),
          *(Arm(f"Decoupled DiLoCo, H = 8, {what}", DECOUPLED,
                (*_outer(lr, mu, warm, 6e-3), "sync.sync_period=8"), 0, headline)
