@@ -26,7 +26,9 @@ pytestmark = pytest.mark.timeout(300)
 # resources/store/checkpoints.py and tested in tests/test_checkpoints.py); blocking saves keep
 # these tests as they were measured. The background path has its own test below and runs in
 # every learner subprocess elsewhere.
-FAST = ["orchestration.async_checkpoints=false",
+# The paper's receive rule (the default until issue 38): these tests follow a learner that has
+# nothing new to offer once a merge replaced its fragment; those about rebase set it.
+FAST = ["sync.receive_rule=overwrite", "orchestration.async_checkpoints=false",
         "orchestration.checkpoint_every_steps=4", "orchestration.poll_seconds=0.05",
         "orchestration.heartbeat_seconds=0.2", "orchestration.learner_timeout_seconds=5",
         "orchestration.round_timeout_seconds=0.5", "orchestration.rejoin_max_versions_behind=1"]

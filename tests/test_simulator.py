@@ -240,7 +240,8 @@ def test_merge_records_the_learners_pairwise_cosine(corpus):
 
 def test_rebase_merges_the_steps_overwrite_discards_under_merge_latency(corpus):
     slow = ("simulation.sync_seconds=2.5", "sync.overlap_steps=3")
-    overwrite = run_simulation(tiny_cfg(*slow), corpus.learner_streams, corpus.heldout_stream)
+    overwrite = run_simulation(tiny_cfg(*slow, "sync.receive_rule=overwrite"),
+                               corpus.learner_streams, corpus.heldout_stream)
     rebase = run_simulation(tiny_cfg(*slow, "sync.receive_rule=rebase"), corpus.learner_streams,
                             corpus.heldout_stream)
     # With 2.5 steps of merge latency, overwrite discards the steps taken while an offer is in
