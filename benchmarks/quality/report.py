@@ -113,10 +113,14 @@ def _exp1(exp):
     rows = []
     arms_seen = observed_arms(exp, load_arm)
     for tokens in sorted({a.tokens for a in exp.arms}):
-        # Only the three methods at the headline budget must have run; every other arm (the
-        # budget trend, M = 2 and 8, a candidate at 4M) shows where it has.
-        arms = [a for a in arms_seen if a.tokens == tokens and (
-            _ran(a) or (tokens == HEADLINE_TOKENS and a.label in METHODS))]
+        # Only the three methods at the headline budget must have run, on the selection or
+        # the confirmation seeds; every other arm (the budget trend, M = 2 and 8, the old
+        # defaults) shows where it has.
+        arms = [a for a in arms_seen if a.tokens == tokens and _ran(a)]
+        if tokens == HEADLINE_TOKENS:
+            for label in METHODS:
+                if not any(a.label == label for a in arms):
+                    raise Missing(f"{label} has not been run at {tokens:,} tokens")
         if not any(a.label == "data-parallel" for a in arms):
             continue
         groups = _by_label(Experiment(exp.number, exp.slug, exp.title, exp.question, exp.target,
@@ -465,7 +469,7 @@ def _plot(exp: Experiment, path: Path) -> Path:
     images = exp.number == 11   # the digits task: accuracy over images seen
     fig, ax = plt.subplots(figsize=(7.5, 4.4))
     # Experiment 1's extra budgets would crowd the plot: it shows the headline budget only.
-    shown = [a for a in exp.arms if load_arm(a) is not None
+    shown = [a for a in observed_arms(exp, load_arm) if load_arm(a) is not None
              and (exp.number != 1 or a.tokens == HEADLINE_TOKENS)]
     # One line per configuration: the mean over the seeds that ran it where their evaluations
     # fall at the same points (seed-by-seed lines made experiment 1's plot unreadable).
