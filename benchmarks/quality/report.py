@@ -141,6 +141,12 @@ def _exp1(exp):
     return rows, {"target": exp.target, "measured": measured, "met": ratio <= 1.04}
 
 
+def _machine(exp: Experiment) -> dict:
+    """The machine of the experiment's first stored run (its own seeds or the other role's)."""
+    return _record(next((a for a in observed_arms(exp, load_arm) if _ran(a)), exp.arms[0])
+                   )["machine"]
+
+
 def _exp1_reference(label: str, groups: dict[str, list[Arm]]) -> str:
     """The data-parallel arm a label is compared with: the one on the cosine inner schedule for
     the arms on it (where it has run at that budget), else the default's."""
@@ -191,7 +197,7 @@ def _decoupled_gap(exp: Experiment, tokens: int) -> tuple[float, str]:
     """Decoupled DiLoCo's held-out loss over data-parallel's at one budget, paired by seed: on
     the test slice over the confirmation seeds where they were run, else over the selection
     seeds (said so); on the first 8 KB only where no run was scored on the slices."""
-    arms = [a for a in observed_arms(exp, load_arm) if a.tokens == tokens]
+    arms = [a for a in observed_arms(exp, load_arm) if a.tokens == tokens and _ran(a)]
     by_role = {}
     for seed_role in ("confirmation", "selection"):
         mine = {a.seed: _record(a) for a in arms if a.label == "Decoupled DiLoCo"
@@ -577,19 +583,21 @@ def _evaluation_line(exp: Experiment) -> str:
     if "test_batches" not in ev:
         return ("Scored on the first 8 KB of the held-out stream only (these runs predate the "
                 "validation and test slices).")
+    chosen = (f"Seeds {', '.join(map(str, seeds['selection']))} select"
+              if seeds["selection"] else "No selection seed has run at this code yet")
     confirmed = (f"seeds {', '.join(map(str, seeds['confirmation']))} confirm"
                  if seeds["confirmation"] else "no confirmation seeds run yet")
     return (f"Scored on a validation slice ({ev['validation_batches']} batches, for choosing) "
             f"and a disjoint test slice ({ev['test_batches']} batches, for reporting) of "
             f"{ev['batch']}, interleaved over the whole held-out stream "
             "(`diloco_core/eval_slices.py`); `first 8kb` is the old figure, kept for "
-            f"continuity. Seeds {', '.join(map(str, seeds['selection']))} select; {confirmed}.")
+            f"continuity. {chosen}; {confirmed}.")
 
 
 def section(exp: Experiment) -> str:
     """The experiment's markdown section: question, command, table, target verdict, plot."""
     rows, verdict = TABLES[exp.number](exp)
-    machine = _record(exp.arms[0])["machine"]
+    machine = _machine(exp)
     lines = [f"### {exp.number}. {exp.title}", "", exp.question, "",
              f"`python benchmarks/quality_benchmarks.py {exp.number}` · "
              f"[`{_name(exp)}.json`](../benchmarks/results/quality/{_name(exp)}.json) · "
@@ -625,7 +633,7 @@ def write_experiment(exp: Experiment) -> list[Path]:
                                for r in records}),
             "stale_runs": sum(not is_current(r) for r in records),
             "question": exp.question, "target": exp.target or None, "verdict": verdict,
-            "machine": _record(exp.arms[0])["machine"], "rows": rows,
+            "machine": _machine(exp), "rows": rows,
             "runs": {f"{a.label} (seed {a.seed}, {a.tokens:,} tokens)": _record(a)["key"]
                      for a in arms if load_arm(a) is not None}}
     json_path = OUT_DIR / f"{_name(exp)}.json"
