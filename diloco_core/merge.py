@@ -55,9 +55,10 @@ def radial_directional_average(stack: jax.Array, weights: jax.Array) -> jax.Arra
     norms = jax.vmap(_norm)(flat)
     radius = jnp.dot(weights, norms)
     # sum_m w_m phi(g_m) accumulated member by member (M is static: an unrolled sum that XLA
-    # fuses into one pass): a dot over the stacked unit vectors wrote an [M, N] copy of them
-    # first and took 1.6x as long on CPU (issue 37's merge profile).
-    # Each member's norm is the one computed above (phi(0) = 0: a zero member adds nothing).
+    # fuses into one pass), each member scaled by its weight over the norm computed above
+    # (phi(0) = 0: a zero member adds nothing). A dot over the stacked unit vectors wrote an
+    # [M, N] copy of them and computed every norm twice: 3-4x as long on CPU (issue 37's
+    # merge profile, benchmarks/results/merge_profile.json).
     scales = jnp.where(norms > 0, weights / jnp.where(norms > 0, norms, 1.0), 0.0)
     total = scales[0] * flat[0]
     for m in range(1, flat.shape[0]):

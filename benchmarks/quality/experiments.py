@@ -45,7 +45,7 @@ COSINE = ("inner.schedule=cosine",)
 # Experiment 1's arms on that cosine (labels get COSINE_INNER appended, and each is compared
 # with data-parallel on the same schedule): its reference and the defaults.
 COSINE_INNER = "cosine inner lr"
-COSINE_INNER_ARMS = (("data-parallel", DATA_PARALLEL, ()), ("Decoupled DiLoCo", DECOUPLED, ()))
+COSINE_INNER_ARMS = (("data-parallel", DATA_PARALLEL), ("Decoupled DiLoCo", DECOUPLED))
 
 # Experiment 9's failure schedule on the fake clock (1 s per step at speed 1.0; a 1M-token run
 # lasts about 125 s): three learners down in turn, 75 learner-seconds in all (15% of the run).
@@ -148,9 +148,9 @@ def _experiments() -> tuple[Experiment, ...]:
          # Every method on the cosine inner schedule, the default until data-parallel's lost
          # 1-3% to a constant lr on every seed (experiment 12 and the confirmation seeds) and
          # the learners gained as much: each compared with data-parallel on the same schedule.
-         *(arm for label, method, overrides in COSINE_INNER_ARMS
-           for arm in _seeds(f"{label}, {COSINE_INNER}", method, (*overrides, *COSINE),
-                             (0, 1, 2), headline))))
+         *(arm for label, method in COSINE_INNER_ARMS
+           for arm in _seeds(f"{label}, {COSINE_INNER}", method, COSINE, (0, 1, 2),
+                             headline))))
     exp2 = Experiment(
         2, "fragments_overlap", "Fragments P and overlap tau",
         "What do streaming fragments and overlapping their transfer cost in loss, and what do "

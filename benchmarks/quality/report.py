@@ -171,7 +171,7 @@ def _exp1_row(tokens: int, label: str, seed_role: str, members: list[Arm], dp: d
     val, test = (across_seeds(list(records.values()), name) for name in ("validation", "test"))
     ratios = paired_ratios(records, dp, "test")
     ratio, ratio_se = mean_and_standard_error(ratios) if ratios else (None, None)
-    reference = label.startswith("data-parallel")  # its ratio to itself is 1, no error
+    reference = label == against  # its ratio to itself is 1, with no error
     first = [r["summary"]["final_heldout_loss"] for r in records.values()]
     first_ratios = [records[s]["summary"]["final_heldout_loss"]
                     / dp[s]["summary"]["final_heldout_loss"] for s in records if s in dp]
@@ -475,7 +475,7 @@ def _plot(exp: Experiment, path: Path) -> Path:
     images = exp.number == 11   # the digits task: accuracy over images seen
     fig, ax = plt.subplots(figsize=(7.5, 4.4))
     # Experiment 1's extra budgets would crowd the plot: it shows the headline budget only.
-    shown = [a for a in observed_arms(exp, load_arm) if load_arm(a) is not None
+    shown = [a for a in observed_arms(exp, load_arm) if _ran(a)
              and (exp.number != 1 or a.tokens == HEADLINE_TOKENS)]
     # One line per configuration: the mean over the seeds that ran it where their evaluations
     # fall at the same points (seed-by-seed lines made experiment 1's plot unreadable).
