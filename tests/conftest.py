@@ -11,6 +11,9 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 
 import pytest  # noqa: E402
 
+# Ends what a session leaves running (tests/session_cleanup.py).
+pytest_plugins = ["session_cleanup"]
+
 
 @pytest.fixture(scope="session")
 def gcs_server():
@@ -60,3 +63,4 @@ def _no_dagster_instance_left_open():
     if leaked is not None:
         set_defs_state_storage(None).__enter__()    # never exited: reset for the session
         pytest.fail(f"a Dagster instance was left open in this module ({leaked!r})")
+
