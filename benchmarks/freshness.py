@@ -1,0 +1,253 @@
+"""Which committed result files still measure today's code, and which are stale.
+
+    python benchmarks/freshness.py [--out benchmarks/results/freshness.md]
+
+A result file names the commit(s) that produced it. It is stale once the code it measures has
+changed since its newest one: the benchmark's own script, and the product code it exercises
+(`MEASURES` below; the whole product by default: `diloco_core`, `resources`, `pipelines`).
+Separately, it ran under other defaults once the embedded defaults changed since
+(`diloco_core/config.py` for the simulator's, with `pipelines/launch_defaults.py` laid over
+them for the orchestrated path's), read field by field from both versions of those files, so
+that a reworded comment or a new field that is off by default does not count: a stale figure
+may still hold, one under other defaults means something else. The quality experiments keep
+their own, finer record (a hash of the code each run executed,
+`benchmarks/quality/code_identity.py`) and are not listed here.
+
+Counting commits that touched a path is coarse (a comment counts), so "stale" says "re-run
+before quoting", not "wrong". The table is a snapshot at the commit it names; re-run this
+script for today's.
+"""
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
+PRODUCT = ("diloco_core", "resources", "pipelines")
+CORE = ("diloco_core",)
+# The product code each benchmark exercises, where it is less than the whole product. The
+# benchmark's script (and anything under benchmarks/ it is named after) is always included.
+MEASURES = {
+    "merge_cost": CORE, "merge_profile": CORE, "merge_under_load": CORE,
+    "final_rounds": CORE + ("benchmarks/quality",), "scavenging": CORE + ("benchmarks/quality",),
+    "goodput_calibration": CORE, "goodput_crosscheck": CORE,
+    "simulator_schedule_spread": CORE, "syncer_sizing": (),
+    "inner_step_throughput": CORE + ("resources",),
+    "store_throughput": ("resources",), "checkpoint_save": CORE + ("resources",),
+    "install_size": ("pyproject.toml", "requirements"),
+}
+CONFIG, LAUNCH = "diloco_core/config.py", "pipelines/launch_defaults.py"
+# Benchmarks whose figures depend on the training defaults (losses, times to a budget, goodput),
+# by the path they train on. The others measure machinery (merges, stores, the control plane,
+# memory, install size) that the learning rates and the sync period do not change.
+DEFAULTS_MATTER = {
+    "orchestrated": ("chaos_soak", "hostile_soak", "orchestration_demo", "demo_side_by_side",
+                     "scavenging_orchestrated", "quality_real_path", "pacing",
+                     "goodput_crosscheck"),
+    "simulator": ("scavenging", "final_rounds", "simulator_schedule_spread"),
+}
+SHA = re.compile(r"\b[0-9a-f]{7,40}\b")
+
+
+def _git(*args: str, cwd: Path = REPO) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
+                          check=False).stdout.strip()
+
+
+def recorded_commits(result: object, depth: int = 0) -> list[str]:
+    """Every commit-like token under a "commit" key, at any depth up to four: a result names
+    its commit at the top, per run, or per arm of a side-by-side comparison."""
+    found: list[str] = []
+    if depth > 4:
+        return found
+    if isinstance(result, dict):
+        for key, value in result.items():
+            if key == "commit" and isinstance(value, str):
+                found += SHA.findall(value)
+            elif key == "commit" and isinstance(value, dict):
+                found += SHA.findall(str(value.get("commit") or ""))
+            else:
+                found += recorded_commits(value, depth + 1)
+    elif isinstance(result, list):
+        for item in result:
+            found += recorded_commits(item, depth + 1)
+    return found
+
+
+def recorded_command(result: object) -> str | None:
+    if isinstance(result, dict):
+        if isinstance(result.get("command"), str):
+            return result["command"]
+        runs = result.get("runs")
+        if isinstance(runs, list) and runs and isinstance(runs[0], dict):
+            return recorded_command(runs[0])
+    return None
+
+
+def benchmark_of(path: Path, result: object) -> str:
+    """The benchmark script a result came from: named in its command, else its file name."""
+    command = recorded_command(result) or ""
+    script = re.search(r"benchmarks/([A-Za-z0-9_]+)\.(?:py|sh)", command)
+    return script.group(1) if script else path.stem
+
+
+def measured_paths(benchmark: str, repo: Path = REPO) -> tuple[str, ...]:
+    scripts = tuple(str(p.relative_to(repo)) for p in sorted((repo / "benchmarks").glob(
+        f"{benchmark}*")))
+    key = next((k for k in MEASURES if benchmark.startswith(k)), None)
+    return (MEASURES[key] if key else PRODUCT) + scripts
+
+
+def uses_defaults(benchmark: str) -> str | None:
+    """Which embedded defaults a benchmark's figures stand on: "orchestrated", "simulator", or
+    None where they do not depend on them."""
+    for which in ("orchestrated", "simulator"):     # scavenging_orchestrated before scavenging
+        if any(benchmark.startswith(k) for k in DEFAULTS_MATTER[which]):
+            return which
+    return None
+
+
+def pinned(command: str | None) -> set[str]:
+    """The fields a command set itself (`--set section.field=value`): a change of their
+    default does not reach its runs."""
+    return {key for key in re.findall(r"--set[= ]([a-z_][a-z0-9_.]*)=", command or "")}
+
+
+def default_values(config_py: str, launch_py: str = "") -> dict[str, str]:
+    """The embedded defaults as written in the two files, "section.field" -> the default's
+    source text (comments dropped). The config's dataclasses give "SyncConfig.sync_period";
+    the launch defaults' "sync.sync_period=16" strings are laid over them under the same name
+    (a section is the class whose name starts with it)."""
+    values, section = {}, None
+    for line in config_py.splitlines():
+        if (m := re.match(r"class (\w+)", line)):
+            section = m.group(1)
+            continue
+        code = re.sub(r"\s+#.*$", "", line)
+        if section and (m := re.match(r"    ([a-z_]\w*): (.+?) = (.+)$", code)):
+            values[f"{section}.{m.group(1)}"] = m.group(3).strip()
+    sections = sorted({k.split(".")[0] for k in values}, key=len)
+    for key, value in re.findall(r'"([a-z_][a-z0-9_.]*)=([^"]*)"', launch_py):
+        head, _, field = key.rpartition(".")
+        cls = next((c for c in sections if head and c.lower().startswith(head.lower())),
+                   "ExperimentConfig")
+        values[f"{cls}.{field}"] = value.strip()
+    return {k: v.strip("\"'") for k, v in values.items()}
+
+
+def changed_defaults(commit: str, which: str | None, command: str | None = None,
+                     repo: Path = REPO) -> list[str]:
+    """The defaults that differ between `commit` and HEAD, as "field: old -> new" (a field on
+    one side only is new or gone, not changed; one the command set itself does not count)."""
+    if which is None:
+        return []
+    own = pinned(command)
+
+    def at(rev: str) -> dict[str, str]:
+        launch = _git("show", f"{rev}:{LAUNCH}", cwd=repo) if which == "orchestrated" else ""
+        return default_values(_git("show", f"{rev}:{CONFIG}", cwd=repo), launch)
+
+    before, now = at(commit), at("HEAD")
+    return [f"{k}: {before[k]} -> {now[k]}" for k in sorted(before.keys() & now.keys())
+            if before[k] != now[k] and _dotted(k) not in own]
+
+
+def _dotted(field: str) -> str:
+    """"SyncConfig.sync_period" -> "sync.sync_period", as a command's --set names it."""
+    section, _, name = field.partition(".")
+    prefix = {"OuterOptConfig": "outer", "InnerOptConfig": "inner"}.get(
+        section, section.removesuffix("Config").lower())
+    return name if section == "ExperimentConfig" else f"{prefix}.{name}"
+
+
+def commits_since(commit: str, paths: Sequence[str], repo: Path = REPO) -> list[str] | None:
+    """Commits after `commit` (on the way to HEAD) that touched any of `paths`; None when the
+    commit is not in this clone's history."""
+    full = _git("rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}", cwd=repo)
+    if not full:
+        return None
+    if not paths:
+        return []
+    log = _git("log", "--format=%h", f"{full}..HEAD", "--", *paths, cwd=repo)
+    return [line for line in log.splitlines() if line]
+
+
+@dataclass(frozen=True)
+class Freshness:
+    file: str
+    benchmark: str
+    commit: str | None          # the newest recorded commit this clone knows
+    command: str | None
+    code_changes: list[str] | None     # commits since that touched the measured code
+    defaults_changes: list[str] | None  # defaults changed since, "field: old -> new"
+
+    @property
+    def verdict(self) -> str:
+        if self.commit is None:
+            return "unknown commit"
+        if self.defaults_changes:
+            return "stale, other defaults"
+        return "stale" if self.code_changes else "current"
+
+
+def assess(path: Path, repo: Path = REPO) -> Freshness:
+    result = json.loads(path.read_text())
+    benchmark = benchmark_of(path, result)
+    best: tuple[str, list[str], list[str]] | None = None
+    for commit in dict.fromkeys(recorded_commits(result)):
+        code = commits_since(commit, measured_paths(benchmark, repo), repo)
+        if code is None:
+            continue
+        defaults = changed_defaults(commit, uses_defaults(benchmark), recorded_command(result),
+                                    repo)
+        if best is None or (len(code), len(defaults)) < (len(best[1]), len(best[2])):
+            best = (commit, code, defaults)
+    return Freshness(str(path.relative_to(repo)) if path.is_relative_to(repo) else str(path),
+                     benchmark, best[0] if best else None, recorded_command(result),
+                     best[1] if best else None, best[2] if best else None)
+
+
+def table(rows: Iterable[Freshness], head: str) -> str:
+    lines = [
+        f"# Result files against the code at {head}",
+        "",
+        "Written by `python benchmarks/freshness.py` (see its docstring for what each column "
+        "means); a snapshot at the commit above. The quality experiments mark their own stale "
+        "runs (docs/results.md).",
+        "",
+        "| result | benchmark | measured at | commits since to the code it measures | "
+        "defaults changed since | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        code = "-" if r.code_changes is None else str(len(r.code_changes))
+        defaults = ("-" if r.defaults_changes is None
+                    else "; ".join(r.defaults_changes) or "none")
+        lines.append(f"| `{Path(r.file).name}` | {r.benchmark} | {r.commit or '-'} | {code} | "
+                     f"{defaults} | {r.verdict} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=RESULTS / "freshness.md")
+    args = parser.parse_args(argv)
+    rows = [assess(p) for p in sorted(RESULTS.glob("*.json"))]
+    text = table(rows, _git("rev-parse", "--short", "HEAD"))
+    args.out.write_text(text)
+    print(text)
+    missing = [r.file for r in rows if r.commit is None or r.command is None]
+    if missing:
+        print(f"{len(missing)} result file(s) name no known commit or no command: {missing}",
+              file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

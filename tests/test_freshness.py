@@ -1,0 +1,117 @@
+"""benchmarks/freshness.py: a result file is stale once the code it measures changed after its
+commit, and "under other defaults" once a default it depends on changed value."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.freshness import (  # noqa: E402
+    assess,
+    default_values,
+    recorded_command,
+    recorded_commits,
+)
+
+CONFIG = '''"""Config."""
+
+class SyncConfig:
+    """Sync."""
+
+    sync_period: int = {period}  # {comment}
+    num_fragments: int = 4
+
+
+class OuterOptConfig:
+    lr: float = 0.5
+'''
+LAUNCH = 'ORCHESTRATED_DEFAULTS = ["name=demo", "sync.num_fragments=2"]\n'
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def _commit(repo: Path, files: dict[str, str], message: str) -> str:
+    for name, text in files.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
+    _git(repo, "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", message)
+    return _git(repo, "rev-parse", "HEAD")
+
+
+@pytest.fixture
+def repo(tmp_path):
+    _git(tmp_path, "init", "-q")
+    return tmp_path
+
+
+def _result(repo: Path, name: str, payload: dict) -> Path:
+    path = repo / "benchmarks" / "results" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload))
+    return path
+
+
+def test_a_result_goes_stale_with_its_code_and_says_which_defaults_moved(repo):
+    measured = _commit(repo, {"diloco_core/config.py": CONFIG.format(period=16, comment="H"),
+                              "pipelines/launch_defaults.py": LAUNCH,
+                              "diloco_core/merge.py": "x = 1\n"}, "measured")
+    soak = _result(repo, "chaos_soak.json", {"commit": {"commit": measured},
+                                             "command": "python benchmarks/chaos_soak.py"})
+    pinned = _result(repo, "hostile_soak.json", {
+        "runs": [{"commit": measured[:7],
+                  "command": "python benchmarks/hostile_soak.py --set sync.sync_period=8"}]})
+    merge = _result(repo, "merge_cost.json", {"commit": measured,
+                                              "command": "python benchmarks/merge_cost.py"})
+
+    assert assess(soak, repo).verdict == "current"
+    _commit(repo, {"README.md": "words\n"}, "docs only")
+    assert assess(soak, repo).verdict == "current"
+
+    # A reworded comment changes the code (coarse: re-run before quoting) but no default.
+    _commit(repo, {"diloco_core/config.py": CONFIG.format(period=16, comment="sync period")},
+            "comment")
+    r = assess(soak, repo)
+    assert (r.verdict, len(r.code_changes), r.defaults_changes) == ("stale", 1, [])
+
+    _commit(repo, {"diloco_core/config.py": CONFIG.format(period=8, comment="sync period")},
+            "H = 8")
+    r = assess(soak, repo)
+    assert r.verdict == "stale, other defaults"
+    assert r.defaults_changes == ["SyncConfig.sync_period: 16 -> 8"]
+    # The run that set H itself is not under another default; a merge's cost has none.
+    assert assess(pinned, repo).defaults_changes == []
+    assert assess(pinned, repo).commit == measured[:7]
+    assert assess(merge, repo).defaults_changes == []
+
+    # The orchestrated path's defaults are the launch defaults laid over the config's.
+    _commit(repo, {"pipelines/launch_defaults.py": LAUNCH.replace("=2", "=8")}, "P = 8")
+    assert "SyncConfig.num_fragments: 2 -> 8" in assess(soak, repo).defaults_changes
+
+
+def test_a_commit_outside_this_history_is_unknown_not_current(repo):
+    _commit(repo, {"diloco_core/merge.py": "x = 1\n"}, "one")
+    r = assess(_result(repo, "merge_cost.json", {"commit": "0" * 40, "command": "c"}), repo)
+    assert (r.commit, r.verdict) == (None, "unknown commit")
+
+
+def test_commits_and_commands_are_found_where_results_keep_them():
+    assert recorded_commits({"commit": "abc1234 (HEAD, clean)"}) == ["abc1234"]
+    assert recorded_commits({"new": {"commit": "a" * 40}, "old": {"commit": "b" * 40}}) == [
+        "a" * 40, "b" * 40]
+    assert recorded_commits({"runs": [{"commit": "1234567"}, {"commit": "89abcde"}]}) == [
+        "1234567", "89abcde"]
+    assert recorded_commits({"note": "at 1234567"}) == []    # only under a "commit" key
+    assert recorded_command({"runs": [{"command": "python x.py"}]}) == "python x.py"
+
+
+def test_defaults_are_read_field_by_field_comments_dropped():
+    values = default_values(CONFIG.format(period=16, comment="= 3 # not a default"), LAUNCH)
+    assert values == {"SyncConfig.sync_period": "16", "SyncConfig.num_fragments": "2",
+                      "OuterOptConfig.lr": "0.5", "ExperimentConfig.name": "demo"}
