@@ -212,6 +212,12 @@ def figures(s: dict, reference: dict | None, quorum: int) -> dict:
         "merge_latency_median_seconds": s["merge_latency_seconds"]["median"],
         "ledger_balanced": ledger["balanced"], "ledger_exact": ledger["exact"],
         "ledger_tokens": ledger["tokens"], "tokens_processed": ledger["tokens_processed"],
+        # What the learners trained that reached no merged version, for any reason (the
+        # ledger's fates other than merged): under rebase nothing is superseded on receipt by
+        # construction, so this, not that, is the figure of merit.
+        "never_merged_fraction": (1 - ledger["tokens"].get("merged", 0)
+                                  / ledger["tokens_processed"]
+                                  if ledger["tokens_processed"] else None),
         "restarts": [{k: r[k] for k in ("kind", "seconds", "reaped_runs")}
                      for r in s.get("restarts", [])],
         "timed_out_rounds": s.get("timed_out_rounds", []),

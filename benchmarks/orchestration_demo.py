@@ -10,9 +10,12 @@ throughput against the in-process reference simulator on the same config.
 
 Throughput = tokens processed / wall seconds; merge latency = quorum reached -> new global
 version published (the grace window, the decision and the merge); decision -> published = the
-merge alone (the syncer service's, or a fallback merge run's); superseded on receipt = the
-share of processed tokens a learner computed on a fragment after its last offer of it, then
-overwrote with the merged fragment (the token ledger's `superseded_on_receipt`).
+merge alone (the syncer service's, or a fallback merge run's); never merged = the share of
+processed tokens that reached no merged version, for any reason (the token ledger's fates other
+than `merged`: late or refused offers, offers in flight at the end, progress a stopped or dead
+learner never offered, and progress overwritten on receipt). Superseded on receipt (the last
+of those) is kept as a detail: under the rebase receive rule, today's default, it is zero by
+construction, so it is no figure of merit.
 
     python benchmarks/orchestration_demo.py            # ~20 min on 2 cores
     python benchmarks/orchestration_demo.py --chaos
@@ -309,6 +312,8 @@ def one_run(chaos: bool, revision: dict, command: str, overrides: list[str],
             "merge_latency_p90_seconds": lat["p90"],
             "decision_to_publish_median_seconds": dec["median"],
             "decision_to_publish_p90_seconds": dec["p90"],
+            "never_merged_fraction": (1 - ledger["merged_fraction"]
+                                      if ledger.get("merged_fraction") is not None else None),
             "superseded_on_receipt_fraction": (
                 ledger["tokens"].get("superseded_on_receipt", 0.0) / processed
                 if processed else None),
@@ -372,6 +377,7 @@ REPEAT_FIGURES = {
     "merge_latency_median_seconds": ("demo", "merge_latency_median_seconds"),
     "learner_idle_fraction": ("demo", "learner_idle_fraction"),
     "uptime": ("demo", "uptime"),
+    "never_merged_fraction": ("demo", "never_merged_fraction"),
     "superseded_on_receipt_fraction": ("demo", "superseded_on_receipt_fraction"),
     "peak_pss_mib": ("demo", "peak_pss_mib"),
     "final_loss_ratio_demo_to_calibrated_reference": (
@@ -449,8 +455,9 @@ def _print_run(result: dict) -> None:
           f"median {d['merge_latency_median_seconds']:.1f}s p90 "
           f"{d['merge_latency_p90_seconds']:.1f}s, decision->published median "
           f"{d['decision_to_publish_median_seconds']:.3f}s p90 "
-          f"{d['decision_to_publish_p90_seconds']:.3f}s, superseded on receipt "
-          f"{d['superseded_on_receipt_fraction']:.1%}, peak memory {d['peak_pss_mib']:.0f} MiB "
+          f"{d['decision_to_publish_p90_seconds']:.3f}s, never merged "
+          f"{d['never_merged_fraction']:.1%} (superseded on receipt "
+          f"{d['superseded_on_receipt_fraction']:.1%}), peak memory {d['peak_pss_mib']:.0f} MiB "
           f"PSS ({d['peak_rss_mib']:.0f} MiB RSS)")
     for role, row in d["memory_at_peak"]["by_role"].items():
         print(f"  {role:12s} x{row['processes']:<2d} PSS {row['pss_mib']:6.0f} MiB, "

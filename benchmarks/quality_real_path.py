@@ -99,6 +99,10 @@ def main() -> None:
                 "real_wall_seconds": round(real["wall_seconds"]),
                 "rounds_merged": real["rounds_merged"],
                 "merge_latency_median_s": round(real["merge_latency_median_seconds"], 1),
+                # Tokens that reached no merged version, for any reason (rebase makes the
+                # superseded share zero by construction; it stays as a detail).
+                "never_merged": round(1 - ledger.get("merged", 0) / processed, 3)
+                if processed else None,
                 "superseded_on_receipt": round(ledger.get("superseded_on_receipt", 0)
                                                / processed, 3) if processed else None,
                 "ledger": "balanced, exact" if real["ledger_balanced"] and real["ledger_exact"]
