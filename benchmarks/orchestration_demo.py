@@ -10,7 +10,10 @@ throughput against the in-process reference simulator on the same config.
 
 Throughput = tokens processed / wall seconds; merge latency = quorum reached -> new global
 version published (the grace window, the decision and the merge); decision -> published = the
-merge alone (the syncer service's, or a fallback merge run's); never merged = the share of
+merge alone (the syncer service's, or a fallback merge run's); the loss is the final global
+model's on the held-out test slice (100 batches over the whole held-out stream, as the quality
+experiments score; the syncer's own 4-batch eval is kept beside it), against each simulator
+run's on the same batches; never merged = the share of
 processed tokens that reached no merged version, for any reason (the token ledger's fates other
 than `merged`: late or refused offers, offers in flight at the end, progress a stopped or dead
 learner never offered, and progress overwritten on receipt). Superseded on receipt (the last
@@ -243,6 +246,8 @@ def _config(config_path: Path, overrides: list[str] = ()):
 
 
 def run_reference(config_path: Path, overrides: list[str] = ()) -> dict:
+    from benchmarks.quality.scoring import DEFAULT_SIZES, score_slices
+    from diloco_core.eval_slices import TEST
     from diloco_core.simulator import run_simulation
     from resources.corpus import load_corpus
 
@@ -252,9 +257,32 @@ def run_reference(config_path: Path, overrides: list[str] = ()) -> dict:
     result = run_simulation(cfg, corpus.learner_streams, corpus.heldout_stream)
     wall = time.perf_counter() - started
     s = result.summary()
+    test = score_slices(cfg, result.final_params, corpus.heldout_stream, DEFAULT_SIZES)[TEST]
     return {"wall_seconds": wall, "tokens": s["tokens_processed"],
             "tokens_per_second": s["tokens_processed"] / wall,
-            "final_heldout_loss": s["final_heldout_loss"], "rounds_merged": s["rounds_merged"]}
+            "final_heldout_loss": s["final_heldout_loss"], "rounds_merged": s["rounds_merged"],
+            "test_slice": test}
+
+
+def score_demo(workdir: Path) -> dict:
+    """The demo's final global model on the held-out test slice (the quality experiments'
+    100 batches over the whole held-out stream), read from its store before the temporary
+    directory goes: the syncer's own eval is 4 batches at the start of the stream."""
+    from benchmarks.quality.store_scoring import score_store
+    from resources.store.artifact_store import ArtifactStore
+    from resources.store.backends import open_blob_store
+
+    cfg = _config(workdir / "demo" / "experiment.yaml")
+    return score_store(ArtifactStore(open_blob_store(str(workdir / "demo" / "store")), cfg.name))
+
+
+def _test_ratio(demo_test: dict, reference: dict | None) -> dict | None:
+    """The demo's test-slice loss over a reference's, batch by batch on the same batches."""
+    if reference is None:
+        return None
+    from benchmarks.quality.store_scoring import paired_difference
+
+    return paired_difference(demo_test["batch_losses"], reference["test_slice"]["batch_losses"])
 
 
 def one_run(chaos: bool, revision: dict, command: str, overrides: list[str],
@@ -268,6 +296,7 @@ def one_run(chaos: bool, revision: dict, command: str, overrides: list[str],
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         demo, memory, progress = run_demo(chaos, workdir, overrides)
+        demo_test = score_demo(workdir)
         num_learners = _config(workdir / "demo" / "experiment.yaml").learners.num_learners
         dagster = dagster_history(workdir / "demo" / "dagster_home")
         reference = calibration = calibrated = None
@@ -306,6 +335,8 @@ def one_run(chaos: bool, revision: dict, command: str, overrides: list[str],
             "rounds_merged": demo["rounds_merged"],
             "initial_eval_loss": demo["initial_eval_loss"],
             "final_eval_loss": demo["final_eval_loss"],
+            "test_slice": {k: demo_test[k] for k in ("loss", "standard_error", "batches",
+                                                     "batch_losses", "versions")},
             "learner_idle_fraction": demo["learner_idle_fraction"],
             "uptime": demo["uptime"],
             "merge_latency_median_seconds": lat["median"],
@@ -361,6 +392,10 @@ def one_run(chaos: bool, revision: dict, command: str, overrides: list[str],
     result["final_loss_ratio_demo_to_calibrated_reference"] = (
         None if calibrated is None
         else result["demo"]["final_eval_loss"] / calibrated["final_heldout_loss"])
+    # On the test slice (issue 38: 100 batches over the whole held-out stream, where the
+    # syncer's eval above is its first 4), paired batch by batch.
+    result["test_vs_reference"] = _test_ratio(demo_test, reference)
+    result["test_vs_calibrated_reference"] = _test_ratio(demo_test, calibrated)
     return result
 
 
@@ -380,6 +415,9 @@ REPEAT_FIGURES = {
     "never_merged_fraction": ("demo", "never_merged_fraction"),
     "superseded_on_receipt_fraction": ("demo", "superseded_on_receipt_fraction"),
     "peak_pss_mib": ("demo", "peak_pss_mib"),
+    "test_loss": ("demo", "test_slice", "loss"),
+    "test_loss_ratio_demo_to_calibrated_reference": ("test_vs_calibrated_reference", "ratio"),
+    "test_loss_ratio_demo_to_reference": ("test_vs_reference", "ratio"),
     "final_loss_ratio_demo_to_calibrated_reference": (
         "final_loss_ratio_demo_to_calibrated_reference",),
     "final_loss_ratio_demo_to_reference": ("final_loss_ratio_demo_to_reference",),
@@ -396,7 +434,7 @@ def repeat_summary(results: list[dict]) -> dict:
         for result in results:
             value = result
             for key in path:
-                value = value[key]
+                value = None if value is None else value[key]     # None: not measured
             values.append(value)
         present = [v for v in values if v is not None]
         summary[name] = {"runs": values,
@@ -484,6 +522,10 @@ def _print_run(result: dict) -> None:
           f"{result['final_loss_ratio_demo_to_calibrated_reference']:.3f}")
     print(f"throughput demo / reference: {result['throughput_ratio_demo_to_reference']:.2f}; "
           f"final loss demo / reference: {result['final_loss_ratio_demo_to_reference']:.3f}")
+    t, tc = result["test_vs_reference"], result["test_vs_calibrated_reference"]
+    print(f"test slice ({d['test_slice']['batches']} batches): demo {d['test_slice']['loss']:.4f}"
+          f"; demo / reference {t['ratio']:.4f} +- {t['ratio_standard_error']:.4f}, demo / "
+          f"calibrated {tc['ratio']:.4f} +- {tc['ratio_standard_error']:.4f} (paired by batch)")
 
 
 if __name__ == "__main__":
