@@ -39,6 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))     # benchmarks.quality, for the test slice
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "orchestration_demo.json"
 
 
