@@ -177,7 +177,11 @@ class InnerOptConfig:
     it). Constant since issue 38's tuning: at 1M tokens on `small`, data-parallel's cosine lost
     to it on every seed (validation slice 0.968-0.976x on seeds 0-2, test slice 0.985-0.991x on
     the confirmation seeds) and Decoupled DiLoCo's learners gained as much (quality experiments
-    1 and 12)."""
+    1 and 12). It does not hold at longer budgets: at 4M tokens the constant lr lost 4-5% to the
+    cosine for data-parallel on the confirmation seeds (test slice 1.293 / 1.327 / 1.306 against
+    1.242 / 1.268 / 1.242) and 5.8% for Decoupled DiLoCo on seed 3 (1.350 against 1.276), so for
+    budgets of several million tokens and more set "cosine" (a schedule chosen per budget is
+    still to come; docs/results.md, experiment 1)."""
     decay_steps: Count = 0
     """0: derived from the token budget"""
     min_lr_ratio: unit_interval(low_open=False, high_open=False) = 0.1
