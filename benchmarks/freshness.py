@@ -132,13 +132,19 @@ def default_values(config_py: str, launch_py: str = "") -> dict[str, str]:
         code = re.sub(r"\s+#.*$", "", line)
         if section and (m := re.match(r"    ([a-z_]\w*): (.+?) = (.+)$", code)):
             values[f"{section}.{m.group(1)}"] = m.group(3).strip()
-    sections = sorted({k.split(".")[0] for k in values}, key=len)
+    sections = {k.split(".")[0] for k in values}
     for key, value in re.findall(r'"([a-z_][a-z0-9_.]*)=([^"]*)"', launch_py):
-        head, _, field = key.rpartition(".")
-        cls = next((c for c in sections if head and c.lower().startswith(head.lower())),
-                   "ExperimentConfig")
-        values[f"{cls}.{field}"] = value.strip()
+        values[field_name(key, sections)] = value.strip()
     return {k: v.strip("\"'") for k, v in values.items()}
+
+
+def field_name(dotted: str, sections: Iterable[str]) -> str:
+    """"sync.sync_period" (as the launch defaults and --set spell a field) -> "SyncConfig.
+    sync_period": the section is the config class whose name starts with it."""
+    head, _, field = dotted.rpartition(".")
+    cls = next((c for c in sorted(sections, key=len)
+                if head and c.lower().startswith(head.lower())), "ExperimentConfig")
+    return f"{cls}.{field}"
 
 
 def changed_defaults(commit: str, which: str | None, command: str | None = None,
@@ -147,23 +153,15 @@ def changed_defaults(commit: str, which: str | None, command: str | None = None,
     one side only is new or gone, not changed; one the command set itself does not count)."""
     if which is None:
         return []
-    own = pinned(command)
-
     def at(rev: str) -> dict[str, str]:
         launch = _git("show", f"{rev}:{LAUNCH}", cwd=repo) if which == "orchestrated" else ""
         return default_values(_git("show", f"{rev}:{CONFIG}", cwd=repo), launch)
 
     before, now = at(commit), at("HEAD")
+    sections = {k.split(".")[0] for k in now}
+    own = {field_name(key, sections) for key in pinned(command)}
     return [f"{k}: {before[k]} -> {now[k]}" for k in sorted(before.keys() & now.keys())
-            if before[k] != now[k] and _dotted(k) not in own]
-
-
-def _dotted(field: str) -> str:
-    """"SyncConfig.sync_period" -> "sync.sync_period", as a command's --set names it."""
-    section, _, name = field.partition(".")
-    prefix = {"OuterOptConfig": "outer", "InnerOptConfig": "inner"}.get(
-        section, section.removesuffix("Config").lower())
-    return name if section == "ExperimentConfig" else f"{prefix}.{name}"
+            if before[k] != now[k] and k not in own]
 
 
 def commits_since(commit: str, paths: Sequence[str], repo: Path = REPO) -> list[str] | None:
