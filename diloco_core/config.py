@@ -172,7 +172,7 @@ class InnerOptConfig:
     """AdamW decoupled weight decay"""
     warmup_steps: Count = 20
     """linear warmup from 0 to lr"""
-    schedule: one_of("cosine", "constant") = "constant"
+    schedule: one_of("cosine", "constant", "wsd") = "constant"
     """After warmup: "constant" (the peak lr to the end) or "cosine" (down to `min_lr_ratio` of
     it). Constant since issue 38's tuning: at 1M tokens on `small`, data-parallel's cosine lost
     to it on every seed (validation slice 0.968-0.976x on seeds 0-2, test slice 0.985-0.991x on
@@ -183,9 +183,15 @@ class InnerOptConfig:
     budgets of several million tokens and more set "cosine" (a schedule chosen per budget is
     still to come; docs/results.md, experiment 1)."""
     decay_steps: Count = 0
-    """0: derived from the token budget"""
+    """The schedule's horizon in inner steps, warmup included (0: the learner's steps to the
+    token budget); past it the lr stays at the floor"""
     min_lr_ratio: unit_interval(low_open=False, high_open=False) = 0.1
-    """cosine floor as a fraction of lr"""
+    """the floor of "cosine" and "wsd", as a fraction of lr"""
+    wsd_decay_fraction: unit_interval(low_open=True, high_open=False) = 0.2
+    """For "wsd": the last share of the horizon over which the lr decays linearly from the peak
+    to the floor (the peak holds until then). 0.2 is the cooldown Hägele et al. 2024 ("Scaling
+    Laws and Compute-Optimal Training Beyond Fixed Training Durations") found to match a cosine
+    tuned to the budget."""
     clip_norm: number_at_least(0, note=" (0 disables)") = 1.0
     """0 disables clipping"""
 

@@ -1,4 +1,5 @@
-"""Each learner's inner optimizer: AdamW with warmup + cosine/constant schedule and clipping."""
+"""Each learner's inner optimizer: AdamW with warmup + constant / WSD / cosine schedule and
+clipping."""
 
 import optax
 
@@ -7,18 +8,25 @@ from diloco_core.model import FlatParams, is_norm_scale
 
 
 def build_schedule(cfg: InnerOptConfig, total_steps: int) -> optax.Schedule:
-    """Linear warmup 0 -> cfg.lr over warmup_steps, then cosine to lr * min_lr_ratio, or constant.
+    """Linear warmup 0 -> cfg.lr over warmup_steps, then constant, WSD or cosine.
 
-    For "cosine" the decay length (cfg.decay_steps, or total_steps when 0) counts from step 0 and
-    includes the warmup, as in `optax.warmup_cosine_decay_schedule`; past it the lr stays at the
-    floor.
+    The horizon (cfg.decay_steps, or total_steps when 0) counts from step 0 and includes the
+    warmup, as in `optax.warmup_cosine_decay_schedule`; past it the lr stays at the floor
+    (lr * min_lr_ratio). "wsd" (warmup-stable-decay) holds the peak until the horizon's last
+    `wsd_decay_fraction` and decays linearly to the floor over it; "cosine" decays from the
+    warmup's end.
     """
+    warmup = optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps)
     if cfg.schedule == "constant":
-        warmup = optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps)
         return optax.join_schedules([warmup, optax.constant_schedule(cfg.lr)], [cfg.warmup_steps])
-    decay_steps = cfg.decay_steps or total_steps
-    # optax needs a non-empty cosine phase; a budget shorter than the warmup gets one step of it.
-    decay_steps = max(decay_steps, cfg.warmup_steps + 1)
+    # optax needs a non-empty decay phase; a budget shorter than the warmup gets one step of it.
+    decay_steps = max(cfg.decay_steps or total_steps, cfg.warmup_steps + 1)
+    if cfg.schedule == "wsd":
+        decay_from = max(cfg.warmup_steps,
+                         decay_steps - max(1, round(cfg.wsd_decay_fraction * decay_steps)))
+        decay = optax.linear_schedule(cfg.lr, cfg.lr * cfg.min_lr_ratio, decay_steps - decay_from)
+        return optax.join_schedules([warmup, optax.constant_schedule(cfg.lr), decay],
+                                    [cfg.warmup_steps, decay_from])
     return optax.warmup_cosine_decay_schedule(
         init_value=0.0, peak_value=cfg.lr, warmup_steps=cfg.warmup_steps,
         decay_steps=decay_steps, end_value=cfg.lr * cfg.min_lr_ratio)

@@ -96,6 +96,26 @@ def test_constant_schedule_values():
     assert lr_at(cfg, 100, 99) == pytest.approx(2e-3)
 
 
+def test_wsd_schedule_values():
+    """Warmup, the peak held, then a linear decay to the floor over the horizon's last share."""
+    cfg = InnerOptConfig(lr=1e-3, warmup_steps=10, schedule="wsd", wsd_decay_fraction=0.2,
+                         min_lr_ratio=0.1)
+    total = 100  # decay over steps 80..100, from 1e-3 down to 1e-4
+    assert lr_at(cfg, total, 5) == pytest.approx(5e-4)    # halfway up the linear warmup
+    for step in (10, 50, 80):
+        assert lr_at(cfg, total, step) == pytest.approx(1e-3), step
+    assert lr_at(cfg, total, 90) == pytest.approx(5.5e-4)  # halfway down
+    assert lr_at(cfg, total, 100) == pytest.approx(1e-4)
+    assert lr_at(cfg, total, 500) == pytest.approx(1e-4)   # stays at the floor
+    # A horizon too short for a stable phase decays straight after the warmup.
+    assert lr_at(cfg, 12, 10) == pytest.approx(1e-3)
+    assert lr_at(cfg, 12, 11) == pytest.approx(5.5e-4)
+    # An explicit decay_steps is the horizon: 50 => decay over 40..50.
+    explicit = InnerOptConfig(lr=1e-3, warmup_steps=10, schedule="wsd", decay_steps=50)
+    assert lr_at(explicit, total, 40) == pytest.approx(1e-3)
+    assert lr_at(explicit, total, 45) == pytest.approx(5.5e-4)
+
+
 def test_budget_shorter_than_warmup_still_builds():
     cfg = InnerOptConfig(lr=1e-3, warmup_steps=20)
     assert lr_at(cfg, 5, 10) == pytest.approx(5e-4)

@@ -59,7 +59,8 @@ def test_each_experiment_varies_what_it_studies():
     # The arms on the old cosine inner schedule pin it; every other arm runs today's default.
     for arm in (*EXPERIMENTS[1].arms, *EXPERIMENTS[12].arms):
         schedule = arm_config(arm).inner.schedule
-        assert schedule == ("cosine" if "cosine" in arm.label else "constant"), arm.label
+        assert schedule == ("cosine" if "cosine" in arm.label else
+                            "wsd" if "WSD" in arm.label else "constant"), arm.label
     for old in ("outer 0.7/0.9, inner 3e-3 (old defaults)",
                 "outer 0.7/0.9 warm-up 8, inner 6e-3 (first tuned defaults)"):
         assert tuning[f"Decoupled DiLoCo, {old}"] != headline[("Decoupled DiLoCo", 0)]
@@ -235,3 +236,49 @@ def test_a_run_stored_under_an_old_default_is_not_taken_for_the_new_one(tmp_path
     other["inner"]["schedule"] = "cosine" if config["inner"]["schedule"] != "cosine" else "constant"
     store(other)
     assert load_arm(arm, tmp_path) is None
+
+
+def test_a_current_run_moves_to_the_key_its_config_has_under_todays_defaults(tmp_path):
+    """When a default changes to a value the runs chose (under an override then), those runs
+    are the plain arm's now: `rekey_runs` moves them to its key, where `load_arm` finds them,
+    instead of the sweep running them again. A stale run stays where it is."""
+    import json
+
+    from benchmarks.quality.code_identity import code_hash
+    from benchmarks.quality.experiments import DECOUPLED, Arm
+    from benchmarks.quality.runner import arm_path, load_arm, rekey_runs
+    from diloco_core.config_loading import config_to_mapping
+
+    plain = Arm("defaults", DECOUPLED, (), 0, 500_000)
+    other = Arm("defaults, outer lr 0.3", DECOUPLED, ("outer.lr=0.3",), 0, 500_000)
+    # Each stored under the key it had when another default held (a name no arm has today).
+    for arm, name, code in ((plain, "0000000000000000", code_hash()),
+                            (other, "1111111111111111", "older")):
+        record = {"arm": {"label": arm.label, "method": arm.method}, "key": name, "code": code,
+                  "config": json.loads(json.dumps(config_to_mapping(arm_config(arm))))}
+        (tmp_path / f"{name}.json").write_text(json.dumps(record))
+    assert load_arm(plain, tmp_path) is None
+    assert rekey_runs(tmp_path) == [("0000000000000000", arm_key(plain))]
+    moved = load_arm(plain, tmp_path)
+    assert moved is not None and moved["key"] == arm_key(plain)
+    assert not (tmp_path / "0000000000000000.json").exists()
+    assert (tmp_path / "1111111111111111.json").exists() and not arm_path(other, tmp_path).exists()
+    assert rekey_runs(tmp_path) == []                      # settled: nothing more moves
+
+
+def test_a_config_fields_default_is_not_code_the_hash_covers():
+    """A stored run records its whole config, so a changed default is caught by `load_arm`;
+    hashing it too would stale every result for the change the results exist to decide. Only
+    `@config_section` fields' defaults are dropped: everything else in the class still counts."""
+    from benchmarks.quality.code_identity import semantic_source
+
+    section = ('@config_section\nclass C:\n    x: int = 1\n    """The x."""\n\n'
+               '    def __post_init__(self):\n        require(self.x > 0)\n')
+    same = semantic_source(section, drop_field_defaults=True)
+    assert same == semantic_source(section.replace("= 1", "= 3"), drop_field_defaults=True)
+    for changed in (section.replace("x > 0", "x > 1"), section.replace("x: int", "y: int")):
+        assert semantic_source(changed, drop_field_defaults=True) != same, changed
+    plain = section.replace("@config_section\n", "")        # not a config section: counts
+    assert semantic_source(plain, drop_field_defaults=True) != semantic_source(
+        plain.replace("= 1", "= 3"), drop_field_defaults=True)
+    assert semantic_source(section) != semantic_source(section.replace("= 1", "= 3"))

@@ -9,7 +9,13 @@ learner mesh, the goodput model) does not make stored results stale.
 The hash is of each module's syntax tree with docstrings dropped, not of its bytes: a comment,
 a docstring (a field's documentation included) or a line reflowed for the linter cannot change
 a figure, and used to mark every stored result stale (a run of hours to clear). Any change the
-interpreter sees still does.
+interpreter sees still does, with one exception: the default value of a config field
+(`@config_section` classes in `diloco_core/config.py`). A stored run records its whole resolved
+config and is reused only while that config is what its arm resolves to today (`runner.load_arm`),
+so a changed default already refuses every run it changes and leaves the others valid; hashing
+the value too would mark every stored result stale for the one decision the results exist to
+make (issue 38: a default changes only when the confirmation says so, and the confirmation's
+runs are then the new default's).
 """
 
 import ast
@@ -23,6 +29,8 @@ REPO = Path(__file__).resolve().parents[2]
 ROOTS = ("diloco_core/simulator.py", "diloco_core/baselines.py", "resources/task_data.py",
          "benchmarks/quality/runner.py", "benchmarks/quality/scoring.py")
 PACKAGES = ("diloco_core", "resources")
+# The module whose config fields' defaults a stored run's recorded config covers (see above).
+CONFIG_MODULE = "diloco_core/config.py"
 
 
 def _imported_modules(path: Path) -> set[Path]:
@@ -52,13 +60,23 @@ def code_files() -> list[Path]:
     return sorted(seen)
 
 
-def semantic_source(text: str) -> str:
+def _is_config_section(node: ast.AST) -> bool:
+    return isinstance(node, ast.ClassDef) and any(
+        isinstance(d, ast.Name) and d.id == "config_section" for d in node.decorator_list)
+
+
+def semantic_source(text: str, drop_field_defaults: bool = False) -> str:
     """The module as the interpreter sees it: its syntax tree, without comments (the parser
     drops them), layout or docstrings (dropped here: a module's, class's or function's, and
     the string under a field, `config.py`'s field documentation; a bare string statement does
-    nothing; an f-string or a constant used anywhere is kept)."""
+    nothing; an f-string or a constant used anywhere is kept). With `drop_field_defaults`, the
+    default values of `@config_section` fields go too (their names and types stay)."""
     tree = ast.parse(text)
     for node in ast.walk(tree):
+        if drop_field_defaults and _is_config_section(node):
+            for statement in node.body:
+                if isinstance(statement, ast.AnnAssign):
+                    statement.value = None
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             kept = [s for s in node.body if not (isinstance(s, ast.Expr)
                                                  and isinstance(s.value, ast.Constant)
@@ -68,6 +86,10 @@ def semantic_source(text: str) -> str:
     return ast.dump(tree, annotate_fields=False)
 
 
+def _hashed_source(rel: str, text: str) -> str:
+    return semantic_source(text, drop_field_defaults=rel == CONFIG_MODULE)
+
+
 @functools.cache
 def code_hash() -> str:
     """A hash of the sources that compute an arm's figures, taken once per process: the code a
@@ -75,8 +97,9 @@ def code_hash() -> str:
     sweep's later results (and a report checks every stored run against the same hash)."""
     digest = hashlib.sha256()
     for path in code_files():
-        digest.update(str(path.relative_to(REPO)).encode() + b"\0"
-                      + semantic_source(path.read_text()).encode() + b"\0")
+        rel = str(path.relative_to(REPO))
+        digest.update(rel.encode() + b"\0" + _hashed_source(rel, path.read_text()).encode()
+                      + b"\0")
     return digest.hexdigest()[:16]
 
 
@@ -105,7 +128,7 @@ def changed_since(commit: str) -> list[str] | None:
         for path in code_files():
             rel = str(path.relative_to(REPO))
             old = at_commit(rel)
-            if old is None or semantic_source(old) != semantic_source(path.read_text()):
+            if old is None or _hashed_source(rel, old) != _hashed_source(rel, path.read_text()):
                 changed.append(rel)
         return changed
     except (OSError, subprocess.SubprocessError, SyntaxError):

@@ -46,6 +46,18 @@ COSINE = ("inner.schedule=cosine",)
 # with data-parallel on the same schedule): its reference and the defaults.
 COSINE_INNER = "cosine inner lr"
 COSINE_INNER_ARMS = (("data-parallel", DATA_PARALLEL), ("Decoupled DiLoCo", DECOUPLED))
+# The candidate for a schedule that suits every budget: warmup, the peak held, a linear decay
+# over the last 20% of the learner's steps (the cosine decays too soon at 1M tokens, the
+# constant lr never does at 4M). Its arms, at 1M and 4M, each compared with data-parallel on
+# it; the mean merge rule beside RDA, as the candidate default merge.
+WSD = ("inner.schedule=wsd",)
+WSD_INNER = "WSD inner lr"
+WSD_INNER_ARMS = (("data-parallel", DATA_PARALLEL, ()),
+                  ("synchronous DiLoCo", SYNCHRONOUS, ()),
+                  ("Decoupled DiLoCo", DECOUPLED, ()),
+                  ("Decoupled DiLoCo, mean merge", DECOUPLED, ("sync.merge_rule=mean",)))
+# Schedule suffix -> its data-parallel reference's suffix (experiment 1's report).
+SCHEDULE_SUFFIXES = (COSINE_INNER, WSD_INNER)
 
 # Experiment 9's failure schedule on the fake clock (1 s per step at speed 1.0; a 1M-token run
 # lasts about 125 s): three learners down in turn, 75 learner-seconds in all (15% of the run).
@@ -161,7 +173,11 @@ def _experiments() -> tuple[Experiment, ...]:
          # the learners gained as much: each compared with data-parallel on the same schedule.
          *(arm for label, method in COSINE_INNER_ARMS
            for arm in _seeds(f"{label}, {COSINE_INNER}", method, COSINE, (0, 1, 2),
-                             headline))))
+                             headline)),
+         *(arm for tokens in (headline, TREND_TOKENS[-1])
+           for label, method, extra in WSD_INNER_ARMS
+           for arm in _seeds(f"{label}, {WSD_INNER}", method, (*WSD, *extra),
+                             (0, 1, 2) if tokens == headline else (0,), tokens))))
     exp2 = Experiment(
         2, "fragments_overlap", "Fragments P and overlap tau",
         "What do streaming fragments and overlapping their transfer cost in loss, and what do "

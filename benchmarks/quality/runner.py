@@ -38,14 +38,50 @@ def _leaves(mapping: dict, prefix: str = "") -> dict:
     return out
 
 
-def arm_key(arm: Arm) -> str:
-    """A hash of the method and of the config's fields that differ from the defaults: adding a
-    config field (at a default that keeps old behaviour) leaves every stored result valid."""
-    defaults = _leaves(config_to_mapping(ExperimentConfig()))
-    changed = {k: v for k, v in _leaves(config_to_mapping(arm_config(arm))).items()
+def _stored_form(mapping: dict) -> dict:
+    """A config mapping as a stored record holds it (JSON: tuples become lists)."""
+    return _leaves(json.loads(json.dumps(mapping)))
+
+
+def config_key(method: str, config: dict) -> str:
+    """A hash of the method and of the config's fields that differ from today's defaults:
+    adding a config field (at a default that keeps old behaviour) leaves every stored result
+    valid."""
+    defaults = _stored_form(config_to_mapping(ExperimentConfig()))
+    changed = {k: v for k, v in _stored_form(config).items()
                if k not in defaults or defaults[k] != v}
-    body = json.dumps({"method": arm.method, "config": changed}, sort_keys=True)
+    body = json.dumps({"method": method, "config": changed}, sort_keys=True)
     return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+def arm_key(arm: Arm) -> str:
+    return config_key(arm.method, config_to_mapping(arm_config(arm)))
+
+
+def rekey_runs(runs_dir: Path = RUNS_DIR) -> list[tuple[str, str]]:
+    """Move every stored run to the key its recorded config has under today's defaults, and
+    return the moves (old key, new key). The key names only the fields that differ from the
+    defaults, so when a default changes, the runs made at the new value (under overrides then)
+    become the plain arm's and the plain arm's old runs take the key of the old value: no run
+    repeats for a default the runs themselves chose. Only runs of today's code move (a stale
+    one can only be shown as stale, and where its config is not its arm's today `load_arm`
+    already refuses it); one moving onto a stale run's key replaces it, as a re-run would."""
+    moves = []
+    staged = []
+    for path in sorted(runs_dir.glob("*.json")):
+        record = json.loads(path.read_text())
+        key = config_key(record["arm"]["method"], record["config"])
+        if is_current(record) and path.stem != key:
+            staged.append((path, key, record))
+    # Through temporary names first: one run's new key may be another's old one.
+    for path, key, record in staged:
+        tmp = path.with_suffix(".rekey")
+        tmp.write_text(json.dumps({**record, "key": key}, indent=1))
+        path.unlink()
+    for path, key, _ in staged:
+        path.with_suffix(".rekey").replace(runs_dir / f"{key}.json")
+        moves.append((path.stem, key))
+    return moves
 
 
 def arm_path(arm: Arm, runs_dir: Path = RUNS_DIR) -> Path:
