@@ -366,13 +366,16 @@ def _experiments() -> tuple[Experiment, ...]:
                                        ("learners' AdamW b2 0.99", 6e-3, ("inner.b2=0.99",)))),
          # The WSD inner schedule gains data-parallel 1.2% at 1M (selection seeds) and costs
          # Decoupled DiLoCo with the mean merge 1.1%: around that candidate, a shorter decay
-         # (less of the learners' progress given up), a larger outer lr (the mean of
-         # near-orthogonal outer gradients is shorter than each), a larger peak inner lr.
+         # (less of the learners' progress given up), a larger and a smaller outer lr (the mean
+         # of near-orthogonal outer gradients is shorter than each), a larger peak inner lr,
+         # and H = 4 (every fragment synced twice as often: twice the bytes).
          *(Arm(f"Decoupled DiLoCo, mean merge, {WSD_INNER}, {what}", DECOUPLED,
                (*WSD, "sync.merge_rule=mean", *overrides), 0, headline)
            for what, overrides in (("decay over the last 10%", ("inner.wsd_decay_fraction=0.1",)),
                                    ("outer lr 0.8", ("outer.lr=0.8",)),
-                                   ("inner lr 8e-3", ("inner.lr=0.008",))))))
+                                   ("inner lr 8e-3", ("inner.lr=0.008",)),
+                                   ("outer lr 0.3", ("outer.lr=0.3",)),
+                                   ("H = 4", ("sync.sync_period=4",))))))
     return (exp1, exp2, exp3, exp4, exp5, exp6, exp7, exp8, exp9, exp10, exp11, exp12)
 
 
