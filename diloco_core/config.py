@@ -172,16 +172,18 @@ class InnerOptConfig:
     """AdamW decoupled weight decay"""
     warmup_steps: Count = 20
     """linear warmup from 0 to lr"""
-    schedule: one_of("cosine", "constant", "wsd") = "constant"
-    """After warmup: "constant" (the peak lr to the end) or "cosine" (down to `min_lr_ratio` of
-    it). Constant since issue 38's tuning: at 1M tokens on `small`, data-parallel's cosine lost
-    to it on every seed (validation slice 0.968-0.976x on seeds 0-2, test slice 0.985-0.991x on
-    the confirmation seeds) and Decoupled DiLoCo's learners gained as much (quality experiments
-    1 and 12). It does not hold at longer budgets: at 4M tokens the constant lr lost 4-5% to the
-    cosine for data-parallel on the confirmation seeds (test slice 1.293 / 1.327 / 1.306 against
-    1.242 / 1.268 / 1.242) and 5.8% for Decoupled DiLoCo on seed 3 (1.350 against 1.276), so for
-    budgets of several million tokens and more set "cosine" (a schedule chosen per budget is
-    still to come; docs/results.md, experiment 1)."""
+    schedule: one_of("cosine", "constant", "wsd") = "wsd"
+    """After warmup: "wsd" (the peak held, then a linear decay to `min_lr_ratio` of it over the
+    horizon's last `wsd_decay_fraction`), "constant" (the peak to the end) or "cosine" (down to
+    the floor from the warmup's end). WSD since issue 38: it is data-parallel's best schedule
+    at both budgets measured (1M tokens: 1.2% below the constant lr on the selection seeds; 4M:
+    4.6% below the constant lr and 0.8% below the cosine on seed 3), and with the mean merge it
+    is Decoupled DiLoCo's best schedule at 4M (6.4% below the constant lr with RDA, the old
+    defaults). At 1M Decoupled DiLoCo's learners do better without the decay (validation 1.771
+    constant, 1.783 with a 10% decay, 1.791 with 20%, seeds 0-2): short runs may set
+    "constant" (quality experiments 1 and 12). The horizon assumes learners that step alike
+    (`ExperimentConfig.total_learner_steps`): a learner much faster than the rest reaches the
+    floor early."""
     decay_steps: Count = 0
     """The schedule's horizon in inner steps, warmup included (0: the learner's steps to the
     token budget); past it the lr stays at the floor"""
@@ -261,8 +263,15 @@ class SyncConfig:
     """cap of the grace window"""
     ema_decay: Fraction = 0.9
     """running estimates of step / quorum / sync times"""
-    merge_rule: one_of(*MERGE_RULES) = "rda"
-    """rda (non-embedding tensors) + weighted mean (embeddings)"""
+    merge_rule: one_of(*MERGE_RULES) = "mean"
+    """"mean": the weighted mean of the outer gradients; "rda": radial-directional averaging of
+    non-embedding tensors (the weighted mean's direction at the learners' mean norm; diloco_core/
+    merge.py), the weighted mean for embeddings. The mean since issue 38: with RDA the merged
+    step is about sqrt(M) times the mean's for near-orthogonal outer gradients, and at 1M tokens
+    on M = 4 equal learners it was the whole of synchronous DiLoCo's lead (test slice 1.0063x
+    data-parallel with the mean, 1.0295x with RDA, on the confirmation seeds; quality experiment
+    1). RDA keeps the step's size when the number of members changes; the orchestrated defaults,
+    whose rounds merge 2 to 4 learners, keep it until measured there."""
     weighting: one_of(*WEIGHTINGS) = "tokens"
     """tokens: w = tokens^2 / steps; uniform: w = 1"""
     receive_rule: one_of(*RECEIVE_RULES) = "rebase"

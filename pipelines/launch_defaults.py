@@ -31,6 +31,13 @@ ORCHESTRATED_DEFAULTS = [
     "sync.overlap_steps=2",
     "sync.grace_min_seconds=3",
     "sync.receive_rule=rebase",
+    # The simulator's defaults moved to the WSD inner lr and the mean merge on M = 4 equal
+    # learners (issue 38); these learners run at different speeds (a WSD horizon laid out for
+    # learners that step alike would take the fast ones to the floor early and never the slow
+    # one), in rounds of 2 to 4 members (RDA keeps the step's size as the membership changes).
+    # Kept as they were until measured on the real path.
+    "inner.schedule=constant",
+    "sync.merge_rule=rda",
     "orchestration.checkpoint_every_steps=40",
     "orchestration.heartbeat_seconds=2",
     "orchestration.learner_timeout_seconds=30",

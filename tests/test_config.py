@@ -12,7 +12,8 @@ def test_defaults_are_valid_and_match_the_paper_where_it_speaks():
     # many outer steps of short runs), and rebase on receipt, not the paper's overwrite: issue
     # 38's confirmation and the chaos soak (the config's docstrings carry the figures).
     assert (cfg.outer.lr, cfg.outer.momentum, cfg.outer.nesterov) == (0.5, 0.5, True)
-    assert cfg.sync.merge_rule == "rda" and cfg.sync.receive_rule == "rebase"
+    assert cfg.sync.merge_rule == "mean" and cfg.sync.receive_rule == "rebase"
+    assert cfg.inner.schedule == "wsd"
     assert cfg.sync.weighting == "tokens"
 
 

@@ -93,8 +93,9 @@ def test_seeds_are_named_by_role_and_arms_reseeded():
 
 def test_configurations_count_hyperparameters_not_scenarios():
     # Data-parallel at 1M tokens: three inner learning rates (6e-3 is the default, experiment
-    # 1's) and experiment 12's eleven other settings of its own (warm-up, schedule, AdamW).
-    assert configurations_tried(DATA_PARALLEL, 1_000_000) == 14
+    # 1's), experiment 12's eleven other settings of its own (warm-up, schedule, AdamW) and
+    # experiment 1's constant inner lr (the schedule before WSD).
+    assert configurations_tried(DATA_PARALLEL, 1_000_000) == 15
     # Counted as tried only once run: here only the default has.
     assert configurations_tried(DATA_PARALLEL, 1_000_000,
                                 ran=lambda arm: arm.overrides == ()) == 1
@@ -153,9 +154,9 @@ def test_the_report_prefers_confirmation_seeds_on_the_test_slice(monkeypatch):
     assert headline[("Decoupled DiLoCo", "selection")]["test_vs_data_parallel"] == 1.1
     assert headline[("Decoupled DiLoCo", "confirmation")]["seeds"] == "3, 4, 5"
     assert headline[("Decoupled DiLoCo", "selection")]["first_8kb_vs_data_parallel"] == 1.5
-    # Only experiment 1's runs are stored here: data-parallel's two configurations (the
-    # default and the cosine inner lr) have run.
-    assert headline[("data-parallel", "selection")]["configurations_tried"] == 2
+    # Only experiment 1's runs are stored here: data-parallel's three configurations (the
+    # default, the cosine and the constant inner lr) have run.
+    assert headline[("data-parallel", "selection")]["configurations_tried"] == 3
     cosine = headline[("Decoupled DiLoCo, cosine inner lr", "selection")]
     assert cosine["against"] == "data-parallel, cosine inner lr"
     assert cosine["test_vs_data_parallel"] == pytest.approx(1 / 1.03, abs=1e-4)

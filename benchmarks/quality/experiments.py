@@ -46,18 +46,21 @@ COSINE = ("inner.schedule=cosine",)
 # with data-parallel on the same schedule): its reference and the defaults.
 COSINE_INNER = "cosine inner lr"
 COSINE_INNER_ARMS = (("data-parallel", DATA_PARALLEL), ("Decoupled DiLoCo", DECOUPLED))
-# The candidate for a schedule that suits every budget: warmup, the peak held, a linear decay
-# over the last 20% of the learner's steps (the cosine decays too soon at 1M tokens, the
-# constant lr never does at 4M). Its arms, at 1M and 4M, each compared with data-parallel on
-# it; the mean merge rule beside RDA, as the candidate default merge.
-WSD = ("inner.schedule=wsd",)
-WSD_INNER = "WSD inner lr"
-WSD_INNER_ARMS = (("data-parallel", DATA_PARALLEL, ()),
-                  ("synchronous DiLoCo", SYNCHRONOUS, ()),
-                  ("Decoupled DiLoCo", DECOUPLED, ()),
-                  ("Decoupled DiLoCo, mean merge", DECOUPLED, ("sync.merge_rule=mean",)))
-# Schedule suffix -> its data-parallel reference's suffix (experiment 1's report).
-SCHEDULE_SUFFIXES = (COSINE_INNER, WSD_INNER)
+# The schedule and merge rule before issue 38 made WSD and the mean the defaults (a constant
+# lr after warm-up, RDA), and each of the two changes alone: each compared with data-parallel
+# at its best (today's WSD), except data-parallel's own constant-lr arm.
+CONSTANT = ("inner.schedule=constant",)
+CONSTANT_INNER = "constant inner lr"
+BEFORE_WSD_ARMS = (
+    (f"data-parallel, {CONSTANT_INNER}", DATA_PARALLEL, CONSTANT),
+    ("Decoupled DiLoCo, RDA merge", DECOUPLED, ("sync.merge_rule=rda",)),
+    (f"Decoupled DiLoCo, {CONSTANT_INNER} (1M's best)", DECOUPLED, CONSTANT),
+    ("Decoupled DiLoCo, RDA merge, constant inner lr (the defaults until issue 38's WSD)",
+     DECOUPLED, (*CONSTANT, "sync.merge_rule=rda")))
+# The schedule labels whose arms are compared with data-parallel on the same schedule.
+SCHEDULE_SUFFIXES = (COSINE_INNER,)
+# Experiment 12's arms around today's defaults (the mean merge on WSD), named as they ran.
+WSD_MEAN = "Decoupled DiLoCo, mean merge, WSD inner lr"
 
 # Experiment 9's failure schedule on the fake clock (1 s per step at speed 1.0; a 1M-token run
 # lasts about 125 s): three learners down in turn, 75 learner-seconds in all (15% of the run).
@@ -114,9 +117,10 @@ def _experiments() -> tuple[Experiment, ...]:
         1, "baselines", "Data-parallel vs synchronous DiLoCo vs Decoupled DiLoCo (M = 4)",
         "At equal tokens, how far is each DiLoCo from data-parallel's held-out loss, and how "
         "does the gap move with the budget (the number of outer steps)? Every method on the "
-        "defaults experiments 12 and 1 chose (inner lr 6e-3, constant after warm-up, each "
-        "method's best; H = 8; outer Nesterov lr 0.5 / momentum 0.5 warmed up over 8 outer "
-        "steps; rebase on receipt).",
+        "defaults experiments 12 and 1 chose (inner lr 6e-3, WSD: the peak after warm-up held "
+        "until a linear decay over the last 20%, data-parallel's best at 1M and 4M; H = 8; "
+        "the weighted mean of the outer gradients; outer Nesterov lr 0.5 / momentum 0.5 "
+        "warmed up over 8 outer steps; rebase on receipt).",
         "Decoupled DiLoCo within 4% of data-parallel held-out loss (stretch: 2%)",
         (*(arm for label, method in (("data-parallel", DATA_PARALLEL),
                                      ("synchronous DiLoCo", SYNCHRONOUS),
@@ -130,10 +134,11 @@ def _experiments() -> tuple[Experiment, ...]:
               (*OLD_SYNC, "outer.lr=0.7")),
              ("Decoupled DiLoCo, overwrite on receipt", ("sync.receive_rule=overwrite",)))
            for arm in _seeds(label, DECOUPLED, overrides, (0, 1, 2), headline)),
-         # Synchronous DiLoCo ends ~1% below Decoupled DiLoCo at these defaults on equal,
-         # failure-free learners (they were level at H = 16, outer lr 0.7). It differs in five
-         # ways (baselines.synchronous_config); Decoupled DiLoCo with one of them at a time, on
-         # the three paired seeds, says which carries the gap.
+         # Synchronous DiLoCo ended ~1% below Decoupled DiLoCo with RDA on equal, failure-free
+         # learners (they were level at H = 16, outer lr 0.7). It differs in five ways
+         # (baselines.synchronous_config); Decoupled DiLoCo with one of them at a time, on the
+         # three paired seeds, said which carried the gap: the merge rule, whose mean is the
+         # default since (the last arm is then uniform weights alone).
          *(arm for label, overrides in (
              ("P = 1", ("sync.num_fragments=1",)),
              ("tau = 0", ("sync.overlap_steps=0",)),
@@ -175,8 +180,8 @@ def _experiments() -> tuple[Experiment, ...]:
            for arm in _seeds(f"{label}, {COSINE_INNER}", method, COSINE, (0, 1, 2),
                              headline)),
          *(arm for tokens in (headline, TREND_TOKENS[-1])
-           for label, method, extra in WSD_INNER_ARMS
-           for arm in _seeds(f"{label}, {WSD_INNER}", method, (*WSD, *extra),
+           for label, method, overrides in BEFORE_WSD_ARMS
+           for arm in _seeds(label, method, overrides,
                              (0, 1, 2) if tokens == headline else (0,), tokens))))
     exp2 = Experiment(
         2, "fragments_overlap", "Fragments P and overlap tau",
@@ -369,8 +374,7 @@ def _experiments() -> tuple[Experiment, ...]:
          # (less of the learners' progress given up), a larger and a smaller outer lr (the mean
          # of near-orthogonal outer gradients is shorter than each), a larger peak inner lr,
          # and H = 4 (every fragment synced twice as often: twice the bytes).
-         *(Arm(f"Decoupled DiLoCo, mean merge, {WSD_INNER}, {what}", DECOUPLED,
-               (*WSD, "sync.merge_rule=mean", *overrides), 0, headline)
+         *(Arm(f"{WSD_MEAN}, {what}", DECOUPLED, overrides, 0, headline)
            for what, overrides in (("decay over the last 10%", ("inner.wsd_decay_fraction=0.1",)),
                                    ("outer lr 0.8", ("outer.lr=0.8",)),
                                    ("inner lr 8e-3", ("inner.lr=0.008",)),
