@@ -172,10 +172,15 @@ def main() -> None:
     numbers = _selected(args.experiments)
     if args.workers < 1:
         parser.error(f"--workers must be >= 1, got {args.workers}")
-    from benchmarks.quality.runner import rekey_runs
+    from benchmarks.quality.runner import RUNS_DIR, rekey_runs
+    from benchmarks.quality.unread_fields import settle_unread_fields
 
-    # A default changed since the runs were stored: each current run to its key under today's
-    # defaults first, so that the runs made at the new value are the plain arm's now.
+    # A default changed since the runs were stored: the baselines' runs take today's value of
+    # the fields they do not read, then each current run moves to its key under today's
+    # defaults, so that the runs made at the new value are the plain arm's now.
+    settled = settle_unread_fields(RUNS_DIR)
+    if settled:
+        print(f"{len(settled)} baseline runs: fields they do not read set to today's defaults")
     for old, new in rekey_runs():
         print(f"run {old} -> {new} (a default changed)")
     if not args.report and args.workers > 1:

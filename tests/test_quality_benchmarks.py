@@ -285,3 +285,48 @@ def test_a_config_fields_default_is_not_code_the_hash_covers():
     assert semantic_source(plain, drop_field_defaults=True) != semantic_source(
         plain.replace("= 1", "= 3"), drop_field_defaults=True)
     assert semantic_source(section) != semantic_source(section.replace("= 1", "= 3"))
+
+
+def test_a_baseline_run_stays_its_arms_when_a_default_it_does_not_read_changes(tmp_path):
+    """Data-parallel reads no sync or outer field; a run recorded under another merge rule is
+    still the plain arm's once `settle_unread_fields` has set those fields to today's defaults
+    (what it recorded is kept). Decoupled DiLoCo reads the merge rule: its run is left alone."""
+    import json
+
+    from benchmarks.quality.code_identity import code_hash
+    from benchmarks.quality.experiments import DATA_PARALLEL, DECOUPLED, Arm
+    from benchmarks.quality.runner import load_arm, rekey_runs
+    from benchmarks.quality.unread_fields import settle_unread_fields
+    from diloco_core.config_loading import config_to_mapping
+
+    other = "rda" if arm_config(Arm("x", DECOUPLED)).sync.merge_rule != "rda" else "mean"
+    for i, method in enumerate((DATA_PARALLEL, DECOUPLED)):
+        arm = Arm("plain", method, (), 0, 500_000)
+        config = json.loads(json.dumps(config_to_mapping(arm_config(arm))))
+        config["sync"]["merge_rule"] = other          # as recorded under the old default
+        (tmp_path / f"{i:016d}.json").write_text(json.dumps(
+            {"arm": {"label": "plain", "method": method}, "key": f"{i:016d}",
+             "code": code_hash(), "config": config}))
+    assert settle_unread_fields(tmp_path) == [f"{0:016d}"]
+    rekey_runs(tmp_path)
+    dp = load_arm(Arm("plain", DATA_PARALLEL, (), 0, 500_000), tmp_path)
+    assert dp is not None and dp["config_as_run"]["sync"]["merge_rule"] == other
+    assert load_arm(Arm("plain", DECOUPLED, (), 0, 500_000), tmp_path) is None
+    assert settle_unread_fields(tmp_path) == []             # settled: nothing more changes
+
+
+def test_the_sync_fields_synchronous_diloco_sets_are_the_ones_it_does_not_read():
+    from benchmarks.quality.unread_fields import SYNCHRONOUS_SETS
+    from diloco_core.baselines import synchronous_config
+    from diloco_core.config_loading import config_from_mapping
+
+    base = synchronous_config(config_from_mapping({}, ())).sync
+    another = {"num_fragments": 2, "overlap_steps": 2, "min_quorum": 2,
+               "block_on_overlap": "true", "grace_gamma": 0.5, "grace_min_seconds": 1.0,
+               "merge_rule": "rda", "weighting": "uniform", "receive_rule": "blend"}
+    assert set(another) == set(SYNCHRONOUS_SETS)
+    for name, value in another.items():
+        cfg = config_from_mapping({}, (f"sync.{name}={value}",))
+        assert synchronous_config(cfg).sync == base, name
+    # A field it does not set reaches it.
+    assert synchronous_config(config_from_mapping({}, ("sync.sync_period=16",))).sync != base

@@ -1,0 +1,54 @@
+"""Config fields a baseline does not read, and the stored runs' copies of them.
+
+A stored run records its whole config, and `runner.load_arm` reuses it only while that config is
+what its arm resolves to today. Data-parallel has no syncer and no outer step, and synchronous
+DiLoCo sets several sync fields itself (`diloco_core.baselines.synchronous_config`), so a
+changed default among those fields (issue 38 moved `sync.merge_rule` to the mean) cannot change
+their figures, yet would refuse every baseline run and re-run hours of identical work.
+`settle_unread_fields` sets those fields of each stored baseline run to today's defaults and
+keeps what the run recorded under `config_as_run`, before `runner.rekey_runs` files the run
+under its key. (This lives outside `runner.py`, whose code is in the quality code hash.)
+"""
+
+import json
+from pathlib import Path
+
+from benchmarks.quality.experiments import DATA_PARALLEL, SYNCHRONOUS
+
+# The sync fields synchronous_config sets (a test keeps the two in step).
+SYNCHRONOUS_SETS = ("num_fragments", "overlap_steps", "min_quorum", "block_on_overlap",
+                    "grace_gamma", "grace_min_seconds", "merge_rule", "weighting",
+                    "receive_rule")
+UNREAD = {DATA_PARALLEL: {"sync": None, "outer": None},
+          SYNCHRONOUS: {"sync": SYNCHRONOUS_SETS}}
+
+
+def _settled(method: str, config: dict, defaults: dict) -> dict:
+    """`config` with the fields `method` does not read at their values in `defaults`."""
+    out = json.loads(json.dumps(config))
+    for section, names in UNREAD.get(method, {}).items():
+        for name in names or defaults[section]:
+            if name in defaults[section]:
+                out.setdefault(section, {})[name] = defaults[section][name]
+    return out
+
+
+def settle_unread_fields(runs_dir: Path) -> list[str]:
+    """Set every stored baseline run's unread fields to today's defaults (the run's own record
+    kept as `config_as_run`); return the runs changed."""
+    from diloco_core.config import ExperimentConfig
+    from diloco_core.config_loading import config_to_mapping
+
+    defaults = json.loads(json.dumps(config_to_mapping(ExperimentConfig())))
+    changed = []
+    for path in sorted(runs_dir.glob("*.json")):
+        record = json.loads(path.read_text())
+        settled = _settled(record["arm"]["method"], record["config"], defaults)
+        if settled != record["config"]:
+            record.setdefault("config_as_run", record["config"])
+            record["config"] = settled
+            tmp = path.with_suffix(".settle")
+            tmp.write_text(json.dumps(record, indent=1))
+            tmp.replace(path)
+            changed.append(path.stem)
+    return changed
