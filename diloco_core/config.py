@@ -177,9 +177,9 @@ class InnerOptConfig:
     horizon's last `wsd_decay_fraction`), "constant" (the peak to the end) or "cosine" (down to
     the floor from the warmup's end). WSD since issue 38: it is data-parallel's best schedule
     at both budgets measured (1M tokens: 1.2% below the constant lr on the selection seeds; 4M:
-    4.6% below the constant lr and 0.8% below the cosine on seed 3), and with the mean merge it
-    is Decoupled DiLoCo's best schedule at 4M (6.4% below the constant lr with RDA, the old
-    defaults). At 1M Decoupled DiLoCo's learners do better without the decay (validation 1.771
+    4.6% below the constant lr and 0.8% below the cosine on seed 3), and with it and the mean
+    merge Decoupled DiLoCo ends 6.4% below the old defaults (RDA, constant lr) at 4M on seed 3.
+    At 1M Decoupled DiLoCo's learners do better without the decay (validation 1.771
     constant, 1.783 with a 10% decay, 1.791 with 20%, seeds 0-2): short runs may set
     "constant" (quality experiments 1 and 12). The horizon assumes learners that step alike
     (`ExperimentConfig.total_learner_steps`): a learner much faster than the rest reaches the
@@ -268,10 +268,11 @@ class SyncConfig:
     non-embedding tensors (the weighted mean's direction at the learners' mean norm; diloco_core/
     merge.py), the weighted mean for embeddings. The mean since issue 38: with RDA the merged
     step is about sqrt(M) times the mean's for near-orthogonal outer gradients, and at 1M tokens
-    on M = 4 equal learners it was the whole of synchronous DiLoCo's lead (test slice 1.0063x
-    data-parallel with the mean, 1.0295x with RDA, on the confirmation seeds; quality experiment
-    1). RDA keeps the step's size when the number of members changes; the orchestrated defaults,
-    whose rounds merge 2 to 4 learners, keep it until measured there."""
+    on M = 4 equal learners (constant inner lr) it was the whole of synchronous DiLoCo's lead
+    (test slice 1.0063x data-parallel with the mean, 1.0295x with RDA, on the confirmation
+    seeds; quality experiment 1). RDA keeps the step's size when the number of members
+    changes; the orchestrated defaults, whose rounds merge 2 to 4 learners, keep it until
+    measured there."""
     weighting: one_of(*WEIGHTINGS) = "tokens"
     """tokens: w = tokens^2 / steps; uniform: w = 1"""
     receive_rule: one_of(*RECEIVE_RULES) = "rebase"

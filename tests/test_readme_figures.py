@@ -35,17 +35,11 @@ def _exp1_figures() -> list[str]:
     mine, sync = rows["Decoupled DiLoCo"], rows["synchronous DiLoCo"]
     assert f"= {mine['test_vs_data_parallel']:.4f} ± {mine['test_ratio_se_seeds']:.4f}" in \
         exp1["verdict"]["measured"]
-    mean = next(r for r in exp1["rows"] if r["tokens"] == 1_000_000
-                and r["seed_role"] == "confirmation"
-                and r["method"].endswith("mean, uniform weights"))
     long = next(r for r in exp1["rows"] if r["tokens"] == 4_000_000
                 and r["seed_role"] == "confirmation" and r["method"] == "Decoupled DiLoCo")
     return [f"**{mine['test_vs_data_parallel']:.4f}×**",
             f"± {mine['test_ratio_se_seeds']:.4f} s.e. over 3 paired confirmation seeds",
             f"**{sync['test_vs_data_parallel']:.4f}×** ± {sync['test_ratio_se_seeds']:.4f}",
-            # The merge rule that explains synchronous DiLoCo's lead, confirmed.
-            f"**{mean['test_vs_data_parallel']:.4f}×**",
-            f"± {mean['test_ratio_se_seeds']:.4f} s.e. over 3 paired confirmation seeds",
             # The 4M row: today's defaults on the confirmation seeds.
             f"**{long['test_vs_data_parallel']:.4f}×**",
             f"± {long['test_ratio_se_seeds']:.4f} s.e. over 3 paired confirmation seeds"]
