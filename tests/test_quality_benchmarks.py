@@ -289,8 +289,9 @@ def test_a_config_fields_default_is_not_code_the_hash_covers():
 
 def test_a_baseline_run_stays_its_arms_when_a_default_it_does_not_read_changes(tmp_path):
     """Data-parallel reads no sync or outer field; a run recorded under another merge rule is
-    still the plain arm's once `settle_unread_fields` has set those fields to today's defaults
-    (what it recorded is kept). Decoupled DiLoCo reads the merge rule: its run is left alone."""
+    still its arm's once `settle_unread_fields` has set those fields to what the arm resolves
+    to today (what it recorded is kept), including an arm that overrides one of them.
+    Decoupled DiLoCo reads the merge rule: its run is left alone."""
     import json
 
     from benchmarks.quality.code_identity import code_hash
@@ -300,18 +301,23 @@ def test_a_baseline_run_stays_its_arms_when_a_default_it_does_not_read_changes(t
     from diloco_core.config_loading import config_to_mapping
 
     other = "rda" if arm_config(Arm("x", DECOUPLED)).sync.merge_rule != "rda" else "mean"
-    for i, method in enumerate((DATA_PARALLEL, DECOUPLED)):
-        arm = Arm("plain", method, (), 0, 500_000)
+    arms = (Arm("plain", DATA_PARALLEL, (), 0, 500_000),
+            Arm("H = 16", DATA_PARALLEL, ("sync.sync_period=16",), 0, 500_000),
+            Arm("plain", DECOUPLED, (), 0, 500_000))
+    for i, arm in enumerate(arms):
         config = json.loads(json.dumps(config_to_mapping(arm_config(arm))))
         config["sync"]["merge_rule"] = other          # as recorded under the old default
         (tmp_path / f"{i:016d}.json").write_text(json.dumps(
-            {"arm": {"label": "plain", "method": method}, "key": f"{i:016d}",
-             "code": code_hash(), "config": config}))
-    assert settle_unread_fields(tmp_path) == [f"{0:016d}"]
+            {"arm": {"label": arm.label, "method": arm.method, "seed": arm.seed,
+                     "tokens": arm.tokens, "overrides": list(arm.overrides)},
+             "key": f"{i:016d}", "code": code_hash(), "config": config}))
+    assert settle_unread_fields(tmp_path) == [f"{0:016d}", f"{1:016d}"]
     rekey_runs(tmp_path)
-    dp = load_arm(Arm("plain", DATA_PARALLEL, (), 0, 500_000), tmp_path)
-    assert dp is not None and dp["config_as_run"]["sync"]["merge_rule"] == other
-    assert load_arm(Arm("plain", DECOUPLED, (), 0, 500_000), tmp_path) is None
+    for arm in arms[:2]:
+        run = load_arm(arm, tmp_path)
+        assert run is not None and run["config_as_run"]["sync"]["merge_rule"] == other, arm
+    assert load_arm(arms[1], tmp_path)["config"]["sync"]["sync_period"] == 16
+    assert load_arm(arms[2], tmp_path) is None
     assert settle_unread_fields(tmp_path) == []             # settled: nothing more changes
 
 
