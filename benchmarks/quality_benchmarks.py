@@ -180,7 +180,8 @@ def main() -> None:
     # defaults, so that the runs made at the new value are the plain arm's now.
     settled = settle_unread_fields(RUNS_DIR)
     if settled:
-        print(f"{len(settled)} baseline runs: fields they do not read set to today's defaults")
+        print(f"{len(settled)} baseline runs: fields they do not read set to their arms' "
+              "values today")
     for old, new in rekey_runs():
         print(f"run {old} -> {new} (a default changed)")
     if not args.report and args.workers > 1:

@@ -310,7 +310,8 @@ def test_a_baseline_run_stays_its_arms_when_a_default_it_does_not_read_changes(t
         (tmp_path / f"{i:016d}.json").write_text(json.dumps(
             {"arm": {"label": arm.label, "method": arm.method, "seed": arm.seed,
                      "tokens": arm.tokens, "overrides": list(arm.overrides)},
-             "key": f"{i:016d}", "code": code_hash(), "config": config}))
+             "key": f"{i:016d}", "code": code_hash(), "commit": {"commit": "abc1234"},
+             "config": config}))
     assert settle_unread_fields(tmp_path) == [f"{0:016d}", f"{1:016d}"]
     rekey_runs(tmp_path)
     for arm in arms[:2]:

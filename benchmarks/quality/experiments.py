@@ -57,8 +57,6 @@ BEFORE_WSD_ARMS = (
     (f"Decoupled DiLoCo, {CONSTANT_INNER} (1M's best)", DECOUPLED, CONSTANT),
     ("Decoupled DiLoCo, RDA merge, constant inner lr (the defaults until issue 38's WSD)",
      DECOUPLED, (*CONSTANT, "sync.merge_rule=rda")))
-# The schedule labels whose arms are compared with data-parallel on the same schedule.
-SCHEDULE_SUFFIXES = (COSINE_INNER,)
 # Experiment 12's arms around today's defaults (the mean merge on WSD), named as they ran.
 WSD_MEAN = "Decoupled DiLoCo, mean merge, WSD inner lr"
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 from benchmarks.quality.code_identity import changed_since, is_current
 from benchmarks.quality.experiments import (
+    COSINE_INNER,
     EXPERIMENTS,
     HEADLINE_TOKENS,
     RUN_ORDER,
-    SCHEDULE_SUFFIXES,
     Arm,
     Experiment,
 )
@@ -148,12 +148,11 @@ def _machine(exp: Experiment) -> dict:
 
 
 def _exp1_reference(label: str, groups: dict[str, list[Arm]]) -> str:
-    """The data-parallel arm a label is compared with: the one on the same non-default inner
-    schedule for the arms on one (where it has run at that budget), else the default's."""
-    for suffix in SCHEDULE_SUFFIXES:
-        reference = f"data-parallel, {suffix}"
-        if label.endswith(suffix) and groups.get(reference):
-            return reference
+    """The data-parallel arm a label is compared with: the one on the cosine inner schedule for
+    the arms on it (where it has run at that budget), else the default's."""
+    cosine = f"data-parallel, {COSINE_INNER}"
+    if label.endswith(COSINE_INNER) and groups.get(cosine):
+        return cosine
     return "data-parallel"
 
 

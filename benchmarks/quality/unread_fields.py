@@ -7,8 +7,8 @@ changed default among those fields (issue 38 moved `sync.merge_rule` to the mean
 their figures, yet would refuse every baseline run and re-run hours of identical work.
 `settle_unread_fields` sets those fields of each stored baseline run to what its arm resolves
 to today (the defaults unless the arm overrides them) and keeps what the run recorded under
-`config_as_run`, before `runner.rekey_runs` files the run
-under its key. (This lives outside `runner.py`, whose code is in the quality code hash.)
+`config_as_run`, before `runner.rekey_runs` files the run under its key. (This lives outside
+`runner.py`, whose code is in the quality code hash.)
 """
 
 import json
@@ -40,7 +40,9 @@ def _settled(record: dict) -> dict | None:
     from diloco_core.config_loading import config_to_mapping
 
     unread = UNREAD.get(record["arm"]["method"])
-    if not unread:
+    # A record that names no code or commit predates provenance: nothing can say what computed
+    # it, so it is left as it was written rather than rewritten without a commit to cite.
+    if not unread or not record.get("code") or not record.get("commit"):
         return None
     try:
         today = json.loads(json.dumps(config_to_mapping(arm_config(_arm_of(record)))))
