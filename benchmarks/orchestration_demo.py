@@ -426,11 +426,12 @@ REPEAT_FIGURES = {
 }
 
 
-def repeat_summary(results: list[dict]) -> dict:
+def repeat_summary(results: list[dict], figures: dict = REPEAT_FIGURES) -> dict:
     """Each figure's value per run, median and range: one run's loss moves by about 3% with its
-    schedule, so a claim about the demo is the median of repeats."""
+    schedule, so a claim about the demo is the median of repeats. `figures` names each figure's
+    path of keys (or list indices) into a run's result."""
     summary = {}
-    for name, path in REPEAT_FIGURES.items():
+    for name, path in figures.items():
         values = []
         for result in results:
             value = result

@@ -1,7 +1,8 @@
 """Compute scavenging on the orchestrated path: extra learners join a running experiment and
 leave it again, on the real Dagster daemon, against the same run without them.
 
-    python benchmarks/scavenging_orchestrated.py          # ~8 min on 2 cores
+    python benchmarks/scavenging_orchestrated.py            # three pairs, ~25 min on 2 cores
+    python benchmarks/scavenging_orchestrated.py --runs 1   # one pair, ~8 min
 
 Two `diloco demo` runs of one config (the `tiny` model; every learner's inner step padded to
 0.2 s, `orchestration.step_seconds_floor`, so four to eight learner processes emulate separate
@@ -10,10 +11,15 @@ machines on two cores instead of competing for them):
 - +100%: a roster of 8, the last 4 on standby (`learners.standby`); a fault tape makes them join
   when the round at 25% of the base run's rounds opens and leave at 50% (`learner_join`,
   `learner_leave`, applied by the learner supervisor).
-For each: time from the first token to the token budget (STOP), final held-out loss, rounds,
-merged share of the processed tokens, and the learners' final statuses. The reference
-simulator runs both arms on the same config with the same window as fractions of the run
-(`simulation.capacity`), so the orchestrated ratios can be read against the simulated ones.
+For each: time from the first token to the token budget (STOP), the final model's loss on the
+held-out test slice (100 batches over the whole held-out stream, `quality/store_scoring.py`;
+the syncer's 16-batch eval kept beside it), rounds, the share of processed tokens that never
+reached a merged version, and the learners' final statuses. The pair runs `--runs` times
+(three by default: one orchestrated run's loss moves by a few percent with its schedule), and
+each figure is reported as the median and range over the pairs, the loss ratio paired batch
+by batch within a pair. The reference simulator runs both arms once (it is deterministic) on
+the same config with the same window as fractions of the run (`simulation.capacity`), scored
+on the same test slice, so the orchestrated ratios can be read against the simulated ones.
 Writes `benchmarks/results/scavenging_orchestrated.json`.
 """
 
@@ -30,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.orchestration_demo import tokens_so_far  # noqa: E402
+from benchmarks.orchestration_demo import repeat_summary, score_demo, tokens_so_far  # noqa: E402
 from pipelines.reporting import code_revision, machine_info  # noqa: E402
 
 OUT = REPO / "benchmarks" / "results" / "scavenging_orchestrated.json"
@@ -106,13 +112,16 @@ def run_arm(extra: int, workdir: Path, joins: int, leaves: int) -> dict:
     if code != 0:
         raise SystemExit(f"diloco demo failed with exit code {code}")
     s = json.loads(out.read_text())
+    test = score_demo(workdir)      # before the temporary directory goes
     first = next(t for t, n in progress if n > 0)
     budget = next((t for t, n in progress if n >= s["token_budget"]), progress[-1][0])
     ledger = s["ledger"]
     return {"extra_learners": extra, "seconds_first_token_to_budget": budget - first,
             "wall_seconds": s["wall_seconds"], "final_eval_loss": s["final_eval_loss"],
-            "rounds_merged": s["rounds_merged"], "tokens": s["tokens"],
+            "test_slice": test, "rounds_merged": s["rounds_merged"], "tokens": s["tokens"],
             "merged_fraction": ledger["merged_fraction"],
+            "never_merged_fraction": (None if ledger["merged_fraction"] is None
+                                      else 1 - ledger["merged_fraction"]),
             "left_before_offer_tokens": ledger["tokens"]["left_before_offer"],
             "ledger_balanced": ledger["balanced"], "ledger_exact": ledger["exact"],
             "capacity_changes": [(c["learner"], c["action"], c.get("round"))
@@ -122,6 +131,8 @@ def run_arm(extra: int, workdir: Path, joins: int, leaves: int) -> dict:
 
 
 def simulate(extra: int) -> dict:
+    from benchmarks.quality.scoring import DEFAULT_SIZES, score_slices
+    from diloco_core.eval_slices import TEST
     from diloco_core.simulator import run_simulation
     from pipelines.commands.cli import load_config
     from resources.corpus import load_corpus
@@ -133,9 +144,12 @@ def simulate(extra: int) -> dict:
         overrides.append(f"simulation.capacity=[{windows}]")
     cfg = load_config(None, overrides, base=_launch_defaults())
     corpus = load_corpus(cfg.data.corpus, cfg.learners.num_learners, cfg.data.heldout_fraction)
-    s = run_simulation(cfg, corpus.learner_streams, corpus.heldout_stream).summary()
+    result = run_simulation(cfg, corpus.learner_streams, corpus.heldout_stream)
+    s = result.summary()
+    test = score_slices(cfg, result.final_params, corpus.heldout_stream, DEFAULT_SIZES)[TEST]
     return {"extra_learners": extra, "simulated_seconds": s["wall_seconds"],
-            "final_heldout_loss": s["final_heldout_loss"], "rounds_merged": s["rounds_merged"]}
+            "final_heldout_loss": s["final_heldout_loss"], "test_slice": test,
+            "rounds_merged": s["rounds_merged"]}
 
 
 def _launch_defaults() -> list[str]:
@@ -144,46 +158,98 @@ def _launch_defaults() -> list[str]:
     return list(ORCHESTRATED_DEFAULTS)
 
 
+# Each pair's figures, summarised as median and range over the pairs.
+REPEAT_FIGURES = {
+    "time_vs_base": ("time_vs_base",),
+    "test_loss_vs_base": ("test_loss_vs_base", "ratio"),
+    "eval_loss_vs_base": ("eval_loss_vs_base",),
+    "base_seconds_first_token_to_budget": ("orchestrated", 0, "seconds_first_token_to_budget"),
+    "extra_seconds_first_token_to_budget": ("orchestrated", 1, "seconds_first_token_to_budget"),
+    "base_test_loss": ("orchestrated", 0, "test_slice", "loss"),
+    "extra_test_loss": ("orchestrated", 1, "test_slice", "loss"),
+    "base_never_merged_fraction": ("orchestrated", 0, "never_merged_fraction"),
+    "extra_never_merged_fraction": ("orchestrated", 1, "never_merged_fraction"),
+    "base_rounds_merged": ("orchestrated", 0, "rounds_merged"),
+    "extra_rounds_merged": ("orchestrated", 1, "rounds_merged"),
+}
+
+
+def pair(base: dict, more: dict) -> dict:
+    """The run with extra capacity against the base run of the same pair: time to the budget,
+    and the test-slice loss paired batch by batch (the same batches for both)."""
+    from benchmarks.quality.store_scoring import paired_difference
+
+    return {"time_vs_base": (more["seconds_first_token_to_budget"]
+                             / base["seconds_first_token_to_budget"]),
+            "test_loss_vs_base": paired_difference(more["test_slice"]["batch_losses"],
+                                                   base["test_slice"]["batch_losses"]),
+            "eval_loss_vs_base": more["final_eval_loss"] / base["final_eval_loss"]}
+
+
+def _without_batches(arm: dict) -> dict:
+    """An arm's record for the result file: the test slice's per-batch losses dropped (the
+    paired ratio keeps what they say)."""
+    test = {k: v for k, v in arm["test_slice"].items() if k != "batch_losses"}
+    return {**arm, "test_slice": test}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3,
+                        help="pairs of runs (base, extra capacity); figures are their medians")
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args()
     revision = code_revision()
     joins, leaves = window_rounds()
-    arms = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for extra in (0, EXTRA):
-            workdir = Path(tmp) / f"extra-{extra}"
-            workdir.mkdir()
-            arms.append(run_arm(extra, workdir, joins, leaves))
+    pairs = []
+    for run in range(args.runs):
+        arms = []
+        with tempfile.TemporaryDirectory() as tmp:
+            for extra in (0, EXTRA):
+                workdir = Path(tmp) / f"extra-{extra}"
+                workdir.mkdir()
+                arms.append(run_arm(extra, workdir, joins, leaves))
+        pairs.append({"run": run, **pair(*arms), "orchestrated": arms})
+        p = pairs[-1]
+        print(f"pair {run}: time {p['time_vs_base']:.3f}x, test loss "
+              f"{p['test_loss_vs_base']['ratio']:.4f}x "
+              f"(± {p['test_loss_vs_base']['ratio_standard_error']:.4f})", flush=True)
     sims = [simulate(extra) for extra in (0, EXTRA)]
-    base, more = arms
+    from benchmarks.quality.store_scoring import paired_difference
+
     result = {
         "benchmark": "scavenging_orchestrated",
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine_info(), **revision,
-        "command": "python benchmarks/scavenging_orchestrated.py",
-        "config": {"common": COMMON, "base_learners": BASE, "extra_learners": EXTRA,
+        "command": "python benchmarks/scavenging_orchestrated.py " + " ".join(sys.argv[1:]),
+        "config": {"common": COMMON, "launch_defaults": _launch_defaults(),
+                   "base_learners": BASE, "extra_learners": EXTRA,
                    "window_fraction_of_base_rounds": WINDOW,
                    "join_round": joins, "leave_round": leaves},
-        "orchestrated": arms, "simulator": sims,
-        "orchestrated_time_vs_base": (more["seconds_first_token_to_budget"]
-                                      / base["seconds_first_token_to_budget"]),
-        "orchestrated_loss_vs_base": more["final_eval_loss"] / base["final_eval_loss"],
+        "summary": repeat_summary(pairs, REPEAT_FIGURES),
+        "pairs": [{**p, "orchestrated": [_without_batches(a) for a in p["orchestrated"]]}
+                  for p in pairs],
+        "simulator": [_without_batches(sim) for sim in sims],
         "simulator_time_vs_base": sims[1]["simulated_seconds"] / sims[0]["simulated_seconds"],
-        "simulator_loss_vs_base": sims[1]["final_heldout_loss"] / sims[0]["final_heldout_loss"],
+        "simulator_test_loss_vs_base": paired_difference(sims[1]["test_slice"]["batch_losses"],
+                                                         sims[0]["test_slice"]["batch_losses"]),
+        "simulator_eval_loss_vs_base": (sims[1]["final_heldout_loss"]
+                                        / sims[0]["final_heldout_loss"]),
     }
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    for a in arms:
-        print(f"+{a['extra_learners']} learners: {a['seconds_first_token_to_budget']:.0f}s to "
-              f"the budget, loss {a['final_eval_loss']:.3f}, {a['rounds_merged']} merges, "
-              f"merged {a['merged_fraction']:.1%}, changes {a['capacity_changes']}")
+    for p in pairs:
+        for a in p["orchestrated"]:
+            print(f"pair {p['run']}, +{a['extra_learners']} learners: "
+                  f"{a['seconds_first_token_to_budget']:.0f}s to the budget, test loss "
+                  f"{a['test_slice']['loss']:.4f}, {a['rounds_merged']} merges, never merged "
+                  f"{a['never_merged_fraction']:.1%}, changes {a['capacity_changes']}")
     for sim in sims:
-        print(f"simulator +{sim['extra_learners']}: {sim['simulated_seconds']:.0f}s, loss "
-              f"{sim['final_heldout_loss']:.3f}")
-    print(f"orchestrated: time {result['orchestrated_time_vs_base']:.3f}x, loss "
-          f"{result['orchestrated_loss_vs_base']:.3f}x; simulator: time "
-          f"{result['simulator_time_vs_base']:.3f}x, loss {result['simulator_loss_vs_base']:.3f}x")
+        print(f"simulator +{sim['extra_learners']}: {sim['simulated_seconds']:.0f}s, test loss "
+              f"{sim['test_slice']['loss']:.4f}")
+    for name, row in result["summary"].items():
+        print(f"  {name}: median {row['median']}, range {row['min']} - {row['max']}")
+    print(f"simulator: time {result['simulator_time_vs_base']:.3f}x, test loss "
+          f"{result['simulator_test_loss_vs_base']['ratio']:.4f}x")
     print(f"wrote {args.out}")
 
 
