@@ -15,13 +15,22 @@ Arms: Decoupled DiLoCo (the paper's overwrite-on-receipt) and synchronous DiLoCo
 every learner blocks at each sync); `--rebase` adds Decoupled DiLoCo with the rebase receive rule.
 Experiment 9's real-path counterpart is the chaos soak (`benchmarks/chaos_soak.py`).
 
-    python benchmarks/quality_real_path.py        # about 17 min on 2 cores
+Each arm's final model is scored on the held-out test slice (100 batches over the whole
+held-out stream, as the quality experiments score the simulator's), paired batch by batch with
+its simulator run on the same batches; the syncer's few-batch eval is kept beside it. One
+orchestrated run's loss moves by a few percent with its schedule, so the real path runs
+`--runs` times (three by default) and every figure is the median and range over the runs (the
+simulator is deterministic: one run per arm).
+
+    python benchmarks/quality_real_path.py            # about 50 min on 2 cores
+    python benchmarks/quality_real_path.py --runs 1   # one run per arm, about 17 min
 """
 
 import argparse
 import json
 import os
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -61,11 +70,67 @@ def real_config(arm: Arm):
     return cfg
 
 
+def row(arm: Arm, real: dict, sim: dict, dp: dict) -> dict:
+    """One orchestrated run of `arm` against its simulator run and data-parallel's: the
+    test-slice ratios paired batch by batch, the few-batch eval's beside them."""
+    from benchmarks.quality.store_scoring import paired_difference
+    from diloco_core.eval_slices import TEST
+
+    sim_test = sim["heldout_slices"][TEST]
+    vs_sim = paired_difference(real["test_slice"]["batch_losses"], sim_test["batch_losses"])
+    vs_dp = paired_difference(real["test_slice"]["batch_losses"],
+                              dp["heldout_slices"][TEST]["batch_losses"])
+    ledger = real["ledger_tokens"]
+    processed = real["tokens_processed"]
+    return {
+        "arm": arm.label,
+        "real_test_loss": round(real["test_slice"]["loss"], 4),
+        "simulator_test_loss": round(sim_test["loss"], 4),
+        "real_vs_simulator": round(vs_sim["ratio"], 4),
+        "real_vs_simulator_se": round(vs_sim["ratio_standard_error"], 4),
+        "real_vs_data_parallel": round(vs_dp["ratio"], 4),
+        "simulator_vs_data_parallel": round(
+            sim_test["loss"] / dp["heldout_slices"][TEST]["loss"], 4),
+        # The syncer's own eval (the first few held-out batches), the figure before.
+        "real_eval_loss": round(real["final_eval_loss"], 4),
+        "simulator_first_8kb_loss": round(sim["summary"]["final_heldout_loss"], 4),
+        "real_wall_seconds": round(real["wall_seconds"]),
+        "rounds_merged": real["rounds_merged"],
+        "merge_latency_median_s": round(real["merge_latency_median_seconds"], 1),
+        # Tokens that reached no merged version, for any reason (rebase makes the superseded
+        # share zero by construction, so this is the figure of merit).
+        "never_merged": round(1 - ledger.get("merged", 0) / processed, 3)
+        if processed else None,
+        "ledger": "balanced, exact" if real["ledger_balanced"] and real["ledger_exact"]
+        else "balanced" if real["ledger_balanced"] else "UNBALANCED",
+    }
+
+
+SPREAD = ("real_test_loss", "real_vs_simulator", "real_vs_data_parallel", "real_eval_loss",
+          "real_wall_seconds", "rounds_merged", "never_merged")
+
+
+def spread(rows: list[dict]) -> dict:
+    """Per arm, each figure's runs, median and range."""
+    out = {}
+    for label in dict.fromkeys(r["arm"] for r in rows):
+        mine = [r for r in rows if r["arm"] == label]
+        out[label] = {k: {"runs": [r[k] for r in mine],
+                          "median": statistics.median(r[k] for r in mine),
+                          "min": min(r[k] for r in mine), "max": max(r[k] for r in mine)}
+                      for k in SPREAD if all(r[k] is not None for r in mine)}
+        out[label]["simulator_test_loss"] = mine[0]["simulator_test_loss"]
+        out[label]["simulator_vs_data_parallel"] = mine[0]["simulator_vs_data_parallel"]
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--rebase", action="store_true",
                         help="also run Decoupled DiLoCo with the rebase receive rule")
+    parser.add_argument("--runs", type=int, default=3,
+                        help="orchestrated runs per arm; figures are their medians and ranges")
     args = parser.parse_args()
     arms = (*ARMS, REBASE) if args.rebase else ARMS
     os.environ.setdefault("DILOCO_TICK_SECONDS", "2")
@@ -75,50 +140,35 @@ def main() -> None:
     from pipelines.reporting import code_revision, machine_info
 
     revision = code_revision()   # before the runs: the code they ran
-    dp = run_arm(DATA_PARALLEL_ARM)["summary"]["final_heldout_loss"]
-    rows, runs = [], {}
+    dp = run_arm(DATA_PARALLEL_ARM)
+    sims = {arm.label: run_arm(arm) for arm in arms}
+    rows, runs = [], []
     with tempfile.TemporaryDirectory(prefix="quality-real-") as tmp:
-        for i, arm in enumerate(arms):
-            cfg = real_config(arm)
-            print(f"real path: {arm.label}", flush=True)
-            started = time.time()
-            summary = soak_run(cfg, None, Path(tmp) / f"arm{i}")
-            real = figures({**summary, "started": started}, None, cfg.sync.min_quorum)
-            print(f"simulator: {arm.label}", flush=True)
-            sim = run_arm(arm)
-            ledger = real["ledger_tokens"]
-            processed = real["tokens_processed"]
-            sim_loss = sim["summary"]["final_heldout_loss"]
-            rows.append({
-                "arm": arm.label,
-                "real_heldout_loss": round(real["final_eval_loss"], 4),
-                "simulator_heldout_loss": round(sim_loss, 4),
-                "real_vs_simulator": round(real["final_eval_loss"] / sim_loss, 4),
-                "real_vs_data_parallel": round(real["final_eval_loss"] / dp, 4),
-                "simulator_vs_data_parallel": round(sim_loss / dp, 4),
-                "real_wall_seconds": round(real["wall_seconds"]),
-                "rounds_merged": real["rounds_merged"],
-                "merge_latency_median_s": round(real["merge_latency_median_seconds"], 1),
-                # Tokens that reached no merged version, for any reason (rebase makes the
-                # superseded share zero by construction; it stays as a detail).
-                "never_merged": round(1 - ledger.get("merged", 0) / processed, 3)
-                if processed else None,
-                "superseded_on_receipt": round(ledger.get("superseded_on_receipt", 0)
-                                               / processed, 3) if processed else None,
-                "ledger": "balanced, exact" if real["ledger_balanced"] and real["ledger_exact"]
-                else "balanced" if real["ledger_balanced"] else "UNBALANCED",
-            })
-            runs[arm.label] = {"real": real, "simulator_run": sim["key"]}
-            print(json.dumps(rows[-1]), flush=True)
+        for run in range(args.runs):
+            for i, arm in enumerate(arms):
+                cfg = real_config(arm)
+                print(f"real path, run {run}: {arm.label}", flush=True)
+                started = time.time()
+                summary = soak_run(cfg, None, Path(tmp) / f"run{run}-arm{i}")
+                real = figures({**summary, "started": started}, None, cfg.sync.min_quorum)
+                rows.append({"run": run, **row(arm, real, sims[arm.label], dp)})
+                runs.append({"run": run, "arm": arm.label,
+                             "real": {k: v for k, v in real.items() if k != "test_slice"}})
+                print(json.dumps(rows[-1]), flush=True)
     result = {"benchmark": "quality_real_path",
               "when": datetime.now(UTC).isoformat(timespec="seconds"),
               "commit": revision, "machine": machine_info(),
-              "command": "python benchmarks/quality_real_path.py"
-                         + (" --rebase" if args.rebase else ""),
+              "command": "python benchmarks/quality_real_path.py " + " ".join(sys.argv[1:]),
               "overrides": list(REAL), "token_budget": HEADLINE_TOKENS,
-              "data_parallel_heldout_loss": dp, "rows": rows, "runs": runs}
+              "data_parallel_run": dp["key"],
+              "simulator_runs": {label: sim["key"] for label, sim in sims.items()},
+              "summary": spread(rows), "rows": rows, "runs": runs}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
+    for label, figs in result["summary"].items():
+        r = figs["real_vs_simulator"]
+        print(f"{label}: real / simulator {r['median']:.4f} ({r['min']:.4f}-{r['max']:.4f}), "
+              f"real / data-parallel {figs['real_vs_data_parallel']['median']:.4f}")
     print(f"written to {args.out}")
 
 

@@ -699,7 +699,33 @@ def real_path_section(path: Path = OUT_DIR / "real_path.json") -> str:
         f"real_path.json) · {m['platform'].split('-with')[0]}, {m['cpu_count']} CPU cores, "
         f"jax {m['jax']}"
         + (f" · commit {data['commit']['commit'][:7]}" if data.get("commit") else ""), "",
+        *_real_path_summary(data),
         _markdown_table(data["rows"]), ""])
+
+
+def _real_path_summary(data: dict) -> list[str]:
+    """Each arm's median and range over the orchestrated runs (results from before the repeats
+    have none: their table is the one run's)."""
+    if "summary" not in data:
+        return []
+
+    def cell(fig: dict | None, spec: str) -> str:
+        if fig is None:
+            return "-"
+        return (f"{fig['median']:{spec}} ({fig['min']:{spec}}-{fig['max']:{spec}})"
+                if fig["min"] != fig["max"] else f"{fig['median']:{spec}}")
+
+    rows = [{"arm": label,
+             "runs": len(figs["real_vs_simulator"]["runs"]),
+             "test loss, real path": cell(figs.get("real_test_loss"), ".4f"),
+             "simulator": f"{figs['simulator_test_loss']:.4f}",
+             "real / simulator": cell(figs.get("real_vs_simulator"), ".4f"),
+             "real / data-parallel": cell(figs.get("real_vs_data_parallel"), ".4f"),
+             "simulator / data-parallel": f"{figs['simulator_vs_data_parallel']:.4f}",
+             "never merged": cell(figs.get("never_merged"), ".1%")}
+            for label, figs in data["summary"].items()]
+    return ["Medians over the runs, range in brackets; test slice, each ratio paired batch by "
+            "batch on the same batches:", "", _markdown_table(rows), "", "Each run:", ""]
 
 
 def _last_written(exp: Experiment, why: Missing) -> str:
