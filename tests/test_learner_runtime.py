@@ -870,3 +870,40 @@ def test_a_forecast_found_when_the_learner_starts_counts_only_once_a_newer_one_c
     h.store.request_stop({"reason": "test", "final_left": 0})
     thread.join(30)
     assert result["status"] == "done" and result["step"] == 14
+
+
+def test_a_learner_beats_as_soon_as_it_is_ready_for_the_next_round(tmp_path):
+    # The syncer opens a round when K learners' heartbeats show H/P steps' tokens since the
+    # latest round opened. With only the periodic beat (here every 120 s) a ready learner was
+    # seen up to an interval late and every round opened that much later (the demo merged 52
+    # rounds where its calibrated simulator merged 66). The learner beats on the step it
+    # becomes ready, before round 0 and after each round opens, and only once a round.
+    with dg.instance_for_test() as instance:
+        h = Harness(instance, str(tmp_path / "store"),
+                    FAST + ["orchestration.heartbeat_seconds=120",
+                            "orchestration.learner_timeout_seconds=300"])
+        h.start()
+        interval = h.cfg.sync.round_interval_steps
+        step_tokens = h.cfg.learner_step_tokens[0]
+        last = 3 * interval * step_tokens      # its tokens once held at max_steps
+
+        def beat_tokens() -> int:
+            return getattr(h.store.get_heartbeat("learner-0"), "tokens_total", 0)
+
+        runtime, thread, _ = _start(h, "learner-0", max_steps=3 * interval)
+        _wait(lambda: beat_tokens() >= interval * step_tokens, timeout=60,
+              what="the beat ready for round 0")
+        _wait(lambda: int(runtime.train.step) >= 3 * interval, what="its last step")
+        time.sleep(1.0)
+        assert beat_tokens() == interval * step_tokens        # once, on the step it was ready
+        # Round 0 opened with the learner further on than it is: not ready, no beat.
+        h.store.open_round(0, {"fragment": 0, "opened_at": time.time(),
+                               "learner_tokens": {"learner-0": last + step_tokens}})
+        time.sleep(1.0)
+        assert beat_tokens() == interval * step_tokens
+        # Round 1 opened with it H/P steps behind where it is: ready at once.
+        h.store.open_round(1, {"fragment": 1, "opened_at": time.time(),
+                               "learner_tokens": {"learner-0": last - interval * step_tokens}})
+        _wait(lambda: beat_tokens() == last, timeout=30, what="the beat ready for round 2")
+        h.store.request_stop({"reason": "test", "final_left": 0})
+        thread.join(60)

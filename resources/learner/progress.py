@@ -8,6 +8,8 @@ import os
 import time
 from typing import TYPE_CHECKING
 
+from diloco_core.round_records import RoundOpen
+
 if TYPE_CHECKING:
     from resources.learner.runtime import LearnerRuntime
 
@@ -34,6 +36,25 @@ class ProcessProgress:
         if self.training_seconds is not None:
             return self.training_seconds
         return 0.0 if self.loop_started is None else time.monotonic() - self.loop_started
+
+
+def ready_beat_due(open_round: RoundOpen | None, learner: str, tokens_total: int, needed: int,
+                   beaten_for: int | None) -> int | None:
+    """The round this learner's progress has just made it ready to follow, when its heartbeat
+    should go out now rather than at the next interval; None when no beat is due.
+
+    The syncer opens the next round once K learners' heartbeats show the tokens of H/P of their
+    steps since the latest round opened (`round_protocol.ready_to_open`, against the totals
+    that round recorded when it opened, `RoundOpen.learner_tokens`). A beat every
+    `heartbeat_seconds` told it late, by half an interval on average, and every round opened
+    that much later: the demo merged 52 rounds where the simulator at its measured clock,
+    which opens on the step, merged 66. One extra beat a round per learner (`beaten_for`: the
+    round it last beat for, -1 before round 0) tells it on the step."""
+    key = -1 if open_round is None else open_round.round
+    if beaten_for is not None and beaten_for >= key:
+        return None
+    at_open = 0 if open_round is None else open_round.learner_tokens.get(learner, 0)
+    return key if tokens_total >= at_open + needed else None
 
 
 def heartbeat_record(runtime: "LearnerRuntime") -> dict:

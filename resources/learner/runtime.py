@@ -46,6 +46,7 @@ from diloco_core.config_loading import config_from_mapping
 from diloco_core.learner import FragmentSync, LearnerSync
 from diloco_core.learner_protocol import OfferBook
 from diloco_core.ledger import AttemptLedger
+from diloco_core.round_protocol import tokens_needed
 from diloco_core.round_records import RoundOpen
 from diloco_core.shards import learner_data
 from diloco_core.spmd import host_value, shard_batch
@@ -61,6 +62,7 @@ from resources.learner.progress import (
     attempt_record,
     heartbeat_record,
     progress_line,
+    ready_beat_due,
 )
 from resources.learner.restore import plan_restore
 from resources.learner.shared_link import SharedLink
@@ -241,6 +243,8 @@ class LearnerRuntime:
         next_beat = time.monotonic() + orch.heartbeat_seconds
         next_report = time.monotonic() + PROGRESS_SECONDS
         final_offered: set[int] = set()
+        needed = tokens_needed(cfg)[self.name]
+        beaten_for: int | None = None   # the round this learner last beat as ready to follow
         stop_seen_at: float | None = None
         leaving = False     # capacity reclaimed: it offers what it has, then exits
         progress.loop_started = time.monotonic()
@@ -289,10 +293,13 @@ class LearnerRuntime:
                     self._step()
                     if int(self.train.step) % orch.checkpoint_every_steps == 0:
                         self._checkpoint()
-                if time.monotonic() >= next_beat:
+                ready = (None if stop_seen_at is not None else ready_beat_due(
+                    self.link.open_round, self.name, self.tokens_total, needed, beaten_for))
+                if ready is not None or time.monotonic() >= next_beat:
                     self._note_durable_checkpoint()
                     self._beat()
                     next_beat = time.monotonic() + orch.heartbeat_seconds
+                    beaten_for = beaten_for if ready is None else ready
                 if time.monotonic() >= next_report:
                     self.log.info(progress_line(self))
                     next_report = time.monotonic() + PROGRESS_SECONDS
