@@ -150,10 +150,10 @@ def test_the_inner_lr_schedule_decays_each_fragments_outer_lr_by_hand():
 def test_the_outer_schedule_spans_the_runs_outer_steps_per_fragment():
     from diloco_core.config_loading import config_from_mapping
 
-    cfg = config_from_mapping({"token_budget": 1_000_000, "outer": {"lr_schedule": "inner"}})
+    cfg = config_from_mapping({"token_budget": 1_000_000, "outer": {"lr_schedule": "inner"},
+                               "sync": {"sync_period": 8}})
     # 1M tokens / (4 learners x 16 x 128 tokens a step) = 122 inner steps; H = 8: 15 outer
     # steps per fragment.
-    assert cfg.sync.sync_period == 8
     assert cfg.total_learner_steps == 122 and cfg.outer_steps_per_fragment == 122 // 8
 
 
