@@ -6,10 +6,11 @@ store on disk) and once in the in-process reference simulator. Data-parallel is 
 orchestrated method; its reference is experiment 1's simulator run at the same budget.
 
 The config is experiment 1's (small preset, 4 equal learners, 1M tokens, K = 1 with the grace
-window, bf16, RDA), except for the sync period: H = 32 (rounds every H/P = 8 steps, about 5 s on
-2 cores) instead of 16. It was chosen when every orchestrated round cost a Dagster run (10-15 s
-from quorum to publication); the syncer service now publishes within a second of the decision,
-and H = 32 is kept so that the figures stay comparable with the earlier runs of this benchmark.
+window, bf16, today's merge rule and inner schedule), except for the sync period: H = 32 (rounds
+every H/P = 8 steps, about 5 s on 2 cores) instead of the default (4 today). It was chosen when
+every orchestrated round cost a Dagster run (10-15 s from quorum to publication); the syncer
+service now publishes within a second of the decision, and H = 32 is kept so that the figures
+stay comparable with the earlier runs of this benchmark.
 
 Arms: Decoupled DiLoCo (the paper's overwrite-on-receipt) and synchronous DiLoCo (K = M, P = 1,
 every learner blocks at each sync); `--rebase` adds Decoupled DiLoCo with the rebase receive rule.
@@ -158,7 +159,7 @@ def main() -> None:
     result = {"benchmark": "quality_real_path",
               "when": datetime.now(UTC).isoformat(timespec="seconds"),
               "commit": revision, "machine": machine_info(),
-              "command": "python benchmarks/quality_real_path.py " + " ".join(sys.argv[1:]),
+              "command": " ".join(["python benchmarks/quality_real_path.py", *sys.argv[1:]]),
               "overrides": list(REAL), "token_budget": HEADLINE_TOKENS,
               "data_parallel_run": dp["key"],
               "simulator_runs": {label: sim["key"] for label, sim in sims.items()},

@@ -186,6 +186,10 @@ def pair(base: dict, more: dict) -> dict:
             "eval_loss_vs_base": more["final_eval_loss"] / base["final_eval_loss"]}
 
 
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
 def _without_batches(arm: dict) -> dict:
     """An arm's record for the result file: the test slice's per-batch losses dropped (the
     paired ratio keeps what they say)."""
@@ -221,7 +225,7 @@ def main() -> None:
         "benchmark": "scavenging_orchestrated",
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine_info(), **revision,
-        "command": "python benchmarks/scavenging_orchestrated.py " + " ".join(sys.argv[1:]),
+        "command": " ".join(["python benchmarks/scavenging_orchestrated.py", *sys.argv[1:]]),
         "config": {"common": COMMON, "launch_defaults": _launch_defaults(),
                    "base_learners": BASE, "extra_learners": EXTRA,
                    "window_fraction_of_base_rounds": WINDOW,
@@ -242,7 +246,7 @@ def main() -> None:
             print(f"pair {p['run']}, +{a['extra_learners']} learners: "
                   f"{a['seconds_first_token_to_budget']:.0f}s to the budget, test loss "
                   f"{a['test_slice']['loss']:.4f}, {a['rounds_merged']} merges, never merged "
-                  f"{a['never_merged_fraction']:.1%}, changes {a['capacity_changes']}")
+                  f"{_share(a['never_merged_fraction'])}, changes {a['capacity_changes']}")
     for sim in sims:
         print(f"simulator +{sim['extra_learners']}: {sim['simulated_seconds']:.0f}s, test loss "
               f"{sim['test_slice']['loss']:.4f}")

@@ -49,7 +49,8 @@ def ready_beat_due(open_round: RoundOpen | None, learner: str, tokens_total: int
     `heartbeat_seconds` told it late, by half an interval on average, and every round opened
     that much later: the demo merged 52 rounds where the simulator at its measured clock,
     which opens on the step, merged 66. One extra beat a round per learner (`beaten_for`: the
-    round it last beat for, -1 before round 0) tells it on the step."""
+    round it last beat for, -1 before round 0) tells it at the link's next write (within a
+    poll interval) instead."""
     key = -1 if open_round is None else open_round.round
     if beaten_for is not None and beaten_for >= key:
         return None

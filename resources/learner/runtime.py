@@ -293,7 +293,9 @@ class LearnerRuntime:
                     self._step()
                     if int(self.train.step) % orch.checkpoint_every_steps == 0:
                         self._checkpoint()
-                ready = (None if stop_seen_at is not None else ready_beat_due(
+                # Only the leader's beat is written (SharedLink), and only before STOP.
+                ready = (None if stop_seen_at is not None or not self.lockstep.leader
+                         else ready_beat_due(
                     self.link.open_round, self.name, self.tokens_total, needed, beaten_for))
                 if ready is not None or time.monotonic() >= next_beat:
                     self._note_durable_checkpoint()
