@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import signal
-import statistics
 import sys
 import tempfile
 import time
@@ -81,8 +80,7 @@ def row(arm: Arm, real: dict, sim: dict, dp: dict) -> dict:
     vs_sim = paired_difference(real["test_slice"]["batch_losses"], sim_test["batch_losses"])
     vs_dp = paired_difference(real["test_slice"]["batch_losses"],
                               dp["heldout_slices"][TEST]["batch_losses"])
-    ledger = real["ledger_tokens"]
-    processed = real["tokens_processed"]
+    never = real["never_merged_fraction"]
     return {
         "arm": arm.label,
         "real_test_loss": round(real["test_slice"]["loss"], 4),
@@ -100,8 +98,7 @@ def row(arm: Arm, real: dict, sim: dict, dp: dict) -> dict:
         "merge_latency_median_s": round(real["merge_latency_median_seconds"], 1),
         # Tokens that reached no merged version, for any reason (rebase makes the superseded
         # share zero by construction, so this is the figure of merit).
-        "never_merged": round(1 - ledger.get("merged", 0) / processed, 3)
-        if processed else None,
+        "never_merged": None if never is None else round(never, 3),
         "ledger": "balanced, exact" if real["ledger_balanced"] and real["ledger_exact"]
         else "balanced" if real["ledger_balanced"] else "UNBALANCED",
     }
@@ -112,16 +109,15 @@ SPREAD = ("real_test_loss", "real_vs_simulator", "real_vs_data_parallel", "real_
 
 
 def spread(rows: list[dict]) -> dict:
-    """Per arm, each figure's runs, median and range."""
+    """Per arm, each figure's runs, median and range (`orchestration_demo.repeat_summary`)."""
+    from benchmarks.orchestration_demo import repeat_summary
+
     out = {}
     for label in dict.fromkeys(r["arm"] for r in rows):
         mine = [r for r in rows if r["arm"] == label]
-        out[label] = {k: {"runs": [r[k] for r in mine],
-                          "median": statistics.median(r[k] for r in mine),
-                          "min": min(r[k] for r in mine), "max": max(r[k] for r in mine)}
-                      for k in SPREAD if all(r[k] is not None for r in mine)}
-        out[label]["simulator_test_loss"] = mine[0]["simulator_test_loss"]
-        out[label]["simulator_vs_data_parallel"] = mine[0]["simulator_vs_data_parallel"]
+        out[label] = {**repeat_summary(mine, {k: (k,) for k in SPREAD}),
+                      "simulator_test_loss": mine[0]["simulator_test_loss"],
+                      "simulator_vs_data_parallel": mine[0]["simulator_vs_data_parallel"]}
     return out
 
 

@@ -710,7 +710,7 @@ def _real_path_summary(data: dict) -> list[str]:
         return []
 
     def cell(fig: dict | None, spec: str) -> str:
-        if fig is None:
+        if fig is None or fig["median"] is None:
             return "-"
         return (f"{fig['median']:{spec}} ({fig['min']:{spec}}-{fig['max']:{spec}})"
                 if fig["min"] != fig["max"] else f"{fig['median']:{spec}}")
