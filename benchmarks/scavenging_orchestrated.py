@@ -1,8 +1,9 @@
 """Compute scavenging on the orchestrated path: extra learners join a running experiment and
 leave it again, on the real Dagster daemon, against the same run without them.
 
-    python benchmarks/scavenging_orchestrated.py            # three pairs, ~25 min on 2 cores
-    python benchmarks/scavenging_orchestrated.py --runs 1   # one pair, ~8 min
+    python benchmarks/scavenging_orchestrated.py            # three pairs, ~45 min on 2 cores
+    python benchmarks/scavenging_orchestrated.py --runs 1   # one pair, ~15 min
+    python benchmarks/scavenging_orchestrated.py --budget 1200000   # the earlier, short window
 
 Two `diloco demo` runs of one config (the `tiny` model; every learner's inner step padded to
 0.2 s, `orchestration.step_seconds_floor`, so four to eight learner processes emulate separate
@@ -10,7 +11,11 @@ machines on two cores instead of competing for them):
 - base: 4 learners;
 - +100%: a roster of 8, the last 4 on standby (`learners.standby`); a fault tape makes them join
   when the round at 25% of the base run's rounds opens and leave at 50% (`learner_join`,
-  `learner_leave`, applied by the learner supervisor).
+  `learner_leave`, applied by the learner supervisor; `--window`).
+The budget (`--budget`, 4.8M tokens) sets how long the window lasts: about two minutes of the
+base run's eight. At 1.2M tokens it lasted 25-30 s, about as long as a joining learner's start
+(launch, restore, compile) on the two shared cores, so the joiners left having barely trained
+and the run could not show what the capacity buys.
 For each: time from the first token to the token budget (STOP), the final model's loss on the
 held-out test slice (100 batches over the whole held-out stream, `quality/store_scoring.py`;
 the syncer's 16-batch eval kept beside it), rounds, the share of processed tokens that never
@@ -42,8 +47,9 @@ from pipelines.reporting import code_revision, machine_info  # noqa: E402
 OUT = REPO / "benchmarks" / "results" / "scavenging_orchestrated.json"
 BASE, EXTRA = 4, 4
 WINDOW = (0.25, 0.5)    # the extra learners' presence, as fractions of the base run's rounds
+BUDGET = 4_800_000
 COMMON = ["model.preset=tiny", "data.seq_len=64", "data.batch_size=8",
-          "token_budget=1200000", "sync.sync_period=32", "sync.num_fragments=4",
+          "sync.sync_period=32", "sync.num_fragments=4",
           "sync.min_quorum=2", "sync.overlap_steps=2", "sync.grace_min_seconds=0.4",
           "orchestration.step_seconds_floor=0.2",
           # The same 16 held-out batches for the orchestrated evals and the simulator's.
@@ -56,21 +62,22 @@ COMMON = ["model.preset=tiny", "data.seq_len=64", "data.batch_size=8",
           "orchestration.heartbeat_seconds=0.25"]
 
 
-def arm_overrides(extra: int) -> list[str]:
+def arm_overrides(extra: int, budget: int) -> list[str]:
     m = BASE + extra
-    return [*COMMON, f"name=scavenge-{extra}", f"learners.num_learners={m}",
+    return [*COMMON, f"token_budget={budget}", f"name=scavenge-{extra}",
+            f"learners.num_learners={m}",
             "learners.speeds=[" + ", ".join(["1.0"] * m) + "]",
             f"learners.standby={extra}"]
 
 
-def window_rounds() -> tuple[int, int]:
-    """The rounds at which the extra learners join and leave: WINDOW of the base run's rounds
+def window_rounds(budget: int, window: tuple[float, float]) -> tuple[int, int]:
+    """The rounds at which the extra learners join and leave: `window` of the base run's rounds
     (its expected rounds before the final ones)."""
     from pipelines.commands.cli import load_config
 
-    base = load_config(None, arm_overrides(0), base=_launch_defaults())
+    base = load_config(None, arm_overrides(0, budget), base=_launch_defaults())
     rounds = base.expected_rounds - base.sync.num_fragments
-    return int(WINDOW[0] * rounds), int(WINDOW[1] * rounds)
+    return int(window[0] * rounds), int(window[1] * rounds)
 
 
 def tape(extra: int, joins: int, leaves: int) -> dict:
@@ -82,13 +89,13 @@ def tape(extra: int, joins: int, leaves: int) -> dict:
           for n in names)]}
 
 
-def run_arm(extra: int, workdir: Path, joins: int, leaves: int) -> dict:
+def run_arm(extra: int, budget: int, workdir: Path, joins: int, leaves: int) -> dict:
     out = workdir / "summary.json"
     command = [sys.executable, "-m", "pipelines.commands.cli", "demo",
                "--workdir", str(workdir / "demo"),
                "--json", str(out), "--set",
                f"orchestration.compilation_cache_dir={workdir / 'jax-cache'}"]
-    for override in arm_overrides(extra):
+    for override in arm_overrides(extra, budget):
         command += ["--set", override]
     if extra:
         path = workdir / "tape.json"
@@ -130,16 +137,16 @@ def run_arm(extra: int, workdir: Path, joins: int, leaves: int) -> dict:
             "learner_started_from": s["learner_started_from"]}
 
 
-def simulate(extra: int) -> dict:
+def simulate(extra: int, budget: int, window: tuple[float, float]) -> dict:
     from benchmarks.quality.scoring import DEFAULT_SIZES, score_slices
     from diloco_core.eval_slices import TEST
     from diloco_core.simulator import run_simulation
     from pipelines.commands.cli import load_config
     from resources.corpus import load_corpus
 
-    overrides = arm_overrides(extra)
+    overrides = arm_overrides(extra, budget)
     if extra:
-        windows = ", ".join(f"{{learner: {BASE + i}, join: {WINDOW[0]}, leave: {WINDOW[1]}}}"
+        windows = ", ".join(f"{{learner: {BASE + i}, join: {window[0]}, leave: {window[1]}}}"
                             for i in range(extra))
         overrides.append(f"simulation.capacity=[{windows}]")
     cfg = load_config(None, overrides, base=_launch_defaults())
@@ -201,10 +208,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3,
                         help="pairs of runs (base, extra capacity); figures are their medians")
+    parser.add_argument("--budget", type=int, default=BUDGET,
+                        help="tokens per run; with --window, how long the extra learners stay")
+    parser.add_argument("--window", type=float, nargs=2, default=WINDOW,
+                        metavar=("JOIN", "LEAVE"),
+                        help="when the extra learners join and leave, as fractions of the "
+                             "base run's rounds")
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args()
+    if not 0 <= args.window[0] < args.window[1] <= 1:
+        parser.error(f"--window: want 0 <= JOIN < LEAVE <= 1, got {args.window}")
+    window = tuple(args.window)
     revision = code_revision()
-    joins, leaves = window_rounds()
+    joins, leaves = window_rounds(args.budget, window)
     pairs = []
     for run in range(args.runs):
         arms = []
@@ -212,13 +228,13 @@ def main() -> None:
             for extra in (0, EXTRA):
                 workdir = Path(tmp) / f"extra-{extra}"
                 workdir.mkdir()
-                arms.append(run_arm(extra, workdir, joins, leaves))
+                arms.append(run_arm(extra, args.budget, workdir, joins, leaves))
         pairs.append({"run": run, **pair(*arms), "orchestrated": arms})
         p = pairs[-1]
         print(f"pair {run}: time {p['time_vs_base']:.3f}x, test loss "
               f"{p['test_loss_vs_base']['ratio']:.4f}x "
               f"(± {p['test_loss_vs_base']['ratio_standard_error']:.4f})", flush=True)
-    sims = [simulate(extra) for extra in (0, EXTRA)]
+    sims = [simulate(extra, args.budget, window) for extra in (0, EXTRA)]
     from benchmarks.quality.store_scoring import paired_difference
 
     result = {
@@ -228,7 +244,7 @@ def main() -> None:
         "command": " ".join(["python benchmarks/scavenging_orchestrated.py", *sys.argv[1:]]),
         "config": {"common": COMMON, "launch_defaults": _launch_defaults(),
                    "base_learners": BASE, "extra_learners": EXTRA,
-                   "window_fraction_of_base_rounds": WINDOW,
+                   "token_budget": args.budget, "window_fraction_of_base_rounds": window,
                    "join_round": joins, "leave_round": leaves},
         "summary": repeat_summary(pairs, REPEAT_FIGURES),
         "pairs": [{**p, "orchestrated": [_without_batches(a) for a in p["orchestrated"]]}
