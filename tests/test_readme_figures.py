@@ -88,8 +88,26 @@ def _chaos_figures() -> list[str]:
     return [f"at {soak['commit']['commit'][:7]}", f"**{lower:.1f}% lower**", f"{dec} vs {sync}"]
 
 
+def _real_path_figures() -> list[str]:
+    """Experiment 1 through the real Dagster path: each arm's medians over its runs
+    (`--runs 3`), paired with its simulator run on the test slice."""
+    result = _load("quality/real_path.json")
+    dec, sync = (result["summary"][arm] for arm in ("Decoupled DiLoCo", "synchronous DiLoCo"))
+
+    def span(figure: dict, fmt: str) -> str:
+        return f"{format(figure['min'], fmt)}-{format(figure['max'], fmt)}"
+
+    vs_sim, vs_dp = dec["real_vs_simulator"], dec["real_vs_data_parallel"]
+    return [f"at {result['commit']['commit'][:7]}", f"**{vs_sim['median']:.3f}×**",
+            f"**{sync['real_vs_simulator']['median']:.4f}×**",
+            f"runs {span(vs_sim, '.3f')} and {span(sync['real_vs_simulator'], '.4f')}",
+            f"{vs_dp['median']:.3f}× ({span(vs_dp, '.3f')})",
+            f"{sync['real_vs_data_parallel']['median']:.3f}×"]
+
+
 @pytest.mark.parametrize("figures", [_exp1_figures, _goodput_figures, _demo_figures,
-                                     _chaos_figures], ids=lambda f: f.__name__.strip("_"))
+                                     _chaos_figures, _real_path_figures],
+                         ids=lambda f: f.__name__.strip("_"))
 def test_the_readme_quotes_its_results_files(figures):
     section = _results_section()
     missing = [figure for figure in figures() if figure not in section]
