@@ -6,11 +6,11 @@ A result file names the commit(s) that produced it. It is stale once the code it
 changed since its newest one: the benchmark's own script, and the product code it exercises
 (`MEASURES` below; the whole product by default: `diloco_core`, `resources`, `pipelines`).
 Separately, it ran under other defaults once the embedded defaults changed since
-(`diloco_core/config.py` for the simulator's, with `pipelines/launch_defaults.py` laid over
-them for the orchestrated path's), read field by field from both versions of those files, so
-that a reworded comment or a new field that is off by default does not count: a stale figure
-may still hold, one under other defaults means something else. The quality experiments keep
-their own, finer record (a hash of the code each run executed,
+(`diloco_core/config.py`, with `pipelines/launch_defaults.py` laid over it for the benchmarks
+that run `diloco demo`'s config: `DEFAULTS_MATTER`), read field by field from both versions
+of those files, so that a reworded comment or a new field that is off by default does not
+count: a stale figure may still hold, one under other defaults means something else. The
+quality experiments keep their own, finer record (a hash of the code each run executed,
 `benchmarks/quality/code_identity.py`) and are not listed here.
 
 Counting commits that touched a path is coarse (a comment counts), so "stale" says "re-run
@@ -46,11 +46,15 @@ CONFIG, LAUNCH = "diloco_core/config.py", "pipelines/launch_defaults.py"
 # Benchmarks whose figures depend on the training defaults (losses, times to a budget, goodput),
 # by the path they train on. The others measure machinery (merges, stores, the control plane,
 # memory, install size) that the learning rates and the sync period do not change.
+# "launch": `diloco demo`'s defaults (`pipelines/launch_defaults.py`) laid over the embedded
+# ones, for the benchmarks that run the demo's config. "embedded": the config's defaults alone,
+# for the simulator's and for the soaks and the real-path quality benchmark, which build their
+# config without the launch defaults (`load_config` with no base, or experiment 1's arm) even
+# though they train on the orchestrated path; goodput_crosscheck reads the chaos soak's runs.
 DEFAULTS_MATTER = {
-    "orchestrated": ("chaos_soak", "hostile_soak", "orchestration_demo", "demo_side_by_side",
-                     "scavenging_orchestrated", "quality_real_path", "pacing",
-                     "goodput_crosscheck"),
-    "simulator": ("scavenging", "final_rounds", "simulator_schedule_spread"),
+    "launch": ("orchestration_demo", "demo_side_by_side", "scavenging_orchestrated", "pacing"),
+    "embedded": ("scavenging", "final_rounds", "simulator_schedule_spread", "chaos_soak",
+                 "hostile_soak", "quality_real_path", "goodput_crosscheck"),
 }
 SHA = re.compile(r"\b[0-9a-f]{7,40}\b")
 
@@ -105,9 +109,9 @@ def measured_paths(benchmark: str, repo: Path = REPO) -> tuple[str, ...]:
 
 
 def uses_defaults(benchmark: str) -> str | None:
-    """Which embedded defaults a benchmark's figures stand on: "orchestrated", "simulator", or
-    None where they do not depend on them."""
-    for which in ("orchestrated", "simulator"):     # scavenging_orchestrated before scavenging
+    """Which defaults a benchmark's figures stand on: "launch", "embedded", or None where they
+    do not depend on them."""
+    for which in ("launch", "embedded"):     # scavenging_orchestrated before scavenging
         if any(benchmark.startswith(k) for k in DEFAULTS_MATTER[which]):
             return which
     return None
@@ -154,7 +158,7 @@ def changed_defaults(commit: str, which: str | None, command: str | None = None,
     if which is None:
         return []
     def at(rev: str) -> dict[str, str]:
-        launch = _git("show", f"{rev}:{LAUNCH}", cwd=repo) if which == "orchestrated" else ""
+        launch = _git("show", f"{rev}:{LAUNCH}", cwd=repo) if which == "launch" else ""
         return default_values(_git("show", f"{rev}:{CONFIG}", cwd=repo), launch)
 
     before, now = at(commit), at("HEAD")

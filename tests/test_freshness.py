@@ -90,9 +90,14 @@ def test_a_result_goes_stale_with_its_code_and_says_which_defaults_moved(repo):
     assert assess(pinned, repo).commit == measured[:7]
     assert assess(merge, repo).defaults_changes == []
 
-    # The orchestrated path's defaults are the launch defaults laid over the config's.
+    # The demo's defaults are the launch defaults laid over the config's; the chaos soak
+    # builds its config without them, so a launch default does not reach its runs.
+    demo = _result(repo, "orchestration_demo.json", {
+        "commit": measured, "command": "python benchmarks/orchestration_demo.py"})
+    before = assess(soak, repo).defaults_changes
     _commit(repo, {"pipelines/launch_defaults.py": LAUNCH.replace("=2", "=8")}, "P = 8")
-    assert "SyncConfig.num_fragments: 2 -> 8" in assess(soak, repo).defaults_changes
+    assert "SyncConfig.num_fragments: 2 -> 8" in assess(demo, repo).defaults_changes
+    assert assess(soak, repo).defaults_changes == before
 
 
 def test_a_commit_outside_this_history_is_unknown_not_current(repo):
