@@ -190,6 +190,44 @@ def test_the_report_states_the_gap_at_the_largest_multi_seed_budget_and_counts_u
     assert "stale" not in line
 
 
+def test_experiment_4_judges_each_budget_on_the_test_slice_where_its_runs_were_scored(
+        monkeypatch):
+    from benchmarks.quality import report
+    from benchmarks.quality.code_identity import code_hash
+    from benchmarks.quality.experiments import EXP4_TINY
+
+    exp = EXPERIMENTS[4]
+    tiny = [a for a in exp.arms if a.label.endswith(EXP4_TINY)]
+    assert {(a.tokens, arm_config(a).model.d_model) for a in tiny} == {(4_000_000, 32)}
+    assert len(tiny) == len(exp.arms) // 2 and len({a.seed for a in tiny}) == 3
+    # On the first 8 KB the grace window looks worse than K = 1 alone in every block; on the
+    # test slice (scored only in the tiny 4M block) it is better.
+    def record(arm):
+        policy = arm.label.split(",")[0]
+        first_8kb = {"K=M": 2.0, "K=1": 2.00, "K=1 + grace": 2.01}.get(policy, 1.9)
+        r = _fake_record(first_8kb, "abcdef1234", code_hash())
+        r["summary"]["goodput"] = 0.7 if policy == "K=M" else 0.99
+        if arm in tiny:
+            test = {"K=M": 1.5, "K=1": 1.52, "K=1 + grace": 1.49}.get(policy, 1.4)
+            r["heldout_slices"] = {"test": {"loss": test + arm.seed * 1e-3,
+                                            "standard_error": 0.01, "batches": 100}}
+        return r
+    records = {arm_key(a): record(a) for a in exp.arms}
+    monkeypatch.setattr(report, "load_arm", lambda arm: records.get(arm_key(arm)))
+
+    rows, verdict = report._exp4(exp)
+    by_arm = {r["arm"]: r for r in rows}
+    assert by_arm[f"K=1 + grace{EXP4_TINY}"]["test_loss"] == 1.491   # the mean over seeds 0-2
+    assert by_arm["K=1 + grace"]["test_loss"] is None
+    tiny_04, tiny_082, small_04, small_082 = verdict["measured"].split(" / ")
+    assert tiny_04.startswith("tiny, 4M tokens, 0.4x (test slice)")
+    assert "K=1 alone loses quality (higher mean loss than K=1 + grace): yes" in tiny_04
+    assert "K=1 alone loses quality (higher mean loss than K=1 + grace): yes" in tiny_082
+    assert small_04.startswith("small, 500k tokens, 0.4x (first 8 KB)")
+    assert "K=1 alone loses quality (higher mean loss than K=1 + grace): no" in small_04
+    assert not verdict["met"]
+
+
 def test_scavenged_capacity_is_priced_from_the_bandwidth_planner_and_the_window():
     """The scavenging benchmark's prices on the simulator's clock: a 12B model's bf16
     all-reduce between two sites (24 GB each way per step) over 100 Gbps is 1.92 s of a 1 s
