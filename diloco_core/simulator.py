@@ -431,6 +431,12 @@ class Simulation:
                 learner.stats.lost_seconds += t - learner.since.step
                 learner.since.step = None
                 learner.generation += 1
+            # Merges delivered during its last step are applied now, before it answers, as
+            # the learner runtime applies what a poll brought before it offers: left queued,
+            # an offer of the fragment would stay in flight, and the fragment's final round
+            # (which waits for every live learner) would wait its whole timeout for it.
+            if learner.up:
+                self._apply_inbox(learner)
         rnd = self._open_round()
         if rnd is not None:
             for learner in self.learners:

@@ -285,6 +285,24 @@ def test_the_simulator_runs_the_round_protocol(corpus):
                 assert at_b - n_b >= at_a - 1e-9, (learner, p, mine)
 
 
+def test_a_merge_delivered_during_the_last_step_does_not_hold_a_final_round():
+    """At STOP a slow learner (0.4x) may hold a merge delivered during its dropped last step,
+    for a fragment whose offer it has in flight. It applies that merge before it answers, as
+    the learner runtime applies what a poll brought before it offers; left queued, the offer
+    stayed in flight, the learner could not answer the fragment's final round, and the round
+    (which waits for every live learner) waited out its 300 s timeout (seed 5: 326 s for a
+    26 s run; experiment 4 on the tiny model at 4M tokens: 1,000 s for a 700 s run)."""
+    corpus = load_corpus("stdlib", 4, 0.05, max_bytes_per_split=300_000)
+    cfg = tiny_cfg("learners.num_learners=4", "learners.speeds=[1.0, 1.0, 0.4, 0.4]",
+                   "simulation.step_jitter=0.2", "sync.grace_gamma=0", "seed=5",
+                   "sync.num_fragments=4", "sync.sync_period=4")
+    result = run_simulation(cfg, corpus.learner_streams, corpus.heldout_stream)
+    finals = [m for m in result.merges if "final round" in m.reason]
+    assert len(finals) == 4 and not [m.reason for m in finals if "timed out" in m.reason]
+    assert result.wall_seconds < 2 * cfg.nominal_run_seconds < \
+        cfg.orchestration.round_timeout_seconds
+
+
 @pytest.mark.parametrize("final_rounds", ["average", "outer_step"])
 def test_average_final_rounds_publish_the_learners_own_parameters(corpus, final_rounds):
     """One learner (fp32, momentum 0.9): an "average" final round publishes exactly what the
