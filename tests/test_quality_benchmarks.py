@@ -226,6 +226,14 @@ def test_experiment_4_judges_each_budget_on_the_test_slice_where_its_runs_were_s
     assert small_04.startswith("small, 500k tokens, 0.4x (first 8 KB)")
     assert "K=1 alone loses quality (higher mean loss than K=1 + grace): no" in small_04
     assert not verdict["met"]
+    # A block with a run missing (the breadth block, not yet run at today's defaults) is named
+    # in the verdict; the other block's table and verdicts stand.
+    records.pop(arm_key(next(a for a in exp.arms if a.label == "K=1 + grace")))
+    rows, verdict = report._exp4(exp)
+    assert {r["arm"] for r in rows} == {a.label for a in tiny}
+    assert verdict["measured"].endswith("small, 500k tokens: 1 of 21 runs not run at today's "
+                                        "config (`--tokens 500000`)")
+    assert verdict["measured"].startswith(tiny_04)
 
 
 def test_scavenged_capacity_is_priced_from_the_bandwidth_planner_and_the_window():

@@ -14,7 +14,7 @@ from pathlib import Path
 from benchmarks.quality.code_identity import changed_since, is_current
 from benchmarks.quality.experiments import (
     COSINE_INNER,
-    EXP4_TINY,
+    EXP4_BUDGETS,
     EXPERIMENTS,
     HEADLINE_TOKENS,
     RUN_ORDER,
@@ -237,10 +237,13 @@ def _exp2(exp):
     return rows, None
 
 
-def _quorum_rows(exp):
-    """One row per policy: each seed's loss, then every figure as the mean over the seeds."""
+def _quorum_rows(exp, labels=None):
+    """One row per policy (of `labels`, default all): each seed's loss, then every figure as
+    the mean over the seeds."""
     rows = []
     for label, group in _by_label(exp).items():
+        if labels is not None and label not in labels:
+            continue
         common = [_common(a) for a in group]
         test = across_seeds([_record(a) for a in group], "test")
         rows.append({"arm": label, **_seed_columns(exp, group, _loss, "loss", 4),
@@ -261,10 +264,23 @@ def _exp3(exp):
 
 
 def _exp4(exp):
-    rows = _quorum_rows(exp)
-    r = {row["arm"]: row for row in rows}
-    measured, met = [], True
-    for block, budget in ((EXP4_TINY, "tiny, 4M tokens"), ("", "small, 500k tokens")):
+    """Per budget block (EXP4_BUDGETS), the policies' rows and verdicts; a block with an arm
+    not run at today's config is named as such instead of failing the whole table (the
+    breadth block's runs predate today's defaults; `--tokens` runs one block)."""
+    rows, measured, met = [], [], True
+    for block, model, tokens in sorted(EXP4_BUDGETS, key=lambda b: -b[2]):   # larger first
+        size = f"{tokens / 1e6:g}M" if tokens >= 1_000_000 else f"{tokens // 1000}k"
+        budget = f"{'tiny' if model else 'small'}, {size} tokens"
+        arms = [a for a in exp.arms if a.tokens == tokens]   # the blocks' budgets differ
+        missing = [a for a in arms if not _ran(a)]
+        if missing:
+            measured.append(f"{budget}: {len(missing)} of {len(arms)} runs not run at "
+                            f"today's config (`--tokens {tokens}`)")
+            met = False
+            continue
+        block_rows = _quorum_rows(exp, {a.label for a in arms})
+        rows += block_rows
+        r = {row["arm"]: row for row in block_rows}
         for speed, name in (("", "0.4x"), (", 0.82x", "0.82x")):
             km, k1, grace = (r[f"{policy}{speed}{block}"]
                              for policy in ("K=M", "K=1", "K=1 + grace"))
