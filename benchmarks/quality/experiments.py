@@ -80,9 +80,10 @@ QUORUM_SEEDS = (0, 1, 2)   # experiments 3 and 4: their verdicts compare losses 
 # Experiment 4's two budgets: the breadth budget on the `small` model, where the policies
 # differ by about a seed's spread in loss, and the `tiny` model at 4M tokens (about 490 steps a
 # learner, 120 outer steps at H = 4), a budget long enough for them to separate (issue 38); the
-# label suffix names the block, the overrides make it.
+# label suffix names the block, the overrides make it, the model name is the report's.
 EXP4_TINY = ", tiny 4M"
-EXP4_BUDGETS = (("", (), BREADTH_TOKENS), (EXP4_TINY, ("model.preset=tiny",), TREND_TOKENS[-1]))
+EXP4_BUDGETS = (("", "small", (), BREADTH_TOKENS),
+                (EXP4_TINY, "tiny", ("model.preset=tiny",), TREND_TOKENS[-1]))
 # Experiments 3 and 4: each quorum policy and the overrides that make it.
 QUORUM_POLICIES = (("K=M", ("sync.min_quorum=4",)), ("K=1", ("sync.grace_gamma=0.0",)),
                    ("K=1 + grace", ()))
@@ -226,12 +227,12 @@ def _experiments() -> tuple[Experiment, ...]:
         "model and at 4M on the `tiny` one (rows marked tiny 4M).",
         "The paper's qualitative finding: K = M loses goodput, K = 1 alone loses quality, "
         "K = 1 with the grace window keeps both",
-        tuple(arm for block, model, tokens in EXP4_BUDGETS
+        tuple(arm for block, _, model, tokens in EXP4_BUDGETS
               for setting, suffix in ((HETEROGENEOUS, ""), (HETEROGENEOUS_MILD, ", 0.82x"))
               for policy, extra in QUORUM_POLICIES
               for arm in _seeds(f"{policy}{suffix}{block}", DECOUPLED,
                                 (*model, *setting, *extra), QUORUM_SEEDS, tokens))
-        + tuple(arm for block, model, tokens in EXP4_BUDGETS
+        + tuple(arm for block, _, model, tokens in EXP4_BUDGETS
                 for arm in _seeds(f"data-parallel{block}", DATA_PARALLEL,
                                   (*model, *HETEROGENEOUS), QUORUM_SEEDS, tokens)))
     per_learner = BREADTH_TOKENS // 4

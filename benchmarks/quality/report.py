@@ -268,9 +268,9 @@ def _exp4(exp):
     not run at today's config is named as such instead of failing the whole table (the
     breadth block's runs predate today's defaults; `--tokens` runs one block)."""
     rows, measured, met = [], [], True
-    for block, model, tokens in sorted(EXP4_BUDGETS, key=lambda b: -b[2]):   # larger first
+    for block, model, _, tokens in sorted(EXP4_BUDGETS, key=lambda b: -b[-1]):   # larger first
         size = f"{tokens / 1e6:g}M" if tokens >= 1_000_000 else f"{tokens // 1000}k"
-        budget = f"{'tiny' if model else 'small'}, {size} tokens"
+        budget = f"{model}, {size} tokens"
         arms = [a for a in exp.arms if a.tokens == tokens]   # the blocks' budgets differ
         missing = [a for a in arms if not _ran(a)]
         if missing:
