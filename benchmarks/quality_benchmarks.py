@@ -111,36 +111,22 @@ def _figures(record: dict) -> str:
 
 
 def run_parallel(numbers: list[int], args) -> None:
-    """Run the selected experiments' arms in `workers` fresh processes (spawned: JAX does not
-    survive a fork), each arm once however many experiments share it, in the order given.
-    On 2 cores, 2 workers finish a sweep about 1.6 times sooner than one."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    from benchmarks.quality.code_identity import code_hash
+    """Run the selected experiments' arms in `workers` processes (`parallel.run_arms`), each arm
+    once however many experiments share it."""
+    from benchmarks.quality.parallel import arms_to_run, run_arms
     from benchmarks.quality.report import write_experiment
-    from benchmarks.quality.runner import arm_key, is_usable, load_arm, run_arm
+    from benchmarks.quality.runner import arm_key
 
     sizes = _sizes(args)
-    todo: dict[str, object] = {}
-    for number in numbers:
-        for arm in _arms(EXPERIMENTS[number], args):
-            if not is_usable(load_arm(arm), sizes):
-                todo.setdefault(arm_key(arm), arm)
-    # Longest first (tokens x learners ~ compute), so the sweep does not end on one long arm
-    # running alone while the other processes sit idle.
-    ordered = sorted(todo.values(), key=lambda a: -a.tokens)
-    print(f"{len(ordered)} arms to run in {args.workers} processes", flush=True)
-    context = multiprocessing.get_context("spawn")
-    # Each worker takes the code hash as it starts, before it imports and runs the code: taken
-    # at its first result instead, a commit landing mid-run would label that run.
-    with ProcessPoolExecutor(args.workers, mp_context=context, initializer=code_hash) as pool:
-        futures = {pool.submit(run_arm, arm, sizes=sizes): arm for arm in ordered}
-        for future in as_completed(futures):
-            arm = futures[future]
-            record = future.result()
-            print(f"  {arm.label} (seed {arm.seed}, {arm.tokens:,} tokens): {_figures(record)}"
-                  f" ({record['compute_seconds']} s, run {arm_key(arm)})", flush=True)
+    arms = [arm for number in numbers for arm in _arms(EXPERIMENTS[number], args)]
+    print(f"{len(arms_to_run(arms, sizes=sizes))} arms to run in {args.workers} processes",
+          flush=True)
+
+    def done(arm, record) -> None:
+        print(f"  {arm.label} (seed {arm.seed}, {arm.tokens:,} tokens): {_figures(record)}"
+              f" ({record['compute_seconds']} s, run {arm_key(arm)})", flush=True)
+
+    run_arms(arms, workers=args.workers, sizes=sizes, on_done=done)
     for number in numbers:
         try:
             write_experiment(EXPERIMENTS[number])

@@ -3,6 +3,8 @@
     python benchmarks/scavenging.py [--tokens 500000] [--extras 0 1 2 4 12] [--seeds 0 1 2]
         [--params 12e9] [--inter-site-gbps 100] [--step-seconds 1] [--window-seconds 7200]
         [--start-seconds 12.5] [--restart-seconds 600] [--set outer.lr=...]
+        [--outer-lrs 0.3 0.5 0.7] [--inner-lrs 0.006 0.009] [--selection-seeds 0 1 2]
+        [--workers 2]
 
 A base of 4 learners trains the embedded default experiment (`small`, Decoupled DiLoCo with
 K = 1 and the grace window) to a token budget; extra capacity of +25%, +50%, +100% and +300%
@@ -28,7 +30,15 @@ Times on the simulator's clock are scaled so that the capacity window is `--wind
 of `--step-seconds` steps: the all-reduce is a share of a step, start-up and restarts a share
 of the window. For each method and seed: time to the budget and the final loss on the held-out
 test slice, against the same method without extra capacity; the ratios' mean and standard
-error over seeds. Runs go through the quality runner (`benchmarks/quality/runner.py`), so each
+error over seeds.
+
+Each level's settings can be chosen as the quality experiments choose theirs (issue 38): with
+`--outer-lrs` (Decoupled DiLoCo's outer lr) and `--inner-lrs` (data-parallel's lr, the baseline
+tuned as hard as the method), every candidate runs at every level on `--selection-seeds`, the
+one with the lowest mean validation-slice loss is that level's, and the figures reported are
+those runs' on `--seeds` (fresh seeds: confirmation) and the test slice. The joiners change M
+for half the run, and the outer lr chosen at M = 4 need not be the larger M's. Runs go through
+the quality runner (`benchmarks/quality/runner.py`), so each
 is stored with the code hash and commit that computed it and reused while the code is
 unchanged. Writes `benchmarks/results/scavenging.json` and `docs/img/scavenging.png`.
 """
@@ -53,6 +63,9 @@ PLOT = REPO / "docs" / "img" / "scavenging.png"
 BASE_LEARNERS = 4
 WINDOW = (0.25, 0.75)          # the extra capacity's presence, as fractions of the run
 METHODS = {DECOUPLED: "Decoupled DiLoCo", DATA_PARALLEL: "data-parallel (elastic batch)"}
+# The setting chosen per capacity level when candidates are given, and the option that gives
+# them: the method's step size against the work a round (or a step) merges.
+TUNED = {DECOUPLED: ("outer.lr", "outer_lrs"), DATA_PARALLEL: ("inner.lr", "inner_lrs")}
 
 
 def prices(args, window_sim_seconds: float, sim_step_seconds: float) -> dict[str, float]:
@@ -85,6 +98,43 @@ def arm(method: str, extra: int, tokens: int, seed: int, priced: dict[str, float
                tokens)
 
 
+def choose_settings(args, priced: dict[str, float], run) -> tuple[dict, list[dict]]:
+    """Per method with candidates, per capacity level: the candidate with the lowest mean
+    validation-slice loss over the selection seeds. `run(arms)` returns their records by arm.
+    Returns ({(method, extra): override}, the selection table)."""
+    from benchmarks.quality.runner import arm_config
+
+    today = arm_config(arm(DECOUPLED, 0, args.tokens, 0, {}, tuple(args.set)))
+    arms = {}
+    for method, (field, option) in TUNED.items():
+        section, name = field.split(".")
+        # Today's value is always a candidate: a level keeps it unless another does better.
+        values = sorted({getattr(getattr(today, section), name), *getattr(args, option)})
+        if len(values) < 2:
+            continue
+        for extra in args.extras:
+            for value in values:
+                for seed in args.selection_seeds:
+                    arms[method, extra, value, seed] = arm(
+                        method, extra, args.tokens, seed, priced, (*args.set, f"{field}={value}"))
+    records = run(list(arms.values()))
+    chosen, table = {}, []
+    for method, extra in sorted({(m, e) for m, e, _, _ in arms}):
+        field = TUNED[method][0]
+        scores = {}
+        for (m, e, value, _), one in arms.items():
+            if (m, e) == (method, extra):
+                scores.setdefault(value, []).append(
+                    records[one]["heldout_slices"]["validation"]["loss"])
+        means = {value: statistics.fmean(losses) for value, losses in scores.items()}
+        best = min(means, key=means.get)
+        chosen[method, extra] = f"{field}={best}"
+        table.append({"method": method, "extra_learners": extra, "field": field,
+                      "validation_loss_by_value": {str(v): round(x, 4) for v, x in means.items()},
+                      "chosen": best})
+    return chosen, table
+
+
 def summarise(rows: list[dict]) -> list[dict]:
     """Per method and level: the ratios to the same method and seed without extra capacity,
     mean and standard error over seeds."""
@@ -96,6 +146,7 @@ def summarise(rows: list[dict]) -> list[dict]:
             loss_mean, loss_se = mean_and_standard_error([r["loss_vs_base"] for r in mine])
             out.append({"method": method, "extra_learners": extra,
                         "extra_capacity_percent": mine[0]["extra_capacity_percent"],
+                        "setting": mine[0]["setting"],
                         "seeds": [r["seed"] for r in mine],
                         "wall_seconds": round(statistics.fmean(
                             r["wall_seconds"] for r in mine), 2),
@@ -161,33 +212,58 @@ def main() -> None:
                              "checkpoint restore, compile)")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="a config override for every arm (e.g. the outer lr for larger M)")
+    parser.add_argument("--outer-lrs", type=float, nargs="+", default=[],
+                        help="candidates for Decoupled DiLoCo's outer lr, chosen per level on "
+                             "the selection seeds' validation slice (today's always one)")
+    parser.add_argument("--inner-lrs", type=float, nargs="+", default=[],
+                        help="candidates for data-parallel's lr, chosen the same way")
+    parser.add_argument("--selection-seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--workers", type=int, default=1,
+                        help="arms run in this many processes at once")
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--plot", default=str(PLOT))
     parser.add_argument("--runs-dir", help="where runs are stored (default: the quality runs)")
     args = parser.parse_args()
     if 0 not in args.extras:
         parser.error("--extras must include 0, the base run")
-    from benchmarks.quality.runner import RUNS_DIR, arm_config, run_arm
+    if (args.outer_lrs or args.inner_lrs) and set(args.seeds) & set(args.selection_seeds):
+        parser.error("--seeds must be fresh seeds, none of --selection-seeds, when settings "
+                     "are chosen (selection apart from confirmation)")
+    from benchmarks.quality.parallel import run_arms
+    from benchmarks.quality.runner import RUNS_DIR, arm_config, arm_key
 
+    runs_dir = Path(args.runs_dir) if args.runs_dir else RUNS_DIR
     base_cfg = arm_config(arm(DECOUPLED, 0, args.tokens, 0, {}, tuple(args.set)))
     window_sim = (WINDOW[1] - WINDOW[0]) * base_cfg.nominal_run_seconds
     priced = prices(args, window_sim, base_cfg.simulation.step_seconds)
     revision = code_revision()   # before the runs: the code they ran
+
+    def run(arms: list[Arm]) -> dict[Arm, dict]:
+        by_key = run_arms(arms, runs_dir, workers=args.workers, on_done=lambda a, r: print(
+            f"  {a.method} {a.label} seed {a.seed} {a.overrides[-1]}: test "
+            f"{r['heldout_slices']['test']['loss']:.4f} ({r['compute_seconds']} s)", flush=True))
+        return {a: by_key[arm_key(a)] for a in arms}
+
+    chosen, selection = choose_settings(args, priced, run)
+    for row in selection:
+        print(f"{METHODS[row['method']]:32s} +{100 * row['extra_learners'] // BASE_LEARNERS:3d}%"
+              f"  {row['field']} {row['chosen']} (validation {row['validation_loss_by_value']})")
+    plan = {(method, extra, seed): arm(method, extra, args.tokens, seed, priced, tuple(
+                args.set) + ((chosen[method, extra],) if (method, extra) in chosen else ()))
+            for seed in args.seeds for extra in sorted(args.extras) for method in METHODS}
+    records = run(list(plan.values()))
     rows = []
-    for seed in args.seeds:
-        for extra in sorted(args.extras):
-            for method in METHODS:
-                record = run_arm(arm(method, extra, args.tokens, seed, priced, tuple(args.set)),
-                                 Path(args.runs_dir) if args.runs_dir else RUNS_DIR)
-                summary = record["summary"]
-                rows.append({"method": method, "seed": seed, "extra_learners": extra,
-                             "extra_capacity_percent": 100 * extra // BASE_LEARNERS,
-                             "wall_seconds": summary["wall_seconds"],
-                             "test_loss": record["heldout_slices"]["test"]["loss"],
-                             "first_8kb_loss": summary["final_heldout_loss"],
-                             "tokens": summary["tokens_processed"],
-                             "run": record["key"], "run_commit": record["commit"]})
-                print(json.dumps(rows[-1]), flush=True)
+    for (method, extra, seed), one in plan.items():
+        record = records[one]
+        summary = record["summary"]
+        rows.append({"method": method, "seed": seed, "extra_learners": extra,
+                     "extra_capacity_percent": 100 * extra // BASE_LEARNERS,
+                     "setting": chosen.get((method, extra)),
+                     "wall_seconds": summary["wall_seconds"],
+                     "test_loss": record["heldout_slices"]["test"]["loss"],
+                     "first_8kb_loss": summary["final_heldout_loss"],
+                     "tokens": summary["tokens_processed"],
+                     "run": record["key"], "run_commit": record["commit"]})
     for row in rows:
         base = next(r for r in rows if r["method"] == row["method"] and r["seed"] == row["seed"]
                     and r["extra_learners"] == 0)
@@ -203,6 +279,10 @@ def main() -> None:
                            "window_seconds": args.window_seconds,
                            "start_seconds": args.start_seconds,
                            "restart_seconds": args.restart_seconds, "overrides": args.set},
+              "selection": {"seeds": args.selection_seeds, "slice": "validation",
+                            "rule": "per method and level, the candidate with the lowest mean "
+                                    "validation-slice loss over the selection seeds",
+                            "levels": selection} if selection else None,
               "prices_on_the_simulator_clock": {k: round(v, 6) for k, v in priced.items()},
               "summary": summary, "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

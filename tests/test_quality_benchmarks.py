@@ -257,6 +257,46 @@ def test_scavenged_capacity_is_priced_from_the_bandwidth_planner_and_the_window(
     assert "simulation.capacity_allreduce_seconds=1.92" in extra and "outer.lr=0.9" in extra
 
 
+def test_scavenging_chooses_each_levels_setting_on_the_selection_seeds_validation_slice():
+    """With candidates, each method's setting is chosen per capacity level by the mean
+    validation-slice loss over the selection seeds (never the test slice, never another
+    level's runs), today's value is always a candidate, and a method without candidates keeps
+    today's settings. The fake runs put each level's best outer lr elsewhere and make the test
+    slice disagree, so a choice made on the wrong slice, seeds or level would show."""
+    import argparse
+
+    from benchmarks.scavenging import DATA_PARALLEL, DECOUPLED, choose_settings
+
+    best = {0: 0.5, 1: 0.3, 4: 0.8}
+    seen_seeds = set()
+
+    def lr_of(arm):
+        return next(float(o.split("=")[1]) for o in arm.overrides if o.startswith("outer.lr="))
+
+    def run(arms):
+        out = {}
+        for a in arms:
+            extra = int(a.label.split("%")[0].lstrip("+")) * 4 // 100
+            seen_seeds.add(a.seed)
+            # Seed 1 alone prefers 0.8 everywhere: the mean over seeds must outvote it.
+            val = (0.6 * abs(lr_of(a) - 0.8) if a.seed == 1 else abs(lr_of(a) - best[extra]))
+            out[a] = {"heldout_slices": {"validation": {"loss": 2 + val},
+                                         "test": {"loss": 2 - val}}}
+        return out
+
+    args = argparse.Namespace(tokens=500_000, extras=[0, 1, 4], selection_seeds=[0, 1, 2],
+                              outer_lrs=[0.3, 0.8], inner_lrs=[], set=[])
+    chosen, table = choose_settings(args, {"capacity_start_seconds": 0.05,
+                                           "capacity_allreduce_seconds": 1.9,
+                                           "capacity_restart_seconds": 2.5}, run)
+    assert chosen == {(DECOUPLED, 0): "outer.lr=0.5", (DECOUPLED, 1): "outer.lr=0.3",
+                      (DECOUPLED, 4): "outer.lr=0.8"}
+    assert seen_seeds == {0, 1, 2}
+    assert not any(row["method"] == DATA_PARALLEL for row in table)
+    # Today's outer lr (0.5) was run beside the candidates at every level.
+    assert all(set(row["validation_loss_by_value"]) == {"0.3", "0.5", "0.8"} for row in table)
+
+
 def test_a_run_stored_under_an_old_default_is_not_taken_for_the_new_one(tmp_path):
     """An arm's key names only the fields it changes from the defaults, so when a default
     changes, the arms that do not override it land on the key of runs made under the old one:
