@@ -423,3 +423,36 @@ def test_the_sync_fields_synchronous_diloco_sets_are_the_ones_it_does_not_read()
         assert synchronous_config(cfg).sync == base, name
     # A field it does not set reaches it.
     assert synchronous_config(config_from_mapping({}, ("sync.sync_period=16",))).sync != base
+
+
+def test_run_arms_runs_each_missing_arm_once_longest_first_and_returns_every_record(
+        monkeypatch):
+    """The sweep runner (`quality/parallel.py`): an arm with a usable stored result does not
+    run, two arms with one key run once, the arms to run go longest first, and every arm's
+    record comes back by key, stored or new."""
+    from benchmarks.quality import parallel
+    from benchmarks.quality.experiments import DECOUPLED, Arm
+
+    stored = {"short-stored": {"stored": True}}
+    ran = []
+
+    def key(arm):
+        return arm.label
+
+    monkeypatch.setattr(parallel, "arm_key", key)
+    monkeypatch.setattr(parallel, "load_arm", lambda arm, runs_dir: stored.get(key(arm)))
+    monkeypatch.setattr(parallel, "is_usable", lambda record, sizes: record is not None)
+
+    def fake_run(arm, runs_dir, sizes):
+        ran.append(arm.label)
+        stored[arm.label] = {"ran": arm.label}
+        return stored[arm.label]
+
+    monkeypatch.setattr(parallel, "run_arm", fake_run)
+    arms = [Arm("short", DECOUPLED, tokens=100), Arm("short-stored", DECOUPLED, tokens=100),
+            Arm("long", DECOUPLED, tokens=1000), Arm("short", DECOUPLED, tokens=100)]
+    done = []
+    records = parallel.run_arms(arms, on_done=lambda arm, record: done.append(arm.label))
+    assert ran == ["long", "short"] and done == ran
+    assert records == {"short": {"ran": "short"}, "short-stored": {"stored": True},
+                       "long": {"ran": "long"}}
