@@ -199,7 +199,12 @@ def test_experiment_4_judges_each_budget_on_the_test_slice_where_its_runs_were_s
     exp = EXPERIMENTS[4]
     tiny = [a for a in exp.arms if a.label.endswith(EXP4_TINY)]
     assert {(a.tokens, arm_config(a).model.d_model) for a in tiny} == {(4_000_000, 32)}
-    assert len(tiny) == len(exp.arms) // 2 and len({a.seed for a in tiny}) == 3
+    # Tiny 4M: three settings (0.4x, 0.82x, 0.4x with outages) x three policies, and
+    # data-parallel at 0.4x with and without the outages; small: two settings, one baseline.
+    assert len(tiny) == 3 * (3 * 3 + 2) and len(exp.arms) - len(tiny) == 3 * (2 * 3 + 1)
+    assert len({a.seed for a in tiny}) == 3
+    outages = [a for a in tiny if ", outages" in a.label]
+    assert len(outages) == 12 and all(arm_config(a).simulation.outages for a in outages)
     # On the first 8 KB the grace window looks worse than K = 1 alone in every block; on the
     # test slice (scored only in the tiny 4M block) it is better.
     def record(arm):
@@ -219,7 +224,8 @@ def test_experiment_4_judges_each_budget_on_the_test_slice_where_its_runs_were_s
     by_arm = {r["arm"]: r for r in rows}
     assert by_arm[f"K=1 + grace{EXP4_TINY}"]["test_loss"] == 1.491   # the mean over seeds 0-2
     assert by_arm["K=1 + grace"]["test_loss"] is None
-    tiny_04, tiny_082, small_04, small_082 = verdict["measured"].split(" / ")
+    tiny_04, tiny_082, tiny_outages, small_04, small_082 = verdict["measured"].split(" / ")
+    assert tiny_outages.startswith("tiny, 4M tokens, 0.4x with outages (test slice)")
     assert tiny_04.startswith("tiny, 4M tokens, 0.4x (test slice)")
     assert "K=1 alone loses quality (higher mean loss than K=1 + grace): yes" in tiny_04
     assert "K=1 alone loses quality (higher mean loss than K=1 + grace): yes" in tiny_082

@@ -77,13 +77,25 @@ HETEROGENEOUS_MILD = ("learners.speeds=[1.0, 1.0, 0.82, 0.82]", "simulation.step
 # Experiment 3: equal hardware still varies a little from step to step.
 HOMOGENEOUS = ("simulation.step_jitter=0.05",)
 QUORUM_SEEDS = (0, 1, 2)   # experiments 3 and 4: their verdicts compare losses within 1%
+# Experiment 4's speed settings: (label suffix, the verdict's name, overrides, whether
+# data-parallel runs it too).
+EXP4_SPEEDS = (("", "0.4x", HETEROGENEOUS, True), (", 0.82x", "0.82x", HETEROGENEOUS_MILD, False))
+# The 0.4x setting with experiment 9's tape stretched to the tiny 4M run (nominal 488 s, 4x the
+# 1M run's 122 s: 15% of learner-time down): the case for K < M, since under K = M a round
+# waits for a learner that is down.
+OUTAGES_TINY_4M = ("[{learner: 1, start: 80, end: 200}, {learner: 2, start: 220, end: 320}, "
+                   "{learner: 3, start: 340, end: 420}]")
+EXP4_OUTAGES = (", 0.4x, outages", "0.4x with outages",
+                (*HETEROGENEOUS, f"simulation.outages={OUTAGES_TINY_4M}"), True)
 # Experiment 4's two budgets: the breadth budget on the `small` model, where the policies
 # differ by about a seed's spread in loss, and the `tiny` model at 4M tokens (about 490 steps a
-# learner, 120 outer steps at H = 4), a budget long enough for them to separate (issue 38); the
-# label suffix names the block, the overrides make it, the model name is the report's.
+# learner, 120 outer steps at H = 4), a budget long enough for them to separate (issue 38), with
+# the outages beside; the label suffix names the block, the overrides make it, the model name
+# is the report's.
 EXP4_TINY = ", tiny 4M"
-EXP4_BUDGETS = (("", "small", (), BREADTH_TOKENS),
-                (EXP4_TINY, "tiny", ("model.preset=tiny",), TREND_TOKENS[-1]))
+EXP4_BUDGETS = (("", "small", (), BREADTH_TOKENS, EXP4_SPEEDS),
+                (EXP4_TINY, "tiny", ("model.preset=tiny",), TREND_TOKENS[-1],
+                 (*EXP4_SPEEDS, EXP4_OUTAGES)))
 # Experiments 3 and 4: each quorum policy and the overrides that make it.
 QUORUM_POLICIES = (("K=M", ("sync.min_quorum=4",)), ("K=1", ("sync.grace_gamma=0.0",)),
                    ("K=1 + grace", ()))
@@ -224,17 +236,19 @@ def _experiments() -> tuple[Experiment, ...]:
         "Heterogeneous speeds: K = M vs K = 1 vs K = 1 with grace",
         "Two learners at 0.4x speed with 20% step jitter, and (second half) two at 0.82x with "
         "10% jitter: goodput and loss of each quorum policy, at 500k tokens on the `small` "
-        "model and at 4M on the `tiny` one (rows marked tiny 4M).",
+        "model and at 4M on the `tiny` one (rows marked tiny 4M), where the 0.4x setting also "
+        "runs with three learners down in turn (15% of learner-time, rows marked outages).",
         "The paper's qualitative finding: K = M loses goodput, K = 1 alone loses quality, "
         "K = 1 with the grace window keeps both",
-        tuple(arm for block, _, model, tokens in EXP4_BUDGETS
-              for setting, suffix in ((HETEROGENEOUS, ""), (HETEROGENEOUS_MILD, ", 0.82x"))
+        tuple(arm for block, _, model, tokens, settings in EXP4_BUDGETS
+              for suffix, _, setting, _ in settings
               for policy, extra in QUORUM_POLICIES
               for arm in _seeds(f"{policy}{suffix}{block}", DECOUPLED,
                                 (*model, *setting, *extra), QUORUM_SEEDS, tokens))
-        + tuple(arm for block, _, model, tokens in EXP4_BUDGETS
-                for arm in _seeds(f"data-parallel{block}", DATA_PARALLEL,
-                                  (*model, *HETEROGENEOUS), QUORUM_SEEDS, tokens)))
+        + tuple(arm for block, _, model, tokens, settings in EXP4_BUDGETS
+                for suffix, _, setting, with_data_parallel in settings if with_data_parallel
+                for arm in _seeds(f"data-parallel{suffix}{block}", DATA_PARALLEL,
+                                  (*model, *setting), QUORUM_SEEDS, tokens)))
     per_learner = BREADTH_TOKENS // 4
     exp5 = Experiment(
         5, "merge_rule", "Merge rule: weighted mean vs RDA at M = 4, 8, 16",

@@ -268,7 +268,7 @@ def _exp4(exp):
     not run at today's config is named as such instead of failing the whole table (the
     breadth block's runs predate today's defaults; `--tokens` runs one block)."""
     rows, measured, met = [], [], True
-    for block, model, _, tokens in sorted(EXP4_BUDGETS, key=lambda b: -b[-1]):   # larger first
+    for block, model, _, tokens, settings in sorted(EXP4_BUDGETS, key=lambda b: -b[3]):  # big 1st
         size = f"{tokens / 1e6:g}M" if tokens >= 1_000_000 else f"{tokens // 1000}k"
         budget = f"{model}, {size} tokens"
         arms = [a for a in exp.arms if a.tokens == tokens]   # the blocks' budgets differ
@@ -281,7 +281,7 @@ def _exp4(exp):
         block_rows = _quorum_rows(exp, {a.label for a in arms})
         rows += block_rows
         r = {row["arm"]: row for row in block_rows}
-        for speed, name in (("", "0.4x"), (", 0.82x", "0.82x")):
+        for speed, name, _, _ in settings:
             km, k1, grace = (r[f"{policy}{speed}{block}"]
                              for policy in ("K=M", "K=1", "K=1 + grace"))
             # The test slice where every policy was scored on it, else the first 8 KB.
