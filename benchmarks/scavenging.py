@@ -240,10 +240,17 @@ def main() -> None:
     priced = prices(args, window_sim, base_cfg.simulation.step_seconds)
     revision = code_revision()   # before the runs: the code they ran
 
+    tuned_fields = {field for field, _ in TUNED.values()}
+
+    def done(a: Arm, record: dict) -> None:
+        setting = next((o for o in a.overrides if o.split("=")[0] in tuned_fields), "")
+        print(f"  {METHODS[a.method]} {a.label} seed {a.seed} {setting}: validation "
+              f"{record['heldout_slices']['validation']['loss']:.4f}, test "
+              f"{record['heldout_slices']['test']['loss']:.4f} ({record['compute_seconds']} s)",
+              flush=True)
+
     def run(arms: list[Arm]) -> dict[Arm, dict]:
-        by_key = run_arms(arms, runs_dir, workers=args.workers, on_done=lambda a, r: print(
-            f"  {a.method} {a.label} seed {a.seed} {a.overrides[-1]}: test "
-            f"{r['heldout_slices']['test']['loss']:.4f} ({r['compute_seconds']} s)", flush=True))
+        by_key = run_arms(arms, runs_dir, workers=args.workers, on_done=done)
         return {a: by_key[arm_key(a)] for a in arms}
 
     chosen, selection = choose_settings(args, priced, run)
