@@ -224,6 +224,10 @@ def test_experiment_4_judges_each_budget_on_the_test_slice_where_its_runs_were_s
     by_arm = {r["arm"]: r for r in rows}
     assert by_arm[f"K=1 + grace{EXP4_TINY}"]["test_loss"] == 1.491   # the mean over seeds 0-2
     assert by_arm["K=1 + grace"]["test_loss"] is None
+    # Each seed's column is its test-slice loss, "-" where a run predates the slices.
+    assert [by_arm[f"K=1 + grace{EXP4_TINY}"][f"test_loss_seed{s}"] for s in (0, 1, 2)] == [
+        1.49, 1.491, 1.492]
+    assert by_arm["K=1 + grace"]["test_loss_seed0"] is None
     tiny_04, tiny_082, tiny_outages, small_04, small_082 = verdict["measured"].split(" / ")
     assert tiny_outages.startswith("tiny, 4M tokens, 0.4x with outages (test slice)")
     assert tiny_04.startswith("tiny, 4M tokens, 0.4x (test slice)")
