@@ -18,6 +18,7 @@ keeps tokens per learner equal across M instead, so that M = 8 is not starved of
 """
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 DECOUPLED, SYNCHRONOUS, DATA_PARALLEL = "decoupled_diloco", "synchronous_diloco", "data_parallel"
 HEADLINE_TOKENS = 1_000_000
@@ -77,25 +78,45 @@ HETEROGENEOUS_MILD = ("learners.speeds=[1.0, 1.0, 0.82, 0.82]", "simulation.step
 # Experiment 3: equal hardware still varies a little from step to step.
 HOMOGENEOUS = ("simulation.step_jitter=0.05",)
 QUORUM_SEEDS = (0, 1, 2)   # experiments 3 and 4: their verdicts compare losses within 1%
-# Experiment 4's speed settings: (label suffix, the verdict's name, overrides, whether
-# data-parallel runs it too).
-EXP4_SPEEDS = (("", "0.4x", HETEROGENEOUS, True), (", 0.82x", "0.82x", HETEROGENEOUS_MILD, False))
+
+
+class Exp4Setting(NamedTuple):
+    """One of experiment 4's speed settings."""
+
+    suffix: str                     # what the arms' labels add
+    name: str                       # the verdict's name for it
+    overrides: tuple[str, ...]
+    with_data_parallel: bool        # whether data-parallel runs it too
+
+
+class Exp4Budget(NamedTuple):
+    """One of experiment 4's budget blocks."""
+
+    suffix: str                     # what the arms' labels add
+    model: str                      # the report's name for the model
+    overrides: tuple[str, ...]
+    tokens: int
+    settings: tuple[Exp4Setting, ...]
+
+
+EXP4_SPEEDS = (Exp4Setting("", "0.4x", HETEROGENEOUS, True),
+               Exp4Setting(", 0.82x", "0.82x", HETEROGENEOUS_MILD, False))
 # The 0.4x setting with experiment 9's tape stretched to the tiny 4M run (nominal 488 s, 4x the
 # 1M run's 122 s: 15% of learner-time down): the case for K < M, since under K = M a round
 # waits for a learner that is down.
 OUTAGES_TINY_4M = ("[{learner: 1, start: 80, end: 200}, {learner: 2, start: 220, end: 320}, "
                    "{learner: 3, start: 340, end: 420}]")
-EXP4_OUTAGES = (", 0.4x, outages", "0.4x with outages",
-                (*HETEROGENEOUS, f"simulation.outages={OUTAGES_TINY_4M}"), True)
+EXP4_OUTAGES = Exp4Setting(", 0.4x, outages", "0.4x with outages",
+                           (*HETEROGENEOUS, f"simulation.outages={OUTAGES_TINY_4M}"), True)
 # Experiment 4's two budgets: the breadth budget on the `small` model, where the policies
 # differ by about a seed's spread in loss, and the `tiny` model at 4M tokens (about 490 steps a
 # learner, 120 outer steps at H = 4), a budget long enough for them to separate (issue 38), with
 # the outages beside; the label suffix names the block, the overrides make it, the model name
 # is the report's.
 EXP4_TINY = ", tiny 4M"
-EXP4_BUDGETS = (("", "small", (), BREADTH_TOKENS, EXP4_SPEEDS),
-                (EXP4_TINY, "tiny", ("model.preset=tiny",), TREND_TOKENS[-1],
-                 (*EXP4_SPEEDS, EXP4_OUTAGES)))
+EXP4_BUDGETS = (Exp4Budget("", "small", (), BREADTH_TOKENS, EXP4_SPEEDS),
+                Exp4Budget(EXP4_TINY, "tiny", ("model.preset=tiny",), TREND_TOKENS[-1],
+                           (*EXP4_SPEEDS, EXP4_OUTAGES)))
 # Experiments 3 and 4: each quorum policy and the overrides that make it.
 QUORUM_POLICIES = (("K=M", ("sync.min_quorum=4",)), ("K=1", ("sync.grace_gamma=0.0",)),
                    ("K=1 + grace", ()))

@@ -276,7 +276,7 @@ def _exp4(exp):
     not run at today's config is named as such instead of failing the whole table (the
     breadth block's runs predate today's defaults; `--tokens` runs one block)."""
     rows, measured, met = [], [], True
-    for block, model, _, tokens, settings in sorted(EXP4_BUDGETS, key=lambda b: -b[3]):  # big 1st
+    for block, model, _, tokens, settings in sorted(EXP4_BUDGETS, key=lambda b: -b.tokens):
         size = f"{tokens / 1e6:g}M" if tokens >= 1_000_000 else f"{tokens // 1000}k"
         budget = f"{model}, {size} tokens"
         arms = [a for a in exp.arms if a.tokens == tokens]   # the blocks' budgets differ
