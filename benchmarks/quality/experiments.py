@@ -120,6 +120,8 @@ EXP4_BUDGETS = (Exp4Budget("", "small", (), BREADTH_TOKENS, EXP4_SPEEDS),
 # Experiments 3 and 4: each quorum policy and the overrides that make it.
 QUORUM_POLICIES = (("K=M", ("sync.min_quorum=4",)), ("K=1", ("sync.grace_gamma=0.0",)),
                    ("K=1 + grace", ()))
+# Experiment 4's probe of a longer grace window (not a policy yet; see the arms).
+GRACE_ONE_STEP = "K=1 + grace of at least a step"
 # Experiment 11: the digits task. A "token" is an image; 20% of the 1,797 images are held out.
 # H = 20 steps of 16 images, so a learner syncs each of its 2 fragments every ~1.1 epochs of
 # its 359-image shard.
@@ -276,7 +278,14 @@ def _experiments() -> tuple[Experiment, ...]:
         + tuple(arm for block, _, model, tokens, settings in EXP4_BUDGETS
                 for suffix, _, setting, with_data_parallel in settings if with_data_parallel
                 for arm in _seeds(f"data-parallel{suffix}{block}", DATA_PARALLEL,
-                                  (*model, *setting), QUORUM_SEEDS, tokens)))
+                                  (*model, *setting), QUORUM_SEEDS, tokens))
+        # A probe, not a policy yet: K = 1 with the grace window held open at least one step
+        # (the simulator's step is 1 s), which gave an out-of-phase joiner back its rounds in
+        # the scavenging benchmark (Eq. 3 with tau = 1 leaves 0.07-0.29 s of window here).
+        + tuple(arm for suffix, _, setting, _ in EXP4_SPEEDS
+                for arm in _seeds(f"{GRACE_ONE_STEP}{suffix}", DECOUPLED,
+                                  (*setting, "sync.grace_min_seconds=1.0"), QUORUM_SEEDS,
+                                  BREADTH_TOKENS)))
     per_learner = BREADTH_TOKENS // 4
     exp5 = Experiment(
         5, "merge_rule", "Merge rule: weighted mean vs RDA at M = 4, 8, 16",
