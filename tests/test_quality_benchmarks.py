@@ -200,8 +200,9 @@ def test_experiment_4_judges_each_budget_on_the_test_slice_where_its_runs_were_s
     tiny = [a for a in exp.arms if a.label.endswith(EXP4_TINY)]
     assert {(a.tokens, arm_config(a).model.d_model) for a in tiny} == {(4_000_000, 32)}
     # Tiny 4M: three settings (0.4x, 0.82x, 0.4x with outages) x three policies, and
-    # data-parallel at 0.4x with and without the outages; small: two settings, one baseline.
-    assert len(tiny) == 3 * (3 * 3 + 2) and len(exp.arms) - len(tiny) == 3 * (2 * 3 + 1)
+    # data-parallel at 0.4x with and without the outages; small: two settings, one baseline,
+    # and the longer grace window's probe at both settings.
+    assert len(tiny) == 3 * (3 * 3 + 2) and len(exp.arms) - len(tiny) == 3 * (2 * 4 + 1)
     assert len({a.seed for a in tiny}) == 3
     outages = [a for a in tiny if ", outages" in a.label]
     assert len(outages) == 12 and all(arm_config(a).simulation.outages for a in outages)
