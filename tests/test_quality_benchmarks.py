@@ -242,7 +242,7 @@ def test_experiment_4_judges_each_budget_on_the_test_slice_where_its_runs_were_s
     records.pop(arm_key(next(a for a in exp.arms if a.label == "K=1 + grace")))
     rows, verdict = report._exp4(exp)
     assert {r["arm"] for r in rows} == {a.label for a in tiny}
-    assert verdict["measured"].endswith("small, 500k tokens: 1 of 21 runs not run at today's "
+    assert verdict["measured"].endswith("small, 500k tokens: 1 of 27 runs not run at today's "
                                         "config (`--tokens 500000`)")
     assert verdict["measured"].startswith(tiny_04)
 
