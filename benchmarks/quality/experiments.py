@@ -260,7 +260,13 @@ def _experiments() -> tuple[Experiment, ...]:
         # Three paired seeds: the policies differ by under 1% in loss, about one seed's spread.
         tuple(arm for label, extra in QUORUM_POLICIES
               for arm in _seeds(label, DECOUPLED, (*HOMOGENEOUS, *extra), QUORUM_SEEDS,
-                                BREADTH_TOKENS)))
+                                BREADTH_TOKENS))
+        # The same probe as experiment 4's: with jitter the grace window of Eq. 3 admits about
+        # 2.5 of 4 learners a round; held open at least a step (the simulator's 1 s), does it
+        # take them all?
+        + tuple(_seeds(GRACE_ONE_STEP, DECOUPLED,
+                       (*HOMOGENEOUS, "sync.grace_min_seconds=1.0"), QUORUM_SEEDS,
+                       BREADTH_TOKENS)))
     exp4 = Experiment(
         4, "quorum_heterogeneous",
         "Heterogeneous speeds: K = M vs K = 1 vs K = 1 with grace",
