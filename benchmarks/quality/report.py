@@ -655,6 +655,8 @@ def _evaluation_line(exp: Experiment) -> str:
     """How the rows were scored and which seeds chose and which confirmed."""
     arms = observed_arms(exp, load_arm)
     ev, seeds = _evaluation(arms), _selection_record(exp, arms)["seeds"]
+    if "images" in ev:
+        return f"Scored on {ev['images']}."
     if "test_batches" not in ev:
         return ("Scored on the first 8 KB of the held-out stream only (these runs predate the "
                 "validation and test slices).")
@@ -743,7 +745,13 @@ def _selection_record(exp: Experiment, arms: list[Arm]) -> dict:
 
 
 def _evaluation(arms: list[Arm]) -> dict:
-    """The slices the runs were scored on (from the first run that has them)."""
+    """The slices the runs were scored on (from the first run that has them); an image task
+    (a run that reports accuracy) is scored on its own held-out images instead."""
+    if any((load_arm(a) or {}).get("summary", {}).get("final_accuracy") is not None
+           for a in arms):
+        return {"images": "the task's held-out images (20% of the digits, each seed its own "
+                          "split): accuracy and cross-entropy loss; the text slices do not "
+                          "apply"}
     for arm in arms:
         slices = (load_arm(arm) or {}).get("heldout_slices")
         if slices:
