@@ -72,10 +72,9 @@ def _test_ratio(arm: Arm, reference: Arm) -> float | None:
 def _paired_test_ratio(arms: list[Arm], reference: list[Arm]) -> float | None:
     """Mean over seeds of the test-slice loss over the reference's at the same seed; None
     unless every seed of `arms` was scored on the slice beside its reference."""
-    ref = {a.seed: a for a in reference}
-    ratios = [_test_ratio(a, ref[a.seed]) for a in arms if a.seed in ref]
-    return (round(statistics.fmean(ratios), 4)
-            if ratios and len(ratios) == len(arms) and None not in ratios else None)
+    ratios = paired_ratios({a.seed: _record(a) for a in arms},
+                           {a.seed: _record(a) for a in reference}, "test")
+    return round(statistics.fmean(ratios), 4) if ratios and len(ratios) == len(arms) else None
 
 
 def _verdict_loss(arms: list[Arm]) -> tuple[Callable[[Arm], float], str]:
