@@ -505,3 +505,45 @@ def test_run_arms_runs_each_missing_arm_once_longest_first_and_returns_every_rec
     assert ran == ["long", "short"] and done == ran
     assert records == {"short": {"ran": "short"}, "short-stored": {"stored": True},
                        "long": {"ran": "long"}}
+
+
+def test_experiment_1s_trend_plots_the_test_slice_and_leaves_no_stale_image(monkeypatch,
+                                                                             tmp_path):
+    """The budget trend draws each method's test-slice ratio on the confirmation seeds where
+    they ran, else the selection seeds; where no method has two budgets on the slices it draws
+    nothing, removes the image an older report left, and the report does not show it."""
+    from benchmarks.quality import report
+    from benchmarks.quality.code_identity import code_hash
+
+    def row(tokens, method, seed_role, ratio):
+        return {"tokens": tokens, "method": method, "seed_role": seed_role,
+                "test_vs_data_parallel": ratio, "test_ratio_se_seeds": 0.01}
+    rows = [row(500_000, "Decoupled DiLoCo", "selection", 1.05),
+            row(500_000, "Decoupled DiLoCo", "confirmation", 1.02),
+            row(1_000_000, "Decoupled DiLoCo", "confirmation", 1.03),
+            row(4_000_000, "Decoupled DiLoCo", "selection", 1.01),
+            row(4_000_000, "Decoupled DiLoCo, M = 2", "selection", 0.9),
+            row(1_000_000, "synchronous DiLoCo", "selection", 1.04),
+            row(2_000_000, "synchronous DiLoCo", "selection", None),   # not on the slices
+            row(1_000_000, "data-parallel", "selection", 1.0)]
+    points = report.trend_points(rows)
+    assert [(t, r["test_vs_data_parallel"]) for t, r in points["Decoupled DiLoCo"]] == [
+        (500_000, 1.02), (1_000_000, 1.03), (4_000_000, 1.01)]
+    assert [t for t, _ in points["synchronous DiLoCo"]] == [1_000_000]
+    assert set(points) == {"Decoupled DiLoCo", "synchronous DiLoCo"}
+    assert report._trend_plot(rows, tmp_path / "trend.png").stat().st_size > 0
+
+    # Through the whole report: runs that predate the slices draw no trend.
+    monkeypatch.setattr(report, "OUT_DIR", tmp_path / "out")
+    monkeypatch.setattr(report, "IMG_DIR", tmp_path)
+    exp = EXPERIMENTS[1]
+    stale = tmp_path / f"quality_{report._name(exp)}_trend.png"
+    stale.write_bytes(b"an old plot")
+    machine = {"platform": "Linux-x", "cpu_count": 2, "jax": "0.10.2"}
+    records = {arm_key(a): {**_fake_record(2.0, "abcdef1234", code_hash()), "machine": machine}
+               for a in exp.arms}
+    monkeypatch.setattr(report, "load_arm", lambda arm: records.get(arm_key(arm)))
+    monkeypatch.setattr(report, "_plot", lambda exp, path: path)   # the other plot
+    report.write_experiment(exp)
+    assert not stale.exists()
+    assert "_trend.png" not in (tmp_path / "out" / f"{report._name(exp)}.md").read_text()

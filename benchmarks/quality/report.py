@@ -140,7 +140,7 @@ def _exp1(exp):
     """Per budget, method and seed role (selection / confirmation): both slices' mean loss with
     standard errors, the paired ratio to data-parallel on the test slice, and the first-8 KB
     figure for continuity. Runs at seeds other than the experiment's own (--seeds) count."""
-    rows = []
+    rows, tried = [], {}
     arms_seen = observed_arms(exp, load_arm)
     for tokens in sorted({a.tokens for a in exp.arms}):
         # Only the three methods at the headline budget must have run, on the selection or
@@ -159,8 +159,13 @@ def _exp1(exp):
             # Each arm against data-parallel on the same inner schedule, where that has run.
             reference = _exp1_reference(label, groups)
             dp = {a.seed: _record(a) for a in groups[reference]}
+            # Counted once per method and budget: it reads every experiment's arms.
+            method = group[0].method
+            if (method, tokens) not in tried:
+                tried[method, tokens] = configurations_tried(method, tokens, ran=_tried)
             for seed_role, members in _by_role(group):
-                rows.append(_exp1_row(tokens, label, seed_role, members, dp, reference))
+                rows.append(_exp1_row(tokens, label, seed_role, members, dp, reference,
+                                      tried[method, tokens]))
     ratio, measured = _decoupled_gap(exp, HEADLINE_TOKENS)
     measured += f"; within 2%: {'yes' if ratio <= 1.02 else 'no'}"
     # The largest budget, where it was run on more than one seed: where the trend ends up.
@@ -195,7 +200,7 @@ def _by_role(group: list[Arm]) -> list[tuple[str, list[Arm]]]:
 
 
 def _exp1_row(tokens: int, label: str, seed_role: str, members: list[Arm], dp: dict,
-              against: str) -> dict:
+              against: str, configurations: int) -> dict:
     records = {a.seed: _record(a) for a in members}
     c = _common(members[0])
     val, test = (across_seeds(list(records.values()), name) for name in ("validation", "test"))
@@ -207,7 +212,7 @@ def _exp1_row(tokens: int, label: str, seed_role: str, members: list[Arm], dp: d
                     / dp[s]["summary"]["final_heldout_loss"] for s in records if s in dp]
     return {"tokens": tokens, "method": label, "seeds": ", ".join(map(str, records)),
             "seed_role": seed_role,
-            "configurations_tried": configurations_tried(members[0].method, tokens, ran=_tried),
+            "configurations_tried": configurations,
             "validation_loss": _round(val and val["loss"], 4),
             "validation_se_batches": _round(val and val["se_batches"], 4),
             "test_loss": _round(test and test["loss"], 4),
@@ -506,34 +511,56 @@ TABLES: dict[int, Callable] = {1: _exp1, 2: _exp2, 3: _exp3, 4: _exp4, 5: _exp5,
 
 
 # ---- plots -----------------------------------------------------------------------------------
-def _trend_plot(exp: Experiment, path: Path) -> Path | None:
-    """Experiment 1's gap to data-parallel against the token budget, one line per method."""
+def trend_points(rows: list[dict]) -> dict[str, list[tuple[int, dict]]]:
+    """Experiment 1's table rows for the budget trend: per DiLoCo method, each budget's row on
+    the confirmation seeds where they ran there, else on the selection seeds (the report's own
+    order of preference), by budget."""
+    points: dict[str, list[tuple[int, dict]]] = {}
+    for label in METHODS[1:]:
+        for tokens in sorted({r["tokens"] for r in rows}):
+            by_role = {r["seed_role"]: r for r in rows if r["tokens"] == tokens
+                       and r["method"] == label and r["test_vs_data_parallel"] is not None}
+            row = by_role.get("confirmation") or by_role.get("selection")
+            if row is not None:
+                points.setdefault(label, []).append((tokens, row))
+    return points
+
+
+def _trend_plot(rows: list[dict], path: Path) -> Path | None:
+    """Experiment 1's gap to data-parallel on the test slice against the token budget, one line
+    per method, with the standard error over seeds; None (and no stale image left behind) where
+    no method has run at two budgets."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    budgets = sorted({a.tokens for a in exp.arms if a.seed == 0
-                      and all(_ran(b) for b in exp.arms
-                              if b.tokens == a.tokens and b.label in METHODS)})
-    if len(budgets) < 2:
+    points = trend_points(rows)
+    if not any(len(p) > 1 for p in points.values()):
+        path.unlink(missing_ok=True)
         return None
     fig, ax = plt.subplots(figsize=(6.5, 4.0))
-    for i, label in enumerate(("synchronous DiLoCo", "Decoupled DiLoCo")):
-        ratios = []
-        for tokens in budgets:
-            arms = [a for a in exp.arms if a.tokens == tokens]
-            ratios.append(statistics.fmean(_paired_ratios(
-                [a for a in arms if a.label == label],
-                [a for a in arms if a.label == "data-parallel"])))
-        ax.plot([t / 1e6 for t in budgets], ratios, marker="o", color=f"C{i + 1}", label=label)
+    budgets = sorted({t for p in points.values() for t, _ in p})
+    for i, label in enumerate(METHODS[1:]):
+        pts = points.get(label, [])
+        if not pts:
+            continue
+        xs = [t / 1e6 for t, _ in pts]
+        ys = [r["test_vs_data_parallel"] for _, r in pts]
+        errs = [r["test_ratio_se_seeds"] or 0.0 for _, r in pts]
+        ax.errorbar(xs, ys, yerr=errs, marker="o", capsize=3, color=f"C{i + 1}", label=label)
+        # Hollow where only the selection seeds have run at that budget.
+        for x, y, (_, r) in zip(xs, ys, pts, strict=True):
+            if r["seed_role"] != "confirmation":
+                ax.plot(x, y, "o", color="white", markeredgecolor=f"C{i + 1}", zorder=3)
     ax.axhline(1.0, color="C0", label="data-parallel")
     ax.axhline(1.04, color="grey", linestyle=":", label="4% (target)")
     ax.set_xscale("log", base=2)
     ax.set_xticks([t / 1e6 for t in budgets], [f"{t / 1e6:g}M" for t in budgets])
     ax.set_xlabel("token budget (outer steps per fragment grow with it)")
-    ax.set_ylabel("first-8 KB held-out loss / data-parallel's")
-    return _save(fig, ax, "Experiment 1: the gap to data-parallel against the budget", path)
+    ax.set_ylabel("test-slice loss / data-parallel's (paired, s.e. over seeds)")
+    return _save(fig, ax, "Experiment 1: the gap to data-parallel against the budget "
+                 "(confirmation seeds; hollow: selection only)", path)
 
 
 def _plot(exp: Experiment, path: Path) -> Path:
@@ -714,13 +741,14 @@ def write_experiment(exp: Experiment) -> list[Path]:
                      for a in arms if load_arm(a) is not None}}
     json_path = OUT_DIR / f"{_name(exp)}.json"
     json_path.write_text(json.dumps(data, indent=2))
+    paths = [json_path, _plot(exp, IMG_DIR / f"quality_{_name(exp)}.png")]
+    if exp.number == 1:
+        # Before the markdown, which shows the trend only where its image exists.
+        trend = _trend_plot(rows, IMG_DIR / f"quality_{_name(exp)}_trend.png")
+        paths += [trend] if trend is not None else []
     md_path = OUT_DIR / f"{_name(exp)}.md"
     md_path.write_text(section(exp))
-    paths = [json_path, md_path, _plot(exp, IMG_DIR / f"quality_{_name(exp)}.png")]
-    if exp.number == 1:
-        trend = _trend_plot(exp, IMG_DIR / f"quality_{_name(exp)}_trend.png")
-        paths += [trend] if trend is not None else []
-    return paths
+    return [json_path, md_path, *paths[1:]]
 
 
 def _selection_record(exp: Experiment, arms: list[Arm]) -> dict:
