@@ -547,3 +547,44 @@ def test_experiment_1s_trend_plots_the_test_slice_and_leaves_no_stale_image(monk
     report.write_experiment(exp)
     assert not stale.exists()
     assert "_trend.png" not in (tmp_path / "out" / f"{report._name(exp)}.md").read_text()
+
+
+def test_experiment_1_measures_the_dilocos_against_data_parallel_at_its_best_lr(monkeypatch):
+    """Where another data-parallel lr beats the default's on the validation slice of the
+    selection seeds, every DiLoCo's ratio and the verdict are against it, named; a worse one
+    leaves the default as the reference."""
+    from benchmarks.quality import report
+    from benchmarks.quality.code_identity import code_hash
+
+    exp = EXPERIMENTS[1]
+    lower = "data-parallel, inner lr 4.5e-3"
+    assert any(a.label == lower and a.tokens == 1_000_000 for a in exp.arms)
+
+    def records_for(lower_loss):
+        def loss(arm):
+            return {"data-parallel": 2.0, lower: lower_loss}.get(arm.label, 2.04)
+        records = {}
+        for a in exp.arms:
+            r = _fake_record(loss(a), "abcdef1234", code_hash())
+            r["heldout_slices"] = {name: {"loss": loss(a) + a.seed * 1e-3,
+                                          "standard_error": 0.01, "batches": 100}
+                                   for name in ("validation", "test")}
+            records[arm_key(a)] = r
+        return records
+    for lower_loss, against, ratio in ((1.96, lower, 2.04 / 1.96),
+                                       (2.02, "data-parallel", 1.02)):
+        records = records_for(lower_loss)
+        monkeypatch.setattr(report, "load_arm", lambda arm, r=records: r.get(arm_key(arm)))
+        rows, verdict = report._exp1(exp)
+        decoupled = next(r for r in rows if r["tokens"] == 1_000_000
+                         and r["method"] == "Decoupled DiLoCo")
+        assert decoupled["against"] == against
+        assert decoupled["test_vs_data_parallel"] == pytest.approx(ratio, abs=2e-4)
+        assert f"= {ratio:.4f}" in verdict["measured"], verdict
+        assert ("(inner lr 4.5e-3, its best on the validation slice)" in verdict["measured"]) \
+            is (against == lower)
+        default = next(r for r in rows if r["tokens"] == 1_000_000
+                       and r["method"] == "data-parallel")
+        assert default["test_vs_data_parallel"] == pytest.approx(2.0 / lower_loss
+                                                                 if against == lower else 1.0,
+                                                                 abs=2e-4)
