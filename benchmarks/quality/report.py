@@ -270,7 +270,7 @@ def _decoupled_gap(exp: Experiment, tokens: int) -> tuple[float | None, str]:
         by_role[seed_role] = (mine, ref, paired_ratios(mine, ref, "test"))
     seed_role = "confirmation" if by_role["confirmation"][2] else "selection"
     mine, ref, ratios = by_role[seed_role]
-    where = f"test slice, {seed_role} seeds {', '.join(map(str, sorted(mine)))}"
+    where = f"test slice, {seed_role} seeds {', '.join(map(str, sorted(set(mine) & set(ref))))}"
     if seed_role == "selection":
         where += " (not yet confirmed on fresh seeds)"
     if not ratios:  # runs scored before the slices: the continuity figure, marked as such
