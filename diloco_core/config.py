@@ -242,11 +242,12 @@ class SyncConfig:
     """P"""
     sync_period: PositiveInteger = 4
     """H: inner steps between two syncs of one fragment. 4 since issue 38's second confirmation
-    (with the weighted mean and the WSD inner lr), the setting that meets both of its bars: on
-    `small`, M = 4, the confirmation seeds' test slice, 1.023x data-parallel on WSD at 1M tokens
-    and 1.006x at 4M, against 1.041x and 1.0185x for H = 8, for twice the upload bytes (about
-    400 against 200 a token at bf16, still 4x below data-parallel's all-reduce). H = 8 had
-    replaced H = 16 at the first confirmation (1.0285x against 1.0736x, constant inner lr)."""
+    (with the weighted mean and the WSD inner lr): on `small`, M = 4, the confirmation seeds'
+    test slice, 1.023x data-parallel (WSD, lr 6e-3) at 1M tokens and 1.006x at 4M, against
+    1.041x and 1.0185x for H = 8, for twice the upload bytes (about 400 against 200 a token at
+    bf16, still 4x below data-parallel's all-reduce); against data-parallel at its best lr
+    (4.5e-3) 1.036x and 1.014x. H = 8 had replaced H = 16 at the first confirmation (1.0285x
+    against 1.0736x, constant inner lr)."""
     overlap_steps: Count = 1
     """tau: steps a fragment may be in flight before it must land"""
     block_on_overlap: Flag = False
