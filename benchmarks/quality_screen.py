@@ -28,7 +28,6 @@ import os
 import statistics
 import sys
 import time
-import traceback
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
@@ -180,7 +179,7 @@ def main() -> None:
                 record = future.result()
             except Exception as err:  # noqa: BLE001 - one failed arm must not end the screen
                 # The worker's own traceback rides on the error's cause: its last lines say why.
-                cause = "".join(traceback.format_exception(err)).strip().splitlines()[-12:]
+                cause = str(err.__cause__ or "").strip().splitlines()[-12:]
                 print(f"  {arm.label} (seed {arm.seed}): failed: {err!r}", *cause,
                       sep="\n    ", flush=True)
                 continue
