@@ -224,6 +224,11 @@ def _experiments() -> tuple[Experiment, ...]:
                                      ("Decoupled DiLoCo", DECOUPLED))
            for arm in _seeds(f"{label}, inner lr 8e-3", method, ("inner.lr=0.008",),
                              (0, 1, 2), TREND_TOKENS[0])),
+         # And data-parallel's best lr at 1M and 4M (4.5e-3) at the budgets between: 0.5M on
+         # the selection seeds, 2M on seed 0 as the trend there.
+         *(arm for seeds, tokens in (((0, 1, 2), TREND_TOKENS[0]), ((0,), TREND_TOKENS[2]))
+           for arm in _seeds("data-parallel, inner lr 4.5e-3", DATA_PARALLEL,
+                             ("inner.lr=0.0045",), seeds, tokens)),
          # At 1M, each method's inner lr again on WSD (experiment 12 chose 6e-3 on the constant
          # schedule): data-parallel gains from a lower one (4.5e-3 beat 6e-3 on each selection
          # seed), Decoupled DiLoCo's learners lose from it (seed 0: 1.6% on validation) and
