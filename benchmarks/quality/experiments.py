@@ -290,8 +290,10 @@ def _experiments() -> tuple[Experiment, ...]:
          # The one probe that beat the defaults on seed 0 (1.2% lower validation loss): a warm-up
          # of 16 outer steps, twice experiment 12's choice made at H = 16 (about 8 outer steps
          # a fragment at 1M; about 30 at H = 4), on every selection seed.
-         *_seeds("Decoupled DiLoCo, outer momentum warm-up 16", DECOUPLED,
-                 ("outer.momentum_warmup_steps=16",), (0, 1, 2), headline),
+         # Then on the confirmation seeds at 1M (`--seeds confirmation`) and at 4M.
+         *(arm for seeds, tokens in (((0, 1, 2), headline), ((3, 4, 5), TREND_TOKENS[-1]))
+           for arm in _seeds("Decoupled DiLoCo, outer momentum warm-up 16", DECOUPLED,
+                             ("outer.momentum_warmup_steps=16",), seeds, tokens)),
          *(arm for tokens in (headline, TREND_TOKENS[-1])
            for label, method, overrides in BEFORE_WSD_ARMS
            for arm in _seeds(label, method, overrides,
