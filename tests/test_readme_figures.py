@@ -41,9 +41,14 @@ def _exp1_figures() -> list[str]:
     warmup = next(r for r in exp1["rows"] if r["tokens"] == 1_000_000
                   and r["seed_role"] == "confirmation"
                   and r["method"] == "Decoupled DiLoCo, outer momentum warm-up 16")
+    warmup_4m = next(r for r in exp1["rows"] if r["tokens"] == 4_000_000
+                     and r["seed_role"] == "confirmation"
+                     and r["method"] == "Decoupled DiLoCo, outer momentum warm-up 16")
     return [f"**{mine['test_vs_data_parallel']:.4f}×**",
             f"instead of 8, {warmup['test_vs_data_parallel']:.4f}×** "
             f"± {warmup['test_ratio_se_seeds']:.4f}",
+            f"warm-up 16, **{warmup_4m['test_vs_data_parallel']:.4f}×** "
+            f"± {warmup_4m['test_ratio_se_seeds']:.4f}",
             f"± {mine['test_ratio_se_seeds']:.4f} s.e. over 3 paired confirmation seeds",
             f"**{sync['test_vs_data_parallel']:.4f}×** ± {sync['test_ratio_se_seeds']:.4f}",
             # The 4M row: today's defaults on the confirmation seeds.
