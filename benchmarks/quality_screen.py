@@ -92,23 +92,26 @@ def _run(arm: Arm, runs_dir: Path) -> dict:
 
 
 def summarise(records: list[dict]) -> list[dict]:
-    """Each configuration's mean validation loss over the seeds it finished, and its ratio to the
-    baseline's mean over the same seeds (paired; None where the baseline has none of them)."""
-    by_label: dict[str, dict[int, float]] = {}
+    """Each configuration's mean validation loss over the seeds it finished, and the mean of its
+    per-seed ratios to the baseline (`slice_report.paired_ratios`; None where the baseline has
+    none of its seeds)."""
+    from benchmarks.quality.slice_report import paired_ratios
+
+    by_label: dict[str, dict[int, dict]] = {}
     for r in records:
-        by_label.setdefault(r["arm"]["label"], {})[r["arm"]["seed"]] = \
-            r["heldout_slices"]["validation"]["loss"]
+        by_label.setdefault(r["arm"]["label"], {})[r["arm"]["seed"]] = r
     base = by_label.get(BASELINE, {})
     rows = []
     for label, _, _ in GRID:
-        losses = by_label.get(label)
-        if not losses:
+        mine = by_label.get(label)
+        if not mine:
             continue
-        paired = sorted(set(losses) & set(base))
-        ratio = (statistics.fmean(losses[s] / base[s] for s in paired) if paired else None)
-        rows.append({"label": label, "seeds": sorted(losses),
-                     "validation_mean": statistics.fmean(losses.values()),
-                     "ratio_to_baseline": ratio, "paired_seeds": paired})
+        ratios = paired_ratios(mine, base, "validation")
+        rows.append({"label": label, "seeds": sorted(mine),
+                     "validation_mean": statistics.fmean(
+                         r["heldout_slices"]["validation"]["loss"] for r in mine.values()),
+                     "ratio_to_baseline": statistics.fmean(ratios) if ratios else None,
+                     "paired_seeds": sorted(set(mine) & set(base))})
     return rows
 
 
@@ -165,6 +168,8 @@ def main() -> None:
         except ConfigError as err:
             raise SystemExit(f"screen arm {arm.label!r}: {err}") from None
     records: list[dict] = []
+    # Its own pool, not `parallel.run_arms`: each worker must read the corpus from
+    # --stdlib-root before it imports the data, and the screen stops at a deadline.
     pool = ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn"),
                                initializer=_use_stdlib_root, initargs=(args.stdlib_root,))
     pending = {pool.submit(_run, arm, runs_dir): arm for arm in arms}
