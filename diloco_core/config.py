@@ -214,15 +214,16 @@ class OuterOptConfig:
     steps): 0.9 ends at 2.163, 0.5 at 2.002, the best of every arm."""
     nesterov: Flag = True
     """Nesterov momentum (else heavy ball)"""
-    momentum_warmup_steps: Count = 8
+    momentum_warmup_steps: Count = 16
     """Outer steps over which each fragment's momentum ramps linearly from 0 to `momentum` (0: full
     momentum from the first step). A fragment's first steps then move by about lr times the
-    learners' average instead of compounding an unsettled momentum buffer: at about 8 outer steps
-    per fragment, 8 ends 7.5% lower in held-out loss than no warm-up, and better than plain
-    averaging (outer lr 1, no momentum) or 16 (quality experiment 12, H = 16). At today's H = 4
-    (about 30 outer steps a fragment at 1M) 16 beats 8 on every seed: against data-parallel at
-    its best, 1.022x against 1.036x at 1M and 1.009x against 1.014x at 4M on the confirmation
-    seeds (quality experiment 1, issue 38); the default moves to it with the re-runs it needs."""
+    learners' average instead of compounding an unsettled momentum buffer: at H = 16 (about 8
+    outer steps per fragment at 1M tokens) 8 ended 7.5% lower in held-out loss than no warm-up,
+    and better than plain averaging (outer lr 1, no momentum) or 16 (quality experiment 12). 16
+    since issue 38's confirmation: at H = 4 (about 30 outer steps a fragment at 1M) it beat 8
+    on every selection and confirmation seed at 1M (0 and 32 lost on seed 0): against
+    data-parallel at its best, 1.022x against 1.036x at 1M and 1.009x against 1.014x at 4M on
+    the confirmation seeds (quality experiment 1)."""
     final_rounds: one_of(*FINAL_ROUND_STEPS) = "average"
     """The P final rounds after STOP: "average" publishes the weighted average of the learners'
     fragments (outer lr 1, no momentum); "outer_step" treats them like any round. The final
