@@ -8,7 +8,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.quality.experiments import EXPERIMENTS, RUN_ORDER  # noqa: E402
+from benchmarks.quality.experiments import (  # noqa: E402
+    DATA_PARALLEL,
+    EXPERIMENTS,
+    RUN_ORDER,
+    WARMUP8_DEFAULT,
+    WARMUP8_LABEL,
+)
 from benchmarks.quality.runner import arm_config, arm_key  # noqa: E402
 
 
@@ -26,13 +32,43 @@ def test_equal_runs_share_one_result_and_different_runs_do_not():
     exp1, exp2, exp9 = EXPERIMENTS[1], EXPERIMENTS[2], EXPERIMENTS[9]
     headline = {(a.label, a.seed, a.tokens): arm_key(a) for a in exp1.arms}
     free = {a.label: arm_key(a) for a in exp9.arms}
-    # Experiment 9's fault-free references are experiment 1's seed-0 runs.
-    assert free["Decoupled DiLoCo, no failures"] == headline[("Decoupled DiLoCo", 0, 1_000_000)]
+    # Experiment 9's fault-free references are experiment 1's seed-0 runs (at the warm-up it
+    # ran with, until it is re-run at today's).
+    assert free["Decoupled DiLoCo, no failures"] == headline[(WARMUP8_DEFAULT, 0, 1_000_000)]
+    assert free["Decoupled DiLoCo, no failures"] != headline[("Decoupled DiLoCo", 0, 1_000_000)]
     assert free["data-parallel, no failures"] == headline[("data-parallel", 0, 1_000_000)]
     # The default Decoupled run at 500k tokens is experiment 2's P=4 tau=1.
     base = next(a for a in exp2.arms if a.label == "P=4 tau=1")
-    assert arm_key(base) == headline[("Decoupled DiLoCo", 0, 500_000)]
+    assert arm_key(base) == headline[(WARMUP8_DEFAULT, 0, 500_000)]
     assert len({arm_key(a) for a in exp2.arms}) == len(exp2.arms)
+
+
+def test_arms_that_ran_at_the_old_warm_up_keep_it_and_todays_run_the_new_one():
+    """The outer momentum's warm-up moved from 8 to 16 (issue 38): the arms that ran at 8 pin
+    it, so that their stored runs keep their meaning; today's defaults run at 16; an arm that
+    sets its own warm-up keeps it."""
+    from diloco_core.config import ExperimentConfig
+
+    assert ExperimentConfig().outer.momentum_warmup_steps == 16
+    exp1 = EXPERIMENTS[1]
+
+    def warmup(arm):
+        return arm_config(arm).outer.momentum_warmup_steps
+
+    for label in ("Decoupled DiLoCo", "synchronous DiLoCo", "Decoupled DiLoCo, M = 2"):
+        assert {warmup(a) for a in exp1.arms if a.label == label} == {16}, label
+    old = [a for a in exp1.arms if WARMUP8_LABEL in a.label or "(the " in a.label
+           or "cosine" in a.label or "as synchronous DiLoCo" in a.label]
+    assert {a.label for a in old} >= {WARMUP8_DEFAULT, "synchronous DiLoCo, warm-up 8"}
+    assert all(warmup(a) == 8 for a in old if a.method != DATA_PARALLEL)
+    for number in range(2, 13):
+        for arm in EXPERIMENTS[number].arms:
+            own = next((o for o in arm.overrides[1:] if "momentum_warmup_steps" in o), None)
+            expected = int(own.split("=")[1]) if own else 8
+            assert arm.method == DATA_PARALLEL or warmup(arm) == expected, (number, arm.label)
+    assert any(warmup(a) == 0 for a in EXPERIMENTS[12].arms)   # its own setting survives
+    for number in range(2, 12):     # their reports say which warm-up they ran at
+        assert "warm-up of 8" in EXPERIMENTS[number].question
 
 
 def test_each_experiment_varies_what_it_studies():
