@@ -301,7 +301,7 @@ def _experiments() -> tuple[Experiment, ...]:
                                  ("inner.lr=0.0045",), seeds, tokens)),
              # At 1M, each method's inner lr again on WSD (experiment 12 chose 6e-3 on the
              # constant schedule): data-parallel gains from a lower one (4.5e-3 beat 6e-3 on
-             # each selection seed), Decoupled DiLoCo's learners lose from it (seed 0: 1.6% on
+             # each selection seed), Decoupled DiLoCo's learners lose from it (seed 0: 1.5% on
              # validation) and get a higher one, as at 0.5M.
              *(arm for label, method, lr, name, seeds in (
                  ("data-parallel", DATA_PARALLEL, 0.0045, "4.5e-3", (0, 1, 2)),
