@@ -159,17 +159,21 @@ def main() -> None:
     if args.workers < 1:
         parser.error(f"--workers must be >= 1, got {args.workers}")
     from benchmarks.quality.runner import RUNS_DIR, rekey_runs
+    from benchmarks.quality.stale_runs import refile_stale_runs
     from benchmarks.quality.unread_fields import settle_unread_fields
 
     # A default changed since the runs were stored: the baselines' runs take today's value of
     # the fields they do not read, then each current run moves to its key under today's
-    # defaults, so that the runs made at the new value are the plain arm's now.
+    # defaults, so that the runs made at the new value are the plain arm's now, and each stale
+    # run onto its key where that is free (its arm shows it, marked stale).
     settled = settle_unread_fields(RUNS_DIR)
     if settled:
         print(f"{len(settled)} baseline runs: fields they do not read set to their arms' "
               "values today")
     for old, new in rekey_runs():
         print(f"run {old} -> {new} (a default changed)")
+    for old, new in refile_stale_runs():
+        print(f"stale run {old} -> {new} (a default changed; shown marked stale)")
     if not args.report and args.workers > 1:
         run_parallel(numbers, args)
     elif not args.report:

@@ -440,6 +440,45 @@ def test_a_current_run_moves_to_the_key_its_config_has_under_todays_defaults(tmp
     assert rekey_runs(tmp_path) == []                      # settled: nothing more moves
 
 
+def test_a_stale_run_follows_its_config_to_its_key_under_todays_defaults_where_it_is_free(
+        tmp_path):
+    """A stale run is shown, marked stale, by the arm its config matches; when a default
+    moves, `refile_stale_runs` moves it to the key its config has now (where `rekey_runs`, which
+    moves current runs only, left it under a key no arm has), but never over a run already
+    there."""
+    import json
+
+    from benchmarks.quality.code_identity import code_hash, is_current
+    from benchmarks.quality.experiments import DECOUPLED, Arm
+    from benchmarks.quality.runner import load_arm, rekey_runs
+    from benchmarks.quality.stale_runs import refile_stale_runs
+    from diloco_core.config_loading import config_to_mapping
+
+    lone = Arm("outer lr 0.3", DECOUPLED, ("outer.lr=0.3",), 0, 500_000)
+    taken = Arm("outer lr 0.7", DECOUPLED, ("outer.lr=0.7",), 0, 500_000)
+
+    def store(arm, name, code, loss):
+        record = {"arm": {"label": arm.label, "method": arm.method}, "key": name, "code": code,
+                  "config": json.loads(json.dumps(config_to_mapping(arm_config(arm)))),
+                  "summary": {"final_heldout_loss": loss}}
+        (tmp_path / f"{name}.json").write_text(json.dumps(record))
+
+    # Both stale, each under the key it had when another default held; a current run of the
+    # second arm already at its key.
+    store(lone, "2222222222222222", "older", 2.5)
+    store(taken, "3333333333333333", "older", 2.6)
+    store(taken, arm_key(taken), code_hash(), 2.4)
+    assert rekey_runs(tmp_path) == []                      # current runs only: nothing moves
+    assert load_arm(lone, tmp_path) is None
+    assert refile_stale_runs(tmp_path) == [("2222222222222222", arm_key(lone))]
+    shown = load_arm(lone, tmp_path)
+    assert shown["summary"]["final_heldout_loss"] == 2.5 and not is_current(shown)
+    assert shown["key"] == arm_key(lone)
+    assert load_arm(taken, tmp_path)["summary"]["final_heldout_loss"] == 2.4
+    assert (tmp_path / "3333333333333333.json").exists()   # left where it was
+    assert refile_stale_runs(tmp_path) == []               # settled: nothing more moves
+
+
 def test_a_config_fields_default_is_not_code_the_hash_covers():
     """A stored run records its whole config, so a changed default is caught by `load_arm`;
     hashing it too would stale every result for the change the results exist to decide. Only
