@@ -223,7 +223,9 @@ class OuterOptConfig:
     since issue 38's confirmation: at H = 4 (about 30 outer steps a fragment at 1M) it beat 8
     on every selection and confirmation seed at 1M (0 and 32 lost on seed 0): against
     data-parallel at its best, 1.022x against 1.036x at 1M and 1.009x against 1.014x at 4M on
-    the confirmation seeds (quality experiment 1)."""
+    the confirmation seeds (quality experiment 1). Where a fragment takes about as many outer
+    steps as the warm-up (0.5M tokens at H = 4, seed 0) 16 and 8 end level: a much shorter run
+    or a longer H wants a shorter warm-up (the orchestrated defaults, at H = 16, keep 8)."""
     final_rounds: one_of(*FINAL_ROUND_STEPS) = "average"
     """The P final rounds after STOP: "average" publishes the weighted average of the learners'
     fragments (outer lr 1, no momentum); "outer_step" treats them like any round. The final
