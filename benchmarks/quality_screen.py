@@ -52,7 +52,9 @@ GRID: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("outer momentum 0.7", DECOUPLED, ("outer.momentum=0.7",)),
     ("outer momentum 0.3", DECOUPLED, ("outer.momentum=0.3",)),
     ("outer momentum warm-up 0", DECOUPLED, ("outer.momentum_warmup_steps=0",)),
-    ("outer momentum warm-up 16", DECOUPLED, ("outer.momentum_warmup_steps=16",)),
+    # Either side of the default of 16 (8, its default before, and 32).
+    ("outer momentum warm-up 8", DECOUPLED, ("outer.momentum_warmup_steps=8",)),
+    ("outer momentum warm-up 32", DECOUPLED, ("outer.momentum_warmup_steps=32",)),
     ("P = 2", DECOUPLED, ("sync.num_fragments=2",)),
     ("P = 1", DECOUPLED, ("sync.num_fragments=1",)),
     ("tau = 0", DECOUPLED, ("sync.overlap_steps=0",)),
