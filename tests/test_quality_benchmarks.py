@@ -457,10 +457,14 @@ def test_a_stale_run_follows_its_config_to_its_key_under_todays_defaults_where_i
     lone = Arm("outer lr 0.3", DECOUPLED, ("outer.lr=0.3",), 0, 500_000)
     taken = Arm("outer lr 0.7", DECOUPLED, ("outer.lr=0.7",), 0, 500_000)
 
-    def store(arm, name, code, loss):
+    def store(arm, name, code, loss, dated=True):
         record = {"arm": {"label": arm.label, "method": arm.method}, "key": name, "code": code,
                   "config": json.loads(json.dumps(config_to_mapping(arm_config(arm)))),
                   "summary": {"final_heldout_loss": loss}}
+        if dated:
+            record["commit"] = {"commit": "abc1234"}
+        else:                                   # from before runs recorded commit and code
+            del record["code"]
         (tmp_path / f"{name}.json").write_text(json.dumps(record))
 
     # Both stale, each under the key it had when another default held; a current run of the
@@ -468,6 +472,8 @@ def test_a_stale_run_follows_its_config_to_its_key_under_todays_defaults_where_i
     store(lone, "2222222222222222", "older", 2.5)
     store(taken, "3333333333333333", "older", 2.6)
     store(taken, arm_key(taken), code_hash(), 2.4)
+    undated = Arm("outer lr 0.9", DECOUPLED, ("outer.lr=0.9",), 0, 500_000)
+    store(undated, "4444444444444444", None, 2.7, dated=False)
     assert rekey_runs(tmp_path) == []                      # current runs only: nothing moves
     assert load_arm(lone, tmp_path) is None
     assert refile_stale_runs(tmp_path) == [("2222222222222222", arm_key(lone))]
@@ -476,6 +482,8 @@ def test_a_stale_run_follows_its_config_to_its_key_under_todays_defaults_where_i
     assert shown["key"] == arm_key(lone)
     assert load_arm(taken, tmp_path)["summary"]["final_heldout_loss"] == 2.4
     assert (tmp_path / "3333333333333333.json").exists()   # left where it was
+    assert load_arm(undated, tmp_path) is None              # undated: left where it was too
+    assert (tmp_path / "4444444444444444.json").exists()
     assert refile_stale_runs(tmp_path) == []               # settled: nothing more moves
 
 

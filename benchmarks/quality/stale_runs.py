@@ -24,7 +24,9 @@ def refile_stale_runs(runs_dir: Path = RUNS_DIR) -> list[tuple[str, str]]:
     moves = []
     for path in sorted(runs_dir.glob("*.json")):
         record = json.loads(path.read_text())
-        if is_current(record):
+        # An undated run (from before runs recorded their commit and code hash) cannot say
+        # which code it is stale against: it stays where it is rather than be shown again.
+        if is_current(record) or "commit" not in record:
             continue
         key = config_key(record["arm"]["method"], record["config"])
         target = runs_dir / f"{key}.json"
