@@ -11,7 +11,8 @@ that run `diloco demo`'s config: `DEFAULTS_MATTER`), read field by field from bo
 of those files, so that a reworded comment or a new field that is off by default does not
 count: a stale figure may still hold, one under other defaults means something else. The
 quality experiments keep their own, finer record (a hash of the code each run executed,
-`benchmarks/quality/code_identity.py`) and are not listed here.
+`benchmarks/quality/code_identity.py`) and are not listed here; the other results kept beside
+them (experiment 1 through the real Dagster path) are.
 
 Counting commits that touched a path is coarse (a comment counts), so "stale" says "re-run
 before quoting", not "wrong". The table is a snapshot at the commit it names; re-run this
@@ -99,6 +100,15 @@ def benchmark_of(path: Path, result: object) -> str:
     command = recorded_command(result) or ""
     script = re.search(r"benchmarks/([A-Za-z0-9_]+)\.(?:py|sh)", command)
     return script.group(1) if script else path.stem
+
+
+def result_files(results: Path = RESULTS) -> list[Path]:
+    """The result files to assess: every one in `results`, and those in its quality folder
+    that the quality experiments' own record does not cover (the real-path runs: their code
+    is the product's, not the simulator's the code hash names)."""
+    quality = [p for p in sorted((results / "quality").glob("*.json"))
+               if benchmark_of(p, json.loads(p.read_text())) != "quality_benchmarks"]
+    return sorted(results.glob("*.json")) + quality
 
 
 def measured_paths(benchmark: str, repo: Path = REPO) -> tuple[str, ...]:
@@ -231,7 +241,9 @@ def table(rows: Iterable[Freshness], head: str) -> str:
         code = "-" if r.code_changes is None else str(len(r.code_changes))
         defaults = ("-" if r.defaults_changes is None
                     else "; ".join(r.defaults_changes) or "none")
-        lines.append(f"| `{Path(r.file).name}` | {r.benchmark} | {r.commit or '-'} | {code} | "
+        # Named from the results folder (a file in quality/ says so), else by its name.
+        name = r.file.removeprefix("benchmarks/results/")
+        lines.append(f"| `{name}` | {r.benchmark} | {r.commit or '-'} | {code} | "
                      f"{defaults} | {r.verdict} |")
     return "\n".join(lines) + "\n"
 
@@ -240,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=RESULTS / "freshness.md")
     args = parser.parse_args(argv)
-    rows = [assess(p) for p in sorted(RESULTS.glob("*.json"))]
+    rows = [assess(p) for p in result_files()]
     text = table(rows, _git("rev-parse", "--short", "HEAD"))
     args.out.write_text(text)
     print(text)

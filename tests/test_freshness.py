@@ -14,6 +14,7 @@ from benchmarks.freshness import (  # noqa: E402
     default_values,
     recorded_command,
     recorded_commits,
+    result_files,
 )
 
 CONFIG = '''"""Config."""
@@ -104,6 +105,20 @@ def test_a_commit_outside_this_history_is_unknown_not_current(repo):
     _commit(repo, {"diloco_core/merge.py": "x = 1\n"}, "one")
     r = assess(_result(repo, "merge_cost.json", {"commit": "0" * 40, "command": "c"}), repo)
     assert (r.commit, r.verdict) == (None, "unknown commit")
+
+
+def test_results_beside_the_quality_experiments_are_assessed_and_theirs_are_not(repo):
+    """The quality experiments' reports mark their own stale runs (by code hash); the real-path
+    runs kept beside them are orchestrated, outside that hash, so they are listed here."""
+    soak = _result(repo, "chaos_soak.json", {"command": "python benchmarks/chaos_soak.py"})
+    report = _result(repo, "quality/exp1_baselines.json",
+                     {"command": "python benchmarks/quality_benchmarks.py 1"})
+    real = _result(repo, "quality/real_path.json",
+                   {"command": "python benchmarks/quality_real_path.py"})
+    _result(repo, "quality/runs/0123456789abcdef.json", {"label": "a run"})
+    files = result_files(repo / "benchmarks" / "results")
+    assert soak in files and real in files
+    assert report not in files and len(files) == 2
 
 
 def test_commits_and_commands_are_found_where_results_keep_them():
