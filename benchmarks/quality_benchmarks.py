@@ -40,6 +40,23 @@ def _selected(names: list[str]) -> list[int]:
     return chosen
 
 
+def unknown_labels(numbers: list[int], labels: list[str] | None) -> list[str]:
+    """Each --labels entry that names no arm of the chosen experiments, with the labels it is
+    near (a label quoted from an older record may have been renamed since: an arm pinned to
+    the default it ran at carries it in its label). Empty when every label names an arm."""
+    import difflib
+
+    known = sorted({a.label for n in numbers for a in EXPERIMENTS[n].arms})
+    problems = []
+    for label in labels or ():
+        if label not in known:
+            near = difflib.get_close_matches(label, known, n=3, cutoff=0.6)
+            hint = f"; near: {', '.join(repr(k) for k in near)}" if near else ""
+            problems.append(f"{label!r} names no arm of experiment(s) "
+                            f"{', '.join(map(str, numbers))}{hint}")
+    return problems
+
+
 def _arms(exp, args) -> list:
     """The experiment's arms that this command runs: its own, or (--seeds) each configuration
     at the seeds asked for; --labels and --tokens narrow them, --max-tokens caps the budget."""
@@ -158,6 +175,9 @@ def main() -> None:
     numbers = _selected(args.experiments)
     if args.workers < 1:
         parser.error(f"--workers must be >= 1, got {args.workers}")
+    # A label that selects nothing would run nothing and say so only as "0 to run now".
+    if (problems := unknown_labels(numbers, args.labels)):
+        parser.error("--labels: " + "\n  ".join(problems))
     from benchmarks.quality.runner import RUNS_DIR, rekey_runs
     from benchmarks.quality.stale_runs import refile_stale_runs
     from benchmarks.quality.unread_fields import settle_unread_fields

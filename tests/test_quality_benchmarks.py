@@ -684,3 +684,17 @@ def test_experiment_1_measures_the_dilocos_against_data_parallel_at_its_best_lr(
     assert verdict["measured"].endswith(
         f"(inner lr 4.5e-3, its best on the validation slice) not measured at {largest:,} "
         "tokens: no seed has run for both"), verdict
+
+
+def test_a_label_that_names_no_arm_is_refused_with_the_labels_near_it():
+    """A command quoted from an older record may name an arm by a label renamed since (an arm
+    pinned to the default it ran at carries it in its label): it must say so, not run
+    nothing."""
+    from benchmarks.quality_benchmarks import unknown_labels
+
+    assert unknown_labels([1, 9], ["data-parallel", "Decoupled DiLoCo, no failures"]) == []
+    [problem] = unknown_labels([1], ["data-parallel", "Decoupled DiLoCo, inner lr 8e-3"])
+    assert "'Decoupled DiLoCo, inner lr 8e-3' names no arm" in problem
+    assert "'Decoupled DiLoCo, warm-up 8, inner lr 8e-3'" in problem
+    assert unknown_labels([9], ["Decoupled DiLoCo, no failures"]) == []
+    assert len(unknown_labels([2], ["Decoupled DiLoCo, no failures"])) == 1
