@@ -71,8 +71,7 @@ def test_arms_that_ran_at_the_old_warm_up_keep_it_and_todays_run_the_new_one():
         pinned = number == 12 or number in STILL_AT_WARMUP8
         for arm in EXPERIMENTS[number].arms:
             own = next((o for o in arm.overrides[1 if pinned else 0:]
-                        if "momentum_warmup_steps" in o),
-                       None)
+                        if "momentum_warmup_steps" in o), None)
             expected = int(own.split("=")[1]) if own else (8 if pinned else 16)
             assert arm.method == DATA_PARALLEL or warmup(arm) == expected, (number, arm.label)
         # Their reports say which warm-up they ran at.

@@ -69,8 +69,8 @@ H8_LABEL = "H = 8 (the default until H = 4)"
 # The outer momentum's warm-up before issue 38's confirmation made it 16 outer steps. The arms
 # that ran at it pin it (`_at_warmup8`), so that their runs keep the meaning they ran with: the
 # earlier defaults (whose labels name them), the probes around warm-up 8's defaults (labels
-# with WARMUP8_LABEL), experiment 12, and, until they are re-run at 16, experiments 2-11
-# (their comparisons are within the experiment; their questions say so).
+# with WARMUP8_LABEL), experiment 12, and those of experiments 2-11 not yet re-run at 16
+# (STILL_AT_WARMUP8: their comparisons are within the experiment; their questions say so).
 WARMUP8 = ("outer.momentum_warmup_steps=8",)
 WARMUP8_LABEL = "warm-up 8"
 WARMUP8_DEFAULT = "Decoupled DiLoCo, outer momentum warm-up 8 (the default until 16)"
