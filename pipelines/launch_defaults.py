@@ -12,8 +12,8 @@ what it offered and keeps what it trained since. On the real path a merge can la
 the offer (the syncer's relaunch after a crash took 13-20 s in the chaos soak, several rounds),
 and overwrite discarded everything trained meanwhile: 10.6% of the demo's tokens without
 faults, 111k of 600k under the soak's tape, which left Decoupled DiLoCo 1.2% behind synchronous
-DiLoCo at equal tokens; with rebase it ended 1.0% ahead on the test slice over three tapes
-(docs/results.md, chaos soak). On the simulator rebase is 1.6% better than overwrite at its
+DiLoCo at equal tokens; with rebase it ended 1.4% ahead on the test slice, the median of three
+tapes (docs/results.md, chaos soak). On the simulator rebase is 1.6% better than overwrite at its
 0.3 s merges and 8% better when merges take 3 s (experiment 8, one seed).
 """
 
