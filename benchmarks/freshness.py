@@ -14,12 +14,16 @@ quality experiments keep their own, finer record (a hash of the code each run ex
 `benchmarks/quality/code_identity.py`) and are not listed here; the other results kept beside
 them (experiment 1 through the real Dagster path) are.
 
-Counting commits that touched a path is coarse (a comment counts), so "stale" says "re-run
-before quoting", not "wrong". The table is a snapshot at the commit it names; re-run this
-script for today's.
+A commit counts against a result only where it changed what the interpreter sees: a Python
+file is compared as its syntax tree without comments or docstrings (the quality code hash's
+`semantic_source`), so a reworded comment or docstring does not make a result stale; any other
+file (a lock file, pyproject) counts when its bytes change. Still coarse (a refactor that
+computes the same thing counts), so "stale" says "re-run before quoting", not "wrong". The
+table is a snapshot at the commit it names; re-run this script for today's.
 """
 
 import argparse
+import functools
 import json
 import re
 import subprocess
@@ -29,6 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.quality.code_identity import semantic_source  # noqa: E402
+
 RESULTS = REPO / "benchmarks" / "results"
 PRODUCT = ("diloco_core", "resources", "pipelines")
 CORE = ("diloco_core",)
@@ -187,7 +195,39 @@ def commits_since(commit: str, paths: Sequence[str], repo: Path = REPO) -> list[
     if not paths:
         return []
     log = _git("log", "--format=%h", f"{full}..HEAD", "--", *paths, cwd=repo)
-    return [line for line in log.splitlines() if line]
+    return [c for c in log.splitlines() if c and changes_meaning(c, paths, repo)]
+
+
+def changes_meaning(commit: str, paths: Sequence[str], repo: Path = REPO) -> bool:
+    """Whether `commit` changed any file under `paths` in a way the interpreter sees: Python
+    compared without comments and docstrings, anything else by its bytes. A file added or
+    removed counts; one that no longer parses is compared by its bytes."""
+    touched = _git("diff-tree", "--no-commit-id", "--name-only", "-r", "--root", commit, "--",
+                   *paths, cwd=repo).splitlines()
+    return any(_file_changes_meaning(commit, name, repo) for name in touched)
+
+
+@functools.cache
+def _file_changes_meaning(commit: str, name: str, repo: Path) -> bool:
+    """One file's part of `changes_meaning`, cached: every result file asks about the same
+    commits."""
+    before = _git_blob(f"{commit}^:{name}", repo)
+    after = _git_blob(f"{commit}:{name}", repo)
+    if before == after:
+        return False
+    if before is None or after is None or not name.endswith(".py"):
+        return True
+    try:
+        return semantic_source(before) != semantic_source(after)
+    except SyntaxError:
+        return True
+
+
+def _git_blob(spec: str, repo: Path) -> str | None:
+    """A file's text at `rev:path`, None where it does not exist there."""
+    done = subprocess.run(["git", "show", spec], cwd=repo, capture_output=True, text=True,
+                          check=False)
+    return done.stdout if done.returncode == 0 else None
 
 
 @dataclass(frozen=True)

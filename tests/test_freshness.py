@@ -75,11 +75,15 @@ def test_a_result_goes_stale_with_its_code_and_says_which_defaults_moved(repo):
     _commit(repo, {"README.md": "words\n"}, "docs only")
     assert assess(soak, repo).verdict == "current"
 
-    # A reworded comment changes the code (coarse: re-run before quoting) but no default.
+    # A reworded comment or docstring changes nothing the interpreter sees: still current.
     _commit(repo, {"diloco_core/config.py": CONFIG.format(period=16, comment="sync period")},
             "comment")
+    _commit(repo, {"diloco_core/merge.py": '"""Merges."""\nx = 1\n'}, "docstring")
+    assert assess(soak, repo).verdict == "current"
+    # Code changes it (coarse: re-run before quoting), though no default moved.
+    code = _commit(repo, {"diloco_core/merge.py": '"""Merges."""\nx = 2\n'}, "code")
     r = assess(soak, repo)
-    assert (r.verdict, len(r.code_changes), r.defaults_changes) == ("stale", 1, [])
+    assert (r.verdict, r.code_changes, r.defaults_changes) == ("stale", [code[:7]], [])
 
     _commit(repo, {"diloco_core/config.py": CONFIG.format(period=8, comment="sync period")},
             "H = 8")
