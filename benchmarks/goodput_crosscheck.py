@@ -12,7 +12,9 @@ the relaunched process runs again. The simulator is run with
 
 and compared with the measured *failure-attributable* goodput: goodput under the tape divided
 by goodput of the fault-free run of the same method (the simulator models failures only, not
-the overlap losses and merge latency that both runs share).
+the overlap losses and merge latency that both runs share). Every tape the soak ran
+(`--extra-seeds`) is checked on its own, with its own kills, wall time and repair times; the
+medians over tapes are what to quote (one tape's kills land where they land).
 
     python benchmarks/chaos_soak.py && python benchmarks/goodput_crosscheck.py
 """
@@ -44,6 +46,31 @@ def simulate(learners: int, quorum: int, kills: int, wall: float, repair: float,
     return {k: r[k] for k in ("decoupled", "synchronous_diloco", "decoupled_uptime")}
 
 
+REPAIRS = ("repair=relaunch", "repair=rejoin")
+
+
+def crosscheck(tape: dict, free: dict, sim_key: str, seeds: int) -> dict:
+    """One tape against the simulator run with that tape's failures; `free` is the fault-free
+    run of the same method, the goodput the tape's is divided by."""
+    kills = tape["faults_fired"].get("learner_kill", 0)
+    if not kills:
+        raise SystemExit("a tape fired no kills: nothing to cross-check")
+    relaunch = statistics.median(tape["relaunch_seconds"])
+    rejoin = tape["rejoin_seconds_median"] or relaunch
+    learners = tape["learners"]
+    sims = {name: simulate(learners, tape["quorum"], kills, tape["wall_seconds"], repair, seeds)
+            for name, repair in zip(REPAIRS, (relaunch, rejoin), strict=True)}
+    return {
+        "kills": kills, "wall_seconds": tape["wall_seconds"],
+        "mtbi_learner_seconds": learners * tape["wall_seconds"] / kills,
+        "repair_seconds": {"relaunch_median": relaunch, "rejoin_median": rejoin},
+        "measured_goodput": {"tape": tape["goodput"], "fault_free": free["goodput"],
+                             "ratio": tape["goodput"] / free["goodput"]},
+        "simulated_goodput": {name: s[sim_key] for name, s in sims.items()},
+        "simulated_decoupled_uptime": {name: s["decoupled_uptime"] for name, s in sims.items()},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--soak", default=str(SOAK))
@@ -54,29 +81,20 @@ def main() -> None:
 
     soak = json.loads(Path(args.soak).read_text())
     runs = soak["runs"]
-    rows = {}
+    methods = {}
     for method, sim_key in (("decoupled", "decoupled"), ("synchronous", "synchronous_diloco")):
-        tape, free = runs[f"{method}/tape"], runs[f"{method}/fault_free"]
-        kills = tape["faults_fired"].get("learner_kill", 0)
-        if not kills:
-            raise SystemExit(f"{method}/tape fired no kills: nothing to cross-check")
-        relaunch = statistics.median(tape["relaunch_seconds"])
-        rejoin = tape["rejoin_seconds_median"] or relaunch
-        learners = tape["learners"]
-        measured = tape["goodput"] / free["goodput"]
-        sims = {name: simulate(learners, tape["quorum"], kills, tape["wall_seconds"], repair,
-                               args.seeds)
-                for name, repair in (("repair=relaunch", relaunch), ("repair=rejoin", rejoin))}
-        rows[method] = {
-            "kills": kills, "wall_seconds": tape["wall_seconds"],
-            "mtbi_learner_seconds": learners * tape["wall_seconds"] / kills,
-            "repair_seconds": {"relaunch_median": relaunch, "rejoin_median": rejoin},
-            "measured_goodput": {"tape": tape["goodput"], "fault_free": free["goodput"],
-                                 "ratio": measured},
-            "simulated_goodput": {name: s[sim_key] for name, s in sims.items()},
-            "simulated_decoupled_uptime": {name: s["decoupled_uptime"]
-                                           for name, s in sims.items()},
-        }
+        free = runs[f"{method}/fault_free"]
+        # "decoupled/tape" is the soak's first tape, "decoupled/tape-s8" its extra seed 8.
+        tapes = {name.split("/", 1)[1]: run for name, run in runs.items()
+                 if name.startswith(f"{method}/tape")}
+        rows = {name: crosscheck(tape, free, sim_key, args.seeds)
+                for name, tape in tapes.items()}
+        methods[method] = {"tapes": rows, "median": {
+            "measured_ratio": statistics.median(r["measured_goodput"]["ratio"]
+                                                for r in rows.values()),
+            **{f"simulated_{name}": statistics.median(
+                r["simulated_goodput"][name]["mean"] for r in rows.values())
+               for name in REPAIRS}}}
     result = {"benchmark": "goodput_crosscheck",
               "when": datetime.now(UTC).isoformat(timespec="seconds"),
               **code_revision(), "machine": machine_info(), "soak": soak["when"],
@@ -87,18 +105,24 @@ def main() -> None:
               "soak_file": str(Path(args.soak).resolve().relative_to(REPO))
               if Path(args.soak).resolve().is_relative_to(REPO) else args.soak,
               "seeds": args.seeds,
-              "methods": rows}
+              "methods": methods}
     Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"{'method':12} {'kills':>5} {'MTBI s':>7} {'repair s':>13}  {'measured':>8}  "
-          f"{'simulated (relaunch .. rejoin)':>30}")
-    for method, r in rows.items():
-        sim = r["simulated_goodput"]
-        print(f"{method:12} {r['kills']:>5} {r['mtbi_learner_seconds']:>7.0f} "
-              f"{r['repair_seconds']['relaunch_median']:>5.0f} .. "
-              f"{r['repair_seconds']['rejoin_median']:<5.0f}  "
-              f"{r['measured_goodput']['ratio']:>8.3f}  "
-              f"{sim['repair=relaunch']['mean']:>12.3f} ± {sim['repair=relaunch']['ci95']:.3f} .. "
-              f"{sim['repair=rejoin']['mean']:.3f} ± {sim['repair=rejoin']['ci95']:.3f}")
+    print(f"{'method':12} {'tape':8} {'kills':>5} {'MTBI s':>7} {'repair s':>13}  "
+          f"{'measured':>8}  {'simulated (relaunch .. rejoin)':>30}")
+    for method, m in methods.items():
+        for tape, r in m["tapes"].items():
+            sim = r["simulated_goodput"]
+            print(f"{method:12} {tape:8} {r['kills']:>5} {r['mtbi_learner_seconds']:>7.0f} "
+                  f"{r['repair_seconds']['relaunch_median']:>5.0f} .. "
+                  f"{r['repair_seconds']['rejoin_median']:<5.0f}  "
+                  f"{r['measured_goodput']['ratio']:>8.3f}  "
+                  f"{sim['repair=relaunch']['mean']:>12.3f} ± "
+                  f"{sim['repair=relaunch']['ci95']:.3f} .. "
+                  f"{sim['repair=rejoin']['mean']:.3f} ± {sim['repair=rejoin']['ci95']:.3f}")
+        med = m["median"]
+        print(f"{method:12} {'median':8} {'':>5} {'':>7} {'':>13}  {med['measured_ratio']:>8.3f}  "
+              f"{med['simulated_repair=relaunch']:>12.3f}   ..   "
+              f"{med['simulated_repair=rejoin']:.3f}")
     print(f"written to {args.out}")
 
 
