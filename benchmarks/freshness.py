@@ -23,6 +23,7 @@ table is a snapshot at the commit it names; re-run this script for today's.
 """
 
 import argparse
+import ast
 import functools
 import json
 import re
@@ -41,8 +42,10 @@ RESULTS = REPO / "benchmarks" / "results"
 PRODUCT = ("diloco_core", "resources", "pipelines")
 CORE = ("diloco_core",)
 # The product code each benchmark exercises, where it is less than the whole product. The
-# benchmark's script (and anything under benchmarks/ it is named after) is always included.
+# benchmark's script (and anything under benchmarks/ it is named after), and the benchmark
+# modules it imports, are always included. A benchmark takes the longest key it starts with.
 MEASURES = {
+    "scavenging_orchestrated": PRODUCT,   # the real path, not the simulator's scavenging
     "merge_cost": CORE, "merge_profile": CORE, "merge_under_load": CORE,
     "final_rounds": CORE + ("benchmarks/quality",), "scavenging": CORE + ("benchmarks/quality",),
     "goodput_calibration": CORE, "goodput_crosscheck": CORE,
@@ -120,10 +123,27 @@ def result_files(results: Path = RESULTS) -> list[Path]:
 
 
 def measured_paths(benchmark: str, repo: Path = REPO) -> tuple[str, ...]:
-    scripts = tuple(str(p.relative_to(repo)) for p in sorted((repo / "benchmarks").glob(
-        f"{benchmark}*")))
-    key = next((k for k in MEASURES if benchmark.startswith(k)), None)
+    found = sorted((repo / "benchmarks").glob(f"{benchmark}*"))
+    scripts = tuple(dict.fromkeys(str(p.relative_to(repo)) for p in [
+        *found, *(m for f in found if f.suffix == ".py" for m in benchmark_imports(f, repo))]))
+    key = max((k for k in MEASURES if benchmark.startswith(k)), key=len, default=None)
     return (MEASURES[key] if key else PRODUCT) + scripts
+
+
+def benchmark_imports(script: Path, repo: Path = REPO) -> list[Path]:
+    """The modules under benchmarks/ that a script imports, at any depth in the file (a soak's
+    scoring lives in benchmarks/quality/store_scoring.py); one level, not their imports."""
+    try:
+        tree = ast.parse(script.read_text())
+    except (OSError, SyntaxError):
+        return []
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("benchmarks."):
+            path = repo / (node.module.replace(".", "/") + ".py")
+            if path.exists() and path != script:
+                found.append(path)
+    return found
 
 
 def uses_defaults(benchmark: str) -> str | None:

@@ -12,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.freshness import (  # noqa: E402
     assess,
     default_values,
+    measured_paths,
     recorded_command,
     recorded_commits,
     result_files,
@@ -139,3 +140,18 @@ def test_defaults_are_read_field_by_field_comments_dropped():
     values = default_values(CONFIG.format(period=16, comment="= 3 # not a default"), LAUNCH)
     assert values == {"SyncConfig.sync_period": "16", "SyncConfig.num_fragments": "2",
                       "OuterOptConfig.lr": "0.5", "ExperimentConfig.name": "demo"}
+
+
+def test_a_benchmark_is_measured_against_its_own_code_and_the_benchmark_modules_it_imports(repo):
+    """The orchestrated scavenging benchmark is not the simulator's (`scavenging`, a prefix of
+    its name): it measures the whole product and the scoring it imports."""
+    _commit(repo, {"benchmarks/scavenging.py": "x = 1\n",
+                   "benchmarks/quality/store_scoring.py": "y = 1\n",
+                   "benchmarks/scavenging_orchestrated.py":
+                       "def f():\n    from benchmarks.quality.store_scoring import y\n"}, "one")
+    simulated = measured_paths("scavenging", repo)
+    orchestrated = measured_paths("scavenging_orchestrated", repo)
+    assert "resources" not in simulated and "benchmarks/quality" in simulated
+    assert {"resources", "pipelines", "benchmarks/quality/store_scoring.py",
+            "benchmarks/scavenging_orchestrated.py"} <= set(orchestrated)
+    assert "benchmarks/scavenging.py" not in orchestrated
