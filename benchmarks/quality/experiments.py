@@ -487,7 +487,16 @@ def _experiments() -> tuple[Experiment, ...]:
                ("cosine to zero", (*COSINE, "inner.min_lr_ratio=0.0")),
                ("clip at 0.5", ("inner.clip_norm=0.5",)),
                ("AdamW b1 0.95", ("inner.b1=0.95",)),
-               ("inner lr 8e-3, warm-up 40", ("inner.lr=0.008", "inner.warmup_steps=40")))),
+               ("inner lr 8e-3, warm-up 40", ("inner.lr=0.008", "inner.warmup_steps=40")),
+               # The schedule's cooldown since WSD became the default (the arms above ran on
+               # the constant lr, and run again on WSD), and two changes on top of its best lr
+               # at 1M, 4.5e-3: with these, data-parallel has as many configurations at 1M as
+               # Decoupled DiLoCo (issue 38: a budget of configurations at least the method's).
+               ("WSD decay over the last 10%", ("inner.wsd_decay_fraction=0.1",)),
+               ("WSD decay over the last 40%", ("inner.wsd_decay_fraction=0.4",)),
+               ("inner lr 4.5e-3, warm-up 40", ("inner.lr=0.0045", "inner.warmup_steps=40")),
+               ("inner lr 4.5e-3, WSD decay over the last 40%",
+                ("inner.lr=0.0045", "inner.wsd_decay_fraction=0.4")))),
          # Decoupled DiLoCo's learners on the old cosine too: the schedule changed for every
          # method at once.
          Arm("Decoupled DiLoCo, defaults, cosine inner lr", DECOUPLED, COSINE, 0, headline),
