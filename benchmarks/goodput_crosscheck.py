@@ -49,12 +49,12 @@ def simulate(learners: int, quorum: int, kills: int, wall: float, repair: float,
 REPAIRS = ("repair=relaunch", "repair=rejoin")
 
 
-def crosscheck(tape: dict, free: dict, sim_key: str, seeds: int) -> dict:
-    """One tape against the simulator run with that tape's failures; `free` is the fault-free
-    run of the same method, the goodput the tape's is divided by."""
+def crosscheck(name: str, tape: dict, free: dict, sim_key: str, seeds: int) -> dict:
+    """One tape (the soak's run `name`) against the simulator run with that tape's failures;
+    `free` is the fault-free run of the same method, the goodput the tape's is divided by."""
     kills = tape["faults_fired"].get("learner_kill", 0)
     if not kills:
-        raise SystemExit("a tape fired no kills: nothing to cross-check")
+        raise SystemExit(f"{name} fired no kills: nothing to cross-check")
     relaunch = statistics.median(tape["relaunch_seconds"])
     rejoin = tape["rejoin_seconds_median"] or relaunch
     learners = tape["learners"]
@@ -87,7 +87,7 @@ def main() -> None:
         # "decoupled/tape" is the soak's first tape, "decoupled/tape-s8" its extra seed 8.
         tapes = {name.split("/", 1)[1]: run for name, run in runs.items()
                  if name.startswith(f"{method}/tape")}
-        rows = {name: crosscheck(tape, free, sim_key, args.seeds)
+        rows = {name: crosscheck(f"{method}/{name}", tape, free, sim_key, args.seeds)
                 for name, tape in tapes.items()}
         methods[method] = {"tapes": rows, "median": {
             "measured_ratio": statistics.median(r["measured_goodput"]["ratio"]
