@@ -36,18 +36,24 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.quality import code_identity  # noqa: E402
 from benchmarks.quality.code_identity import semantic_source  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 PRODUCT = ("diloco_core", "resources", "pipelines")
 CORE = ("diloco_core",)
+# The benchmarks that run their arms through the quality runner depend on what its code hash
+# covers (the simulator's closure, the runner, the scoring, the data loaders), not on the rest
+# of benchmarks/quality: a new experiment's arms or a report column does not change them.
+QUALITY_RUNNER = CORE + tuple(str(p.relative_to(code_identity.REPO))
+                              for p in code_identity.code_files())
 # The product code each benchmark exercises, where it is less than the whole product. The
 # benchmark's script (and anything under benchmarks/ it is named after), and the benchmark
 # modules it imports, are always included. A benchmark takes the longest key it starts with.
 MEASURES = {
     "scavenging_orchestrated": PRODUCT,   # the real path, not the simulator's scavenging
     "merge_cost": CORE, "merge_profile": CORE, "merge_under_load": CORE,
-    "final_rounds": CORE + ("benchmarks/quality",), "scavenging": CORE + ("benchmarks/quality",),
+    "final_rounds": QUALITY_RUNNER, "scavenging": QUALITY_RUNNER,
     "goodput_calibration": CORE, "goodput_crosscheck": CORE,
     "simulator_schedule_spread": CORE, "syncer_sizing": (),
     "inner_step_throughput": CORE + ("resources",),

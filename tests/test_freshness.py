@@ -151,7 +151,10 @@ def test_a_benchmark_is_measured_against_its_own_code_and_the_benchmark_modules_
                        "def f():\n    from benchmarks.quality.store_scoring import y\n"}, "one")
     simulated = measured_paths("scavenging", repo)
     orchestrated = measured_paths("scavenging_orchestrated", repo)
-    assert "resources" not in simulated and "benchmarks/quality" in simulated
+    # The simulated one, through the quality runner: what the quality code hash covers, not
+    # the experiments' arms or reports beside it.
+    assert "resources" not in simulated and "benchmarks/quality/runner.py" in simulated
+    assert not {"benchmarks/quality", "benchmarks/quality/experiments.py"} & set(simulated)
     assert {"resources", "pipelines", "benchmarks/quality/store_scoring.py",
             "benchmarks/scavenging_orchestrated.py"} <= set(orchestrated)
     assert "benchmarks/scavenging.py" not in orchestrated
