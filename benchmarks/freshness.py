@@ -23,7 +23,6 @@ table is a snapshot at the commit it names; re-run this script for today's.
 """
 
 import argparse
-import ast
 import functools
 import json
 import re
@@ -140,16 +139,10 @@ def benchmark_imports(script: Path, repo: Path = REPO) -> list[Path]:
     """The modules under benchmarks/ that a script imports, at any depth in the file (a soak's
     scoring lives in benchmarks/quality/store_scoring.py); one level, not their imports."""
     try:
-        tree = ast.parse(script.read_text())
+        found = code_identity.imported_modules(script, ("benchmarks",), repo)
     except (OSError, SyntaxError):
         return []
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("benchmarks."):
-            path = repo / (node.module.replace(".", "/") + ".py")
-            if path.exists() and path != script:
-                found.append(path)
-    return found
+    return sorted(found - {script})
 
 
 def uses_defaults(benchmark: str) -> str | None:

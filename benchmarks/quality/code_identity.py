@@ -33,16 +33,18 @@ PACKAGES = ("diloco_core", "resources")
 CONFIG_MODULE = "diloco_core/config.py"
 
 
-def _imported_modules(path: Path) -> set[Path]:
-    """The project modules one source file imports, at any depth in the file."""
+def imported_modules(path: Path, packages: tuple[str, ...] = PACKAGES,
+                     repo: Path = REPO) -> set[Path]:
+    """The modules of `packages` (under `repo`) one source file imports, at any depth in the
+    file."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                  [node.module] + [f"{node.module}.{a.name}" for a in node.names]
                  if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
         for name in names:
-            if name.split(".")[0] in PACKAGES:
-                candidate = REPO / (name.replace(".", "/") + ".py")
+            if name.split(".")[0] in packages:
+                candidate = repo / (name.replace(".", "/") + ".py")
                 if candidate.exists():
                     found.add(candidate)
     return found
@@ -56,7 +58,7 @@ def code_files() -> list[Path]:
         path = todo.pop()
         if path not in seen:
             seen.add(path)
-            todo.extend(_imported_modules(path) - seen)
+            todo.extend(imported_modules(path) - seen)
     return sorted(seen)
 
 
