@@ -18,11 +18,14 @@ A commit counts against a result only where it changed what the interpreter sees
 file is compared as its syntax tree without comments or docstrings (the quality code hash's
 `semantic_source`), so a reworded comment or docstring does not make a result stale; any other
 file (a lock file, pyproject) counts when its bytes change. Still coarse (a refactor that
-computes the same thing counts), so "stale" says "re-run before quoting", not "wrong". The
+computes the same thing counts), so "stale" says "re-run before quoting", not "wrong". A
+benchmark module a script takes names from (`from benchmarks.quality.experiments import Arm`)
+counts only where those names' definitions changed (`measured_names`). The
 table is a snapshot at the commit it names; re-run this script for today's.
 """
 
 import argparse
+import ast
 import functools
 import json
 import re
@@ -135,6 +138,76 @@ def measured_paths(benchmark: str, repo: Path = REPO) -> tuple[str, ...]:
     return (MEASURES[key] if key else PRODUCT) + scripts
 
 
+def measured_names(benchmark: str, repo: Path = REPO) -> dict[str, frozenset[str]]:
+    """The imported benchmark modules that measure a benchmark only through some of their
+    names, path -> those names: the simulated scavenging takes `Arm` and two constants from
+    the experiments' module, so an experiment's new arms there do not make it stale. A module
+    any of its scripts imports whole, or one its `MEASURES` entry covers, is not listed (the
+    whole file counts)."""
+    key = max((k for k in MEASURES if benchmark.startswith(k)), key=len, default=None)
+    covered = MEASURES[key] if key else PRODUCT
+    names: dict[str, frozenset[str] | None] = {}
+    for script in sorted((repo / "benchmarks").glob(f"{benchmark}*.py")):
+        for module in benchmark_imports(script, repo):
+            rel = str(module.relative_to(repo))
+            taken = imported_names(script, module, repo)
+            names[rel] = (None if taken is None or (rel in names and names[rel] is None)
+                          else taken | names.get(rel, frozenset()))
+    return {rel: taken for rel, taken in names.items() if taken is not None
+            and not any(rel == c or rel.startswith(c.rstrip("/") + "/") for c in covered)}
+
+
+def imported_names(script: Path, module: Path, repo: Path = REPO) -> frozenset[str] | None:
+    """The names `script` takes from `module` (`from a.b import X, Y`), or None where it
+    imports the module whole (`import a.b`, `from a import b`)."""
+    dotted = str(module.relative_to(repo).with_suffix("")).replace("/", ".")
+    taken: set[str] = set()
+    for node in ast.walk(ast.parse(script.read_text())):
+        if isinstance(node, ast.Import) and any(a.name == dotted for a in node.names):
+            return None
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            if any(f"{node.module}.{a.name}" == dotted for a in node.names):
+                return None
+            if node.module == dotted:
+                if any(a.name == "*" for a in node.names):
+                    return None
+                taken |= {a.name for a in node.names}
+    return frozenset(taken)
+
+
+def definitions(text: str, names: frozenset[str]) -> str | None:
+    """What a module's `names` are, as the interpreter sees them: the top-level statements
+    that bind them and, in turn, those binding the top-level names they use (a class's default
+    that is a module constant, the decorator it imports), compared like `semantic_source`.
+    None where a name is bound nowhere at the top (then the whole module counts)."""
+    body = ast.parse(text).body
+    binds: dict[str, list[int]] = {}
+    for i, statement in enumerate(body):
+        for name in _bound_names(statement):
+            binds.setdefault(name, []).append(i)
+    if not names <= binds.keys():
+        return None
+    kept, todo = set(), list(names)
+    while todo:
+        for i in binds.get(todo.pop(), ()):
+            if i not in kept:
+                kept.add(i)
+                todo += [n.id for n in ast.walk(body[i]) if isinstance(n, ast.Name)]
+    module = ast.Module(body=[body[i] for i in sorted(kept)], type_ignores=[])
+    return semantic_source(ast.unparse(module))
+
+
+def _bound_names(statement: ast.stmt) -> list[str]:
+    if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [statement.name]
+    if isinstance(statement, (ast.Import, ast.ImportFrom)):
+        return [(a.asname or a.name).split(".")[0] for a in statement.names]
+    targets = (statement.targets if isinstance(statement, ast.Assign) else
+               [statement.target] if isinstance(statement, (ast.AnnAssign, ast.AugAssign))
+               else [])
+    return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+
+
 def benchmark_imports(script: Path, repo: Path = REPO) -> list[Path]:
     """The modules under benchmarks/ that a script imports, at any depth in the file (a soak's
     scoring lives in benchmarks/quality/store_scoring.py); one level, not their imports."""
@@ -205,29 +278,34 @@ def changed_defaults(commit: str, which: str | None, command: str | None = None,
             if before[k] != now[k] and k not in own]
 
 
-def commits_since(commit: str, paths: Sequence[str], repo: Path = REPO) -> list[str] | None:
+def commits_since(commit: str, paths: Sequence[str], repo: Path = REPO,
+                  names: dict[str, frozenset[str]] | None = None) -> list[str] | None:
     """Commits after `commit` (on the way to HEAD) that touched any of `paths`; None when the
-    commit is not in this clone's history."""
+    commit is not in this clone's history. A file in `names` counts only where the
+    definitions of those names changed (`measured_names`)."""
     full = _git("rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}", cwd=repo)
     if not full:
         return None
     if not paths:
         return []
     log = _git("log", "--format=%h", f"{full}..HEAD", "--", *paths, cwd=repo)
-    return [c for c in log.splitlines() if c and changes_meaning(c, paths, repo)]
+    return [c for c in log.splitlines() if c and changes_meaning(c, paths, repo, names)]
 
 
-def changes_meaning(commit: str, paths: Sequence[str], repo: Path = REPO) -> bool:
+def changes_meaning(commit: str, paths: Sequence[str], repo: Path = REPO,
+                    names: dict[str, frozenset[str]] | None = None) -> bool:
     """Whether `commit` changed any file under `paths` in a way the interpreter sees: Python
     compared without comments and docstrings, anything else by its bytes. A file added or
     removed counts; one that no longer parses is compared by its bytes."""
     touched = _git("diff-tree", "--no-commit-id", "--name-only", "-r", "--root", commit, "--",
                    *paths, cwd=repo).splitlines()
-    return any(_file_changes_meaning(commit, name, repo) for name in touched)
+    return any(_file_changes_meaning(commit, name, repo, (names or {}).get(name))
+               for name in touched)
 
 
 @functools.cache
-def _file_changes_meaning(commit: str, name: str, repo: Path) -> bool:
+def _file_changes_meaning(commit: str, name: str, repo: Path,
+                          names: frozenset[str] | None = None) -> bool:
     """One file's part of `changes_meaning`, cached: every result file asks about the same
     commits."""
     before = _git_blob(f"{commit}^:{name}", repo)
@@ -237,6 +315,10 @@ def _file_changes_meaning(commit: str, name: str, repo: Path) -> bool:
     if before is None or after is None or not name.endswith(".py"):
         return True
     try:
+        if names is not None:
+            seen = definitions(before, names), definitions(after, names)
+            if None not in seen:
+                return seen[0] != seen[1]
         return semantic_source(before) != semantic_source(after)
     except SyntaxError:
         return True
@@ -271,8 +353,9 @@ def assess(path: Path, repo: Path = REPO) -> Freshness:
     result = json.loads(path.read_text())
     benchmark = benchmark_of(path, result)
     best: tuple[str, list[str], list[str]] | None = None
+    paths, names = measured_paths(benchmark, repo), measured_names(benchmark, repo)
     for commit in dict.fromkeys(recorded_commits(result)):
-        code = commits_since(commit, measured_paths(benchmark, repo), repo)
+        code = commits_since(commit, paths, repo, names)
         if code is None:
             continue
         defaults = changed_defaults(commit, uses_defaults(benchmark), recorded_command(result),

@@ -12,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.freshness import (  # noqa: E402
     assess,
     default_values,
+    measured_names,
     measured_paths,
     recorded_command,
     recorded_commits,
@@ -158,3 +159,31 @@ def test_a_benchmark_is_measured_against_its_own_code_and_the_benchmark_modules_
     assert {"resources", "pipelines", "benchmarks/quality/store_scoring.py",
             "benchmarks/scavenging_orchestrated.py"} <= set(orchestrated)
     assert "benchmarks/scavenging.py" not in orchestrated
+
+
+def test_a_module_a_benchmark_takes_names_from_measures_it_only_through_those_names(repo):
+    """The simulated scavenging takes `Arm` and a constant from the experiments' module: a new
+    experiment's arms there leave its result current; a change to what `Arm` is (a default
+    it reads from a module constant, in turn) makes it stale."""
+    experiments = ("from dataclasses import dataclass\n\nTOKENS = 5\nDECOUPLED = 'd'\n\n"
+                   "@dataclass\nclass Arm:\n    tokens: int = TOKENS\n\nARMS = ({arms})\n")
+    measured = _commit(repo, {
+        "benchmarks/quality/experiments.py": experiments.format(arms="1,"),
+        "benchmarks/scavenging.py":
+            "from benchmarks.quality.experiments import DECOUPLED, Arm\nx = Arm()\n",
+        "benchmarks/final_rounds.py": "from benchmarks.quality import experiments\n"}, "one")
+    assert measured_names("scavenging", repo) == {
+        "benchmarks/quality/experiments.py": frozenset({"Arm", "DECOUPLED"})}
+    assert measured_names("final_rounds", repo) == {}          # imported whole
+    simulated = _result(repo, "scavenging.json", {
+        "commit": measured, "command": "python benchmarks/scavenging.py"})
+    whole = _result(repo, "final_rounds.json", {
+        "commit": measured, "command": "python benchmarks/final_rounds.py"})
+
+    _commit(repo, {"benchmarks/quality/experiments.py": experiments.format(arms="1, 2")},
+            "a new arm")
+    assert assess(simulated, repo).verdict == "current"
+    assert assess(whole, repo).verdict == "stale"
+    budget = _commit(repo, {"benchmarks/quality/experiments.py":
+                            experiments.format(arms="1, 2").replace("= 5", "= 6")}, "budget")
+    assert assess(simulated, repo).code_changes == [budget[:7]]
