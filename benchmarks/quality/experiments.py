@@ -52,6 +52,33 @@ COSINE_INNER_ARMS = (("data-parallel", DATA_PARALLEL), ("Decoupled DiLoCo", DECO
 # at its best (today's WSD), except data-parallel's own constant-lr arm.
 CONSTANT = ("inner.schedule=constant",)
 CONSTANT_INNER = "constant inner lr"
+# Data-parallel tuned as hard as the method (issue 38): its learning rate between experiment
+# 12's three, its warm-up, its schedule and its AdamW settings, one change at a time from the
+# defaults (lr 6e-3, warm-up 20 of ~122 steps at 1M, WSD, b2 0.95, decay 0.1, clip 1), and a
+# few changes together on top of the best single ones. Run at 1M (experiment 12) and at 0.5M
+# (experiment 1), seed 0, the winners then on seeds 1 and 2.
+DATA_PARALLEL_LRS = (("inner lr 4.5e-3", ("inner.lr=0.0045",)),
+                     ("inner lr 8e-3", ("inner.lr=0.008",)))
+DATA_PARALLEL_PROBES = (
+    ("warm-up 10", ("inner.warmup_steps=10",)),
+    ("warm-up 40", ("inner.warmup_steps=40",)),
+    ("cosine to 0.1x after warm-up (the old default)", COSINE),
+    ("AdamW b2 0.99", ("inner.b2=0.99",)),
+    ("no weight decay", ("inner.weight_decay=0.0",)),
+    ("cosine to zero", (*COSINE, "inner.min_lr_ratio=0.0")),
+    ("clip at 0.5", ("inner.clip_norm=0.5",)),
+    ("AdamW b1 0.95", ("inner.b1=0.95",)),
+    ("inner lr 8e-3, warm-up 40", ("inner.lr=0.008", "inner.warmup_steps=40")),
+    # The schedule's cooldown since WSD became the default (the probes above ran on the
+    # constant lr at first, and again on WSD), and two changes on top of the best lr at 1M,
+    # 4.5e-3: with these, data-parallel has as many configurations at 1M as Decoupled DiLoCo.
+    ("WSD decay over the last 10%", ("inner.wsd_decay_fraction=0.1",)),
+    ("WSD decay over the last 40%", ("inner.wsd_decay_fraction=0.4",)),
+    ("inner lr 4.5e-3, warm-up 40", ("inner.lr=0.0045", "inner.warmup_steps=40")),
+    ("inner lr 4.5e-3, WSD decay over the last 40%",
+     ("inner.lr=0.0045", "inner.wsd_decay_fraction=0.4")),
+    # Clipping at 0.5 beat 4.5e-3 at 1M on seed 0 (1.6898 against 1.6971): the two together.
+    ("inner lr 4.5e-3, clip at 0.5", ("inner.lr=0.0045", "inner.clip_norm=0.5")))
 BEFORE_WSD_ARMS = (
     (f"data-parallel, {CONSTANT_INNER}", DATA_PARALLEL, CONSTANT),
     ("Decoupled DiLoCo, H = 8, RDA merge", DECOUPLED,
@@ -226,6 +253,13 @@ def _experiments() -> tuple[Experiment, ...]:
            for arm in _seeds(f"Decoupled DiLoCo, M = {m}", DECOUPLED,
                              (f"learners.num_learners={m}", f"data.batch_size={batch}"),
                              (0, 1, 2), headline)),
+         # Data-parallel at 0.5M with as many configurations as the method there (issue 38: its
+         # lr, warm-up and schedule at every budget reported): experiment 12's probes and lrs,
+         # seed 0 (8e-3 and 4.5e-3, below, ran on the selection seeds).
+         *(Arm(f"data-parallel, {what}", DATA_PARALLEL, overrides, 0, TREND_TOKENS[0])
+           for what, overrides in (("inner lr 3e-3", ("inner.lr=0.003",)),
+                                   ("inner lr 1e-2", ("inner.lr=0.01",)),
+                                   *DATA_PARALLEL_PROBES)),
          # The outer momentum's warm-up around the default (16 outer steps since issue 38's
          # confirmation: 1.022x data-parallel at 1M and 1.009x at 4M on the confirmation
          # seeds, against 1.036x and 1.014x at 8): none, and twice as long.
@@ -470,36 +504,9 @@ def _experiments() -> tuple[Experiment, ...]:
         "its own best inner lr? The defaults of every other experiment come from here.", "",
         (*(Arm(f"data-parallel, inner lr {lr:g}", DATA_PARALLEL, (f"inner.lr={lr}",), 0,
                headline) for lr in (3e-3, 6e-3, 1e-2)),
-         # Data-parallel tuned as hard as the method (issue 38): its learning rate between the
-         # three above, its warm-up, its schedule and its AdamW settings, one change at a time
-         # from the defaults (lr 6e-3, warm-up 20 of ~122 steps, constant after it, b2 0.95,
-         # decay 0.1, clip 1). The constant schedule was one of these changes when the default
-         # was the cosine; the cosine arms are the old default and its variant.
+         # Data-parallel tuned as hard as the method (issue 38), between the three above.
          *(Arm(f"data-parallel, {what}", DATA_PARALLEL, overrides, 0, headline)
-           for what, overrides in (
-               ("inner lr 4.5e-3", ("inner.lr=0.0045",)),
-               ("inner lr 8e-3", ("inner.lr=0.008",)),
-               ("warm-up 10", ("inner.warmup_steps=10",)),
-               ("warm-up 40", ("inner.warmup_steps=40",)),
-               ("cosine to 0.1x after warm-up (the old default)", COSINE),
-               ("AdamW b2 0.99", ("inner.b2=0.99",)),
-               ("no weight decay", ("inner.weight_decay=0.0",)),
-               ("cosine to zero", (*COSINE, "inner.min_lr_ratio=0.0")),
-               ("clip at 0.5", ("inner.clip_norm=0.5",)),
-               ("AdamW b1 0.95", ("inner.b1=0.95",)),
-               ("inner lr 8e-3, warm-up 40", ("inner.lr=0.008", "inner.warmup_steps=40")),
-               # The schedule's cooldown since WSD became the default (the arms above ran on
-               # the constant lr, and run again on WSD), and two changes on top of its best lr
-               # at 1M, 4.5e-3: with these, data-parallel has as many configurations at 1M as
-               # Decoupled DiLoCo (issue 38: a budget of configurations at least the method's).
-               ("WSD decay over the last 10%", ("inner.wsd_decay_fraction=0.1",)),
-               ("WSD decay over the last 40%", ("inner.wsd_decay_fraction=0.4",)),
-               ("inner lr 4.5e-3, warm-up 40", ("inner.lr=0.0045", "inner.warmup_steps=40")),
-               ("inner lr 4.5e-3, WSD decay over the last 40%",
-                ("inner.lr=0.0045", "inner.wsd_decay_fraction=0.4")),
-               # Clipping at 0.5 beat 4.5e-3 on seed 0 (1.6898 against 1.6971): the two
-               # together, in case they add up.
-               ("inner lr 4.5e-3, clip at 0.5", ("inner.lr=0.0045", "inner.clip_norm=0.5")))),
+           for what, overrides in (*DATA_PARALLEL_LRS, *DATA_PARALLEL_PROBES)),
          # Decoupled DiLoCo's learners on the old cosine too: the schedule changed for every
          # method at once.
          Arm("Decoupled DiLoCo, defaults, cosine inner lr", DECOUPLED, COSINE, 0, headline),
