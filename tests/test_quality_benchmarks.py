@@ -679,14 +679,25 @@ def test_experiment_1_measures_the_dilocos_against_data_parallel_at_its_best_lr(
         assert default["test_vs_data_parallel"] == pytest.approx(2.0 / lower_loss
                                                                  if against == lower else 1.0,
                                                                  abs=2e-4)
-    # Where data-parallel's best has run on seed 0 only and Decoupled DiLoCo on the others, the
-    # gap is said to be unmeasured rather than taken against another baseline.
+    # A configuration run on seed 0 only is not data-parallel's best yet, however low its
+    # loss there: the default stays the reference at that budget.
     largest = max(a.tokens for a in exp.arms)
     records = records_for(1.96)
     for a in exp.arms:
-        if a.tokens == largest and ((a.label == lower and a.seed != 0)
-                                    or (a.label == "Decoupled DiLoCo" and a.seed == 0)):
-            records.pop(arm_key(a), None)
+        if a.tokens == largest and a.label == lower and a.seed != 0:
+            records.pop(arm_key(a))
+    monkeypatch.setattr(report, "load_arm", lambda arm: records.get(arm_key(arm)))
+    _, verdict = report._exp1(exp)
+    assert verdict["measured"].endswith(f"= 1.0200 ± 0.0000 (s.e. over seeds) at {largest:,} "
+                                        "tokens (mean of 3 seeds, paired; test slice, selection "
+                                        "seeds 0, 1, 2 (not yet confirmed on fresh seeds))"), \
+        verdict
+    # Where data-parallel's best has run and Decoupled DiLoCo has not, the gap is said to be
+    # unmeasured rather than taken against another baseline.
+    records = records_for(1.96)
+    for a in exp.arms:
+        if a.tokens == largest and a.label == "Decoupled DiLoCo":
+            records.pop(arm_key(a))
     monkeypatch.setattr(report, "load_arm", lambda arm: records.get(arm_key(arm)))
     _, verdict = report._exp1(exp)
     assert verdict["measured"].endswith(

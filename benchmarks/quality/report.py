@@ -191,7 +191,9 @@ def best_data_parallel(groups: dict[str, list[Arm]]) -> str:
     """The data-parallel configuration the DiLoCos are measured against at one budget: the
     one with the lowest validation loss on the selection seeds, each candidate paired seed by
     seed with the default's runs (issue 38: the baseline at its own best, chosen the way the
-    method's settings are). The default where no other has a selection seed scored beside it."""
+    method's settings are). A candidate must have run on every selection seed the default has:
+    a probe run on seed 0 alone (experiment 12's, at 1M and 0.5M) is a lead to run on the
+    others, not yet the reference. The default where no other qualifies."""
     default = {a.seed: _record(a) for a in groups.get("data-parallel", [])
                if role([a.seed]) == "selection"}
     best, best_ratio = "data-parallel", 1.0
@@ -200,7 +202,7 @@ def best_data_parallel(groups: dict[str, list[Arm]]) -> str:
             continue
         mine = {a.seed: _record(a) for a in group if role([a.seed]) == "selection"}
         ratios = paired_ratios(mine, default, "validation")
-        if ratios and statistics.fmean(ratios) < best_ratio:
+        if ratios and len(ratios) == len(default) and statistics.fmean(ratios) < best_ratio:
             best, best_ratio = label, statistics.fmean(ratios)
     return best
 
