@@ -134,8 +134,13 @@ def measured_paths(benchmark: str, repo: Path = REPO) -> tuple[str, ...]:
     found = sorted((repo / "benchmarks").glob(f"{benchmark}*"))
     scripts = tuple(dict.fromkeys(str(p.relative_to(repo)) for p in [
         *found, *(m for f in found if f.suffix == ".py" for m in benchmark_imports(f, repo))]))
+    return _measures(benchmark) + scripts
+
+
+def _measures(benchmark: str) -> tuple[str, ...]:
+    """The product code a benchmark exercises: its longest `MEASURES` key, else the product."""
     key = max((k for k in MEASURES if benchmark.startswith(k)), key=len, default=None)
-    return (MEASURES[key] if key else PRODUCT) + scripts
+    return MEASURES[key] if key else PRODUCT
 
 
 def measured_names(benchmark: str, repo: Path = REPO) -> dict[str, frozenset[str]]:
@@ -144,8 +149,7 @@ def measured_names(benchmark: str, repo: Path = REPO) -> dict[str, frozenset[str
     the experiments' module, so an experiment's new arms there do not make it stale. A module
     any of its scripts imports whole, or one its `MEASURES` entry covers, is not listed (the
     whole file counts)."""
-    key = max((k for k in MEASURES if benchmark.startswith(k)), key=len, default=None)
-    covered = MEASURES[key] if key else PRODUCT
+    covered = _measures(benchmark)
     names: dict[str, frozenset[str] | None] = {}
     for script in sorted((repo / "benchmarks").glob(f"{benchmark}*.py")):
         for module in benchmark_imports(script, repo):
