@@ -93,9 +93,9 @@ def test_seeds_are_named_by_role_and_arms_reseeded():
 
 def test_configurations_count_hyperparameters_not_scenarios():
     # Data-parallel at 1M tokens: three inner learning rates (6e-3 is the default, experiment
-    # 1's), experiment 12's sixteen other settings of its own (warm-up, schedule and its
+    # 1's), experiment 12's seventeen other settings of its own (warm-up, schedule and its
     # cooldown, AdamW) and experiment 1's constant inner lr (the schedule before WSD).
-    assert configurations_tried(DATA_PARALLEL, 1_000_000) == 20
+    assert configurations_tried(DATA_PARALLEL, 1_000_000) == 21
     # Counted as tried only once run: here only the default has.
     assert configurations_tried(DATA_PARALLEL, 1_000_000,
                                 ran=lambda arm: arm.overrides == ()) == 1
