@@ -225,8 +225,10 @@ def _experiments() -> tuple[Experiment, ...]:
         "until a linear decay over the last 20%; H = 4; the weighted mean of the outer "
         "gradients; outer Nesterov lr 0.5 / momentum 0.5 warmed up over 16 outer steps; rebase "
         "on receipt). Every ratio is against data-parallel at its best configuration at that "
-        "budget (lowest validation loss on the selection seeds; the `against` column), which "
-        "on WSD is an inner lr of 4.5e-3, not the default's 6e-3. Arms marked warm-up 8 ran "
+        "budget (lowest validation loss on the selection seeds, among the configurations run "
+        "on all three; the `against` column): on WSD an inner lr of 4.5e-3, not the "
+        "default's 6e-3, and at 1M that lr with gradients clipped at 0.5 and a 40-step "
+        "warm-up (the best of 21 configurations there). Arms marked warm-up 8 ran "
         "at the outer momentum's warm-up before it became 16 (the probes around those "
         "defaults, and every earlier default).",
         "Decoupled DiLoCo within 4% of data-parallel held-out loss (stretch: 2%)",
