@@ -5,6 +5,8 @@
     python benchmarks/quality_benchmarks.py 1 --workers 2   # arms in 2 processes at once
     python benchmarks/quality_benchmarks.py --report   # tables, plots and docs/results.md
                                                        # from the stored results
+    python benchmarks/quality_benchmarks.py 1 --report # experiment 1's only (the page's other
+                                                       # sections stay as last reported)
     python benchmarks/quality_benchmarks.py 1 --seeds confirmation --tokens 1000000 \
         --labels data-parallel "Decoupled DiLoCo"     # those arms on seeds 3-5 instead
 
@@ -206,7 +208,7 @@ def main() -> None:
                 print(path.relative_to(REPO))
         except Missing as why:
             print(f"experiment {number}: not written, {why}")
-    print(write_results_page().relative_to(REPO))
+    print(write_results_page(numbers=numbers).relative_to(REPO))
 
 
 if __name__ == "__main__":

@@ -717,3 +717,35 @@ def test_a_label_that_names_no_arm_is_refused_with_the_labels_near_it():
     assert "'Decoupled DiLoCo, warm-up 8, inner lr 8e-3'" in problem
     assert unknown_labels([9], ["Decoupled DiLoCo, no failures"]) == []
     assert len(unknown_labels([2], ["Decoupled DiLoCo, no failures"])) == 1
+
+
+def test_the_results_page_rewrites_only_the_experiments_asked_for(monkeypatch, tmp_path):
+    """`quality_benchmarks.py 12` rewrites experiment 12's section of the page; experiment 1's
+    stays as its last report wrote it (its JSON agrees), even where experiment 12's runs would
+    move its figures; one never reported is written now, and one whose runs went stale is
+    marked so whoever asked."""
+    from benchmarks.quality import report
+
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.setattr(report, "OUT_DIR", out)
+    for number in (1, 12, 5):
+        (out / f"{report._name(EXPERIMENTS[number])}.md").write_text(
+            f"### {number}. as last written\n")
+
+    def section(exp):
+        if exp.number == 5:
+            raise report.Missing("a run went stale")
+        return f"### {exp.number}. as it stands now\n"
+    monkeypatch.setattr(report, "section", section)
+    monkeypatch.setattr(report, "real_path_section", lambda: "### real path\n")
+    page = tmp_path / "results.md"
+    page.write_text("# Results\n")
+
+    text = report.write_results_page(page, numbers=[12]).read_text()
+    assert "### 12. as it stands now" in text and "### 12. as last written" not in text
+    assert "### 1. as last written" in text and "### 1. as it stands now" not in text
+    assert "### 2. as it stands now" in text            # never reported: written now
+    assert "**Not current: a run went stale**" in text   # experiment 5, not asked for
+    text = report.write_results_page(page).read_text()   # `--report`: every experiment now
+    assert "### 1. as it stands now" in text and "### 1. as last written" not in text

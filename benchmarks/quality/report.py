@@ -881,14 +881,28 @@ def _last_written(exp: Experiment, why: Missing) -> str:
             f"last table written, from the runs it names:\n{rest}")
 
 
-def write_results_page(page: Path = RESULTS_PAGE) -> Path:
-    """Replace the generated block of the results page with every finished experiment."""
+def _as_written(exp: Experiment) -> str:
+    """The experiment's section as its last report wrote it (the page agrees with its JSON),
+    or as it would be written now where it has never been; raises `Missing` when a required
+    arm has no current run, so that a stale experiment is marked so whoever asked."""
+    now = section(exp)
+    written = OUT_DIR / f"{_name(exp)}.md"
+    return written.read_text() if written.exists() else now
+
+
+def write_results_page(page: Path = RESULTS_PAGE, numbers=None) -> Path:
+    """Replace the generated block of the results page: the experiments in `numbers` (all by
+    default) as they stand now, every other one as its last report wrote it. A run for one
+    experiment can move another's figures (a new data-parallel probe may become experiment
+    1's reference), and that experiment's JSON moves only when it is reported."""
     parts = []
     for number in sorted(RUN_ORDER):
+        exp = EXPERIMENTS[number]
         try:
-            parts.append(section(EXPERIMENTS[number]))
+            parts.append(section(exp) if numbers is None or number in numbers
+                         else _as_written(exp))
         except Missing as why:
-            parts.append(_last_written(EXPERIMENTS[number], why))
+            parts.append(_last_written(exp, why))
         if number == 1:
             parts.append(real_path_section())
     block = "\n".join([BEGIN, "", *parts, END])
