@@ -55,8 +55,8 @@ CONSTANT_INNER = "constant inner lr"
 # Data-parallel tuned as hard as the method (issue 38): its learning rate between experiment
 # 12's three, its warm-up, its schedule and its AdamW settings, one change at a time from the
 # defaults (lr 6e-3, warm-up 20 of ~122 steps at 1M, WSD, b2 0.95, decay 0.1, clip 1), and a
-# few changes together on top of the best single ones. Run at 1M (experiment 12) and at 0.5M
-# (experiment 1), seed 0, the winners then on seeds 1 and 2.
+# few changes together on top of the budget's best lr (`data_parallel_combinations`). Run at 1M
+# (experiment 12) and at 0.5M (experiment 1), seed 0, the winners then on seeds 1 and 2.
 DATA_PARALLEL_LRS = (("inner lr 4.5e-3", ("inner.lr=0.0045",)),
                      ("inner lr 8e-3", ("inner.lr=0.008",)))
 DATA_PARALLEL_PROBES = (
@@ -68,20 +68,25 @@ DATA_PARALLEL_PROBES = (
     ("cosine to zero", (*COSINE, "inner.min_lr_ratio=0.0")),
     ("clip at 0.5", ("inner.clip_norm=0.5",)),
     ("AdamW b1 0.95", ("inner.b1=0.95",)),
-    ("inner lr 8e-3, warm-up 40", ("inner.lr=0.008", "inner.warmup_steps=40")),
     # The schedule's cooldown since WSD became the default (the probes above ran on the
-    # constant lr at first, and again on WSD), and two changes on top of the best lr at 1M,
-    # 4.5e-3: with these, data-parallel has as many configurations at 1M as Decoupled DiLoCo.
+    # constant lr at first, and again on WSD).
     ("WSD decay over the last 10%", ("inner.wsd_decay_fraction=0.1",)),
-    ("WSD decay over the last 40%", ("inner.wsd_decay_fraction=0.4",)),
-    ("inner lr 4.5e-3, warm-up 40", ("inner.lr=0.0045", "inner.warmup_steps=40")),
-    ("inner lr 4.5e-3, WSD decay over the last 40%",
-     ("inner.lr=0.0045", "inner.wsd_decay_fraction=0.4")),
-    # Clipping at 0.5 beat 4.5e-3 at 1M on seed 0 (1.6898 against 1.6971): the two together
-    # (1.6804), and with warm-up 40 (4.5e-3 with it: 1.6834) too.
-    ("inner lr 4.5e-3, clip at 0.5", ("inner.lr=0.0045", "inner.clip_norm=0.5")),
-    ("inner lr 4.5e-3, clip at 0.5, warm-up 40",
-     ("inner.lr=0.0045", "inner.clip_norm=0.5", "inner.warmup_steps=40")))
+    ("WSD decay over the last 40%", ("inner.wsd_decay_fraction=0.4",)))
+
+
+def data_parallel_combinations(name: str, lr: float) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The best single changes on top of a budget's best lr (4.5e-3 at 1M, 8e-3 at 0.5M):
+    warm-up 40, a 40% cooldown, clipping at 0.5 (at 1M on seed 0 it beat 4.5e-3 alone, 1.6898
+    against 1.6971), and clipping with warm-up 40 (the best of 21 at 1M)."""
+    at = (f"inner.lr={lr}",)
+    return ((f"inner lr {name}, warm-up 40", (*at, "inner.warmup_steps=40")),
+            (f"inner lr {name}, WSD decay over the last 40%",
+             (*at, "inner.wsd_decay_fraction=0.4")),
+            (f"inner lr {name}, clip at 0.5", (*at, "inner.clip_norm=0.5")),
+            (f"inner lr {name}, clip at 0.5, warm-up 40",
+             (*at, "inner.clip_norm=0.5", "inner.warmup_steps=40")))
+
+
 BEFORE_WSD_ARMS = (
     (f"data-parallel, {CONSTANT_INNER}", DATA_PARALLEL, CONSTANT),
     ("Decoupled DiLoCo, H = 8, RDA merge", DECOUPLED,
@@ -286,7 +291,8 @@ def _experiments() -> tuple[Experiment, ...]:
          *(Arm(f"data-parallel, {what}", DATA_PARALLEL, overrides, 0, TREND_TOKENS[0])
            for what, overrides in (("inner lr 3e-3", ("inner.lr=0.003",)),
                                    ("inner lr 1e-2", ("inner.lr=0.01",)),
-                                   *DATA_PARALLEL_PROBES)),
+                                   *DATA_PARALLEL_PROBES,
+                                   *data_parallel_combinations("8e-3", 0.008))),
          # The outer momentum's warm-up around the default (16 outer steps since issue 38's
          # confirmation: 1.022x data-parallel at 1M and 1.009x at 4M on the confirmation
          # seeds, against 1.036x and 1.014x at 8): none, and twice as long.
@@ -533,7 +539,10 @@ def _experiments() -> tuple[Experiment, ...]:
                headline) for lr in (3e-3, 6e-3, 1e-2)),
          # Data-parallel tuned as hard as the method (issue 38), between the three above.
          *(Arm(f"data-parallel, {what}", DATA_PARALLEL, overrides, 0, headline)
-           for what, overrides in (*DATA_PARALLEL_LRS, *DATA_PARALLEL_PROBES)),
+           for what, overrides in (*DATA_PARALLEL_LRS, *DATA_PARALLEL_PROBES,
+                                   ("inner lr 8e-3, warm-up 40",
+                                    ("inner.lr=0.008", "inner.warmup_steps=40")),
+                                   *data_parallel_combinations("4.5e-3", 0.0045))),
          # Decoupled DiLoCo's learners on the old cosine too: the schedule changed for every
          # method at once.
          Arm("Decoupled DiLoCo, defaults, cosine inner lr", DECOUPLED, COSINE, 0, headline),
