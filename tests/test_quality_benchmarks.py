@@ -79,6 +79,29 @@ def test_arms_that_ran_at_the_old_warm_up_keep_it_and_todays_run_the_new_one():
     assert any(warmup(a) == 0 for a in EXPERIMENTS[12].arms)   # its own setting survives
 
 
+def test_every_arm_but_the_plain_defaults_names_the_inner_clip_and_warm_up_it_ran_at():
+    """Data-parallel's 1M winner clips at 0.5 and warms up over 40 steps, and the learners with
+    both are a candidate default. Every arm that ran at the old ones (clip 1.0, 20 steps) names
+    them in its overrides, so that a change of the defaults moves only experiment 1's plain
+    arms (and the experiments in STILL_AT_OLD_INNER keep theirs until re-run); an arm that
+    sets one of them itself keeps its own value."""
+    from benchmarks.quality.experiments import OLD_INNER, STILL_AT_OLD_INNER
+
+    fields = {pin.split("=")[0] for pin in OLD_INNER}
+    plain = {"data-parallel", "synchronous DiLoCo", "Decoupled DiLoCo",
+             "Decoupled DiLoCo, M = 2", "Decoupled DiLoCo, M = 8"}
+
+    def named(arm):
+        return fields <= {o.split("=")[0] for o in arm.overrides}
+    for arm in EXPERIMENTS[1].arms:
+        assert named(arm) != (arm.label in plain), arm.label
+    for number in (12, *STILL_AT_OLD_INNER):
+        assert all(named(arm) for arm in EXPERIMENTS[number].arms), number
+    clip_only = next(a for a in EXPERIMENTS[12].arms if a.label.endswith("4.5e-3, clip at 0.5"))
+    assert (arm_config(clip_only).inner.clip_norm, arm_config(clip_only).inner.warmup_steps) == (
+        0.5, 20)
+
+
 def test_each_experiment_varies_what_it_studies():
     weighting = [arm_config(a) for a in EXPERIMENTS[6].arms]
     assert {c.sync.weighting for c in weighting} == {"tokens", "uniform"}
