@@ -262,8 +262,8 @@ def _experiments() -> tuple[Experiment, ...]:
         "on receipt). Every ratio is against data-parallel at its best configuration at that "
         "budget (lowest validation loss on the selection seeds, among the configurations run "
         "on all three; the `against` column): on WSD an inner lr of 4.5e-3, not the "
-        "default's 6e-3, and at 1M that lr with gradients clipped at 0.5 and a 40-step "
-        "warm-up (the best of 21 configurations there). Arms marked warm-up 8 ran "
+        "default's 6e-3, and at 1M and 4M that lr with gradients clipped at 0.5 and a 40-step "
+        "warm-up (the best of 21 configurations at 1M). Arms marked warm-up 8 ran "
         "at the outer momentum's warm-up before it became 16 (the probes around those "
         "defaults, and every earlier default).",
         "Decoupled DiLoCo within 4% of data-parallel held-out loss (stretch: 2%)",
