@@ -8,7 +8,7 @@ exactly what the stored results say.
 
 import json
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from benchmarks.quality.code_identity import changed_since, is_current
@@ -885,12 +885,12 @@ def _as_written(exp: Experiment) -> str:
     """The experiment's section as its last report wrote it (the page agrees with its JSON),
     or as it would be written now where it has never been; raises `Missing` when a required
     arm has no current run, so that a stale experiment is marked so whoever asked."""
-    now = section(exp)
+    now = section(exp)   # built for its check even where the written one is kept
     written = OUT_DIR / f"{_name(exp)}.md"
     return written.read_text() if written.exists() else now
 
 
-def write_results_page(page: Path = RESULTS_PAGE, numbers=None) -> Path:
+def write_results_page(page: Path = RESULTS_PAGE, numbers: Collection[int] | None = None) -> Path:
     """Replace the generated block of the results page: the experiments in `numbers` (all by
     default) as they stand now, every other one as its last report wrote it. A run for one
     experiment can move another's figures (a new data-parallel probe may become experiment
