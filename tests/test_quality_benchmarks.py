@@ -11,7 +11,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.quality.experiments import (  # noqa: E402
     DATA_PARALLEL,
     EXPERIMENTS,
+    OLD_INNER_LABEL,
     RUN_ORDER,
+    STILL_AT_OLD_INNER,
     STILL_AT_WARMUP8,
     WARMUP8_DEFAULT,
     WARMUP8_LABEL,
@@ -33,17 +35,23 @@ def test_equal_runs_share_one_result_and_different_runs_do_not():
     exp1, exp2, exp9 = EXPERIMENTS[1], EXPERIMENTS[2], EXPERIMENTS[9]
     headline = {(a.label, a.seed, a.tokens): arm_key(a) for a in exp1.arms}
     free = {a.label: arm_key(a) for a in exp9.arms}
-    # Experiment 9's fault-free references are experiment 1's seed-0 runs (at the warm-up each
-    # ran with: 8 while it is in STILL_AT_WARMUP8, today's since).
-    plain = WARMUP8_DEFAULT if 9 in STILL_AT_WARMUP8 else "Decoupled DiLoCo"
-    other = "Decoupled DiLoCo" if 9 in STILL_AT_WARMUP8 else WARMUP8_DEFAULT
-    assert free["Decoupled DiLoCo, no failures"] == headline[(plain, 0, 1_000_000)]
-    assert free["Decoupled DiLoCo, no failures"] != headline[(other, 0, 1_000_000)]
-    assert free["data-parallel, no failures"] == headline[("data-parallel", 0, 1_000_000)]
+    # Experiment 9's fault-free references are experiment 1's seed-0 runs, at the settings
+    # each ran with: the outer warm-up of 8 while it is in STILL_AT_WARMUP8, the old inner clip
+    # and warm-up while it is in STILL_AT_OLD_INNER, today's since.
+    def plain(number: int, label: str) -> str:
+        if number in STILL_AT_WARMUP8:
+            return WARMUP8_DEFAULT
+        return f"{label}, {OLD_INNER_LABEL}" if number in STILL_AT_OLD_INNER else label
+    ref = plain(9, "Decoupled DiLoCo")
+    assert free["Decoupled DiLoCo, no failures"] == headline[(ref, 0, 1_000_000)]
+    assert all(free["Decoupled DiLoCo, no failures"] != headline[(other, 0, 1_000_000)]
+               for other in ("Decoupled DiLoCo", WARMUP8_DEFAULT,
+                             f"Decoupled DiLoCo, {OLD_INNER_LABEL}") if other != ref)
+    assert free["data-parallel, no failures"] == headline[(plain(9, "data-parallel"), 0,
+                                                           1_000_000)]
     # The default Decoupled run at 500k tokens is experiment 2's P=4 tau=1.
     base = next(a for a in exp2.arms if a.label == "P=4 tau=1")
-    plain = WARMUP8_DEFAULT if 2 in STILL_AT_WARMUP8 else "Decoupled DiLoCo"
-    assert arm_key(base) == headline[(plain, 0, 500_000)]
+    assert arm_key(base) == headline[(plain(2, "Decoupled DiLoCo"), 0, 500_000)]
     assert len({arm_key(a) for a in exp2.arms}) == len(exp2.arms)
 
 
@@ -81,11 +89,15 @@ def test_arms_that_ran_at_the_old_warm_up_keep_it_and_todays_run_the_new_one():
 
 def test_every_arm_but_the_plain_defaults_names_the_inner_clip_and_warm_up_it_ran_at():
     """Data-parallel's 1M winner clips at 0.5 and warms up over 40 steps, and the learners with
-    both are a candidate default. Every arm that ran at the old ones (clip 1.0, 20 steps) names
-    them in its overrides, so that a change of the defaults moves only experiment 1's plain
-    arms (and the experiments in STILL_AT_OLD_INNER keep theirs until re-run); an arm that
-    sets one of them itself keeps its own value."""
-    from benchmarks.quality.experiments import OLD_INNER, STILL_AT_OLD_INNER
+    both are the defaults since issue 38's confirmation. Every arm that ran at the old ones
+    (clip 1.0, 20 steps) names them in its overrides, so that the change moved only experiment
+    1's plain arms (the experiments in STILL_AT_OLD_INNER keep theirs until re-run, and say
+    so); the plain arms as they ran are there under OLD_INNER_LABEL; an arm that sets one of
+    them itself keeps its own value."""
+    from benchmarks.quality.experiments import OLD_INNER
+    from diloco_core.config import InnerOptConfig
+
+    assert (InnerOptConfig().clip_norm, InnerOptConfig().warmup_steps) == (0.5, 40)
 
     fields = {pin.split("=")[0] for pin in OLD_INNER}
     plain = {"data-parallel", "synchronous DiLoCo", "Decoupled DiLoCo",
@@ -93,10 +105,23 @@ def test_every_arm_but_the_plain_defaults_names_the_inner_clip_and_warm_up_it_ra
 
     def named(arm):
         return fields <= {o.split("=")[0] for o in arm.overrides}
+    def inner(arm):
+        cfg = arm_config(arm).inner
+        return cfg.clip_norm, cfg.warmup_steps
     for arm in EXPERIMENTS[1].arms:
         assert named(arm) != (arm.label in plain), arm.label
+        if arm.label in plain:
+            assert inner(arm) == (0.5, 40), arm.label
+    # Each plain arm as it ran before, at every budget and seed, at the old settings.
+    before = {(a.label, a.seed, a.tokens) for a in EXPERIMENTS[1].arms
+              if a.label.endswith(f", {OLD_INNER_LABEL}") and inner(a) == (1.0, 20)}
+    assert before == {(f"{a.label}, {OLD_INNER_LABEL}", a.seed, a.tokens)
+                      for a in EXPERIMENTS[1].arms if a.label in plain}
     for number in (12, *STILL_AT_OLD_INNER):
         assert all(named(arm) for arm in EXPERIMENTS[number].arms), number
+    for number in range(2, 12):
+        assert ("20-step warm-up" in EXPERIMENTS[number].question) == (
+            number in STILL_AT_OLD_INNER), number
     clip_only = next(a for a in EXPERIMENTS[12].arms if a.label.endswith("4.5e-3, clip at 0.5"))
     assert (arm_config(clip_only).inner.clip_norm, arm_config(clip_only).inner.warmup_steps) == (
         0.5, 20)
@@ -252,8 +277,13 @@ def test_the_report_states_the_gap_at_the_largest_multi_seed_budget_and_counts_u
     assert {r["tokens"] for r in rows} >= {1_000_000, largest}
 
     line = report.provenance(exp)
-    undated = sum(a.seed == 1 for a in exp.arms)
-    assert f"Runs computed at commit abcdef1; {undated} of {len(exp.arms)} predate" in line
+    # Counted over the runs the report shows: an arm declared on fewer seeds shows a run on
+    # another seed where one of its configuration exists (the candidate default at 4M is the
+    # plain arm's configuration now, which ran on seeds 1 and 2 too).
+    shown = report.observed_arms(exp, report.load_arm)
+    undated = sum(a.seed == 1 for a in shown)
+    assert len(shown) > len(exp.arms)
+    assert f"Runs computed at commit abcdef1; {undated} of {len(shown)} predate" in line
     assert "stale" not in line
 
 
@@ -726,6 +756,39 @@ def test_experiment_1_measures_the_dilocos_against_data_parallel_at_its_best_lr(
     assert verdict["measured"].endswith(
         f"(inner lr 4.5e-3, its best on the validation slice) not measured at {largest:,} "
         "tokens: no seed has run for both"), verdict
+
+
+def test_data_parallels_best_is_chosen_among_the_arms_that_ran_where_the_default_has_not(
+        monkeypatch):
+    """Right after a default changes, the plain data-parallel arm has no runs at a budget
+    until it is re-run: the reference there is still data-parallel's best of the
+    configurations that ran on the selection seeds (paired with the one run on the most of
+    them), not a budget left out of the table and a gap "not measured"."""
+    from benchmarks.quality import report
+    from benchmarks.quality.code_identity import code_hash
+    from benchmarks.quality.experiments import DATA_PARALLEL_BEST
+
+    exp = EXPERIMENTS[1]
+    largest = max(a.tokens for a in exp.arms)
+    records = {}
+    for a in exp.arms:
+        loss = {DATA_PARALLEL_BEST: 1.96}.get(a.label, 2.0 if a.method == DATA_PARALLEL
+                                               else 2.04)
+        r = _fake_record(loss, "abcdef1234", code_hash())
+        r["heldout_slices"] = {name: {"loss": loss + a.seed * 1e-3, "standard_error": 0.01,
+                                      "batches": 100} for name in ("validation", "test")}
+        if not (a.label == "data-parallel" and a.tokens == largest):
+            records[arm_key(a)] = r
+    monkeypatch.setattr(report, "load_arm", lambda arm: records.get(arm_key(arm)))
+    rows, verdict = report._exp1(exp)
+    at_largest = [r for r in rows if r["tokens"] == largest]
+    assert at_largest and {r["against"] for r in at_largest} == {DATA_PARALLEL_BEST}
+    assert "data-parallel" not in {r["method"] for r in at_largest}
+    assert verdict["measured"].endswith(
+        f"(inner lr 4.5e-3, clip at 0.5, warm-up 40, its best on the validation slice) = "
+        f"{2.04 / 1.96:.4f} ± 0.0000 (s.e. over seeds) at {largest:,} tokens (mean of 3 seeds, "
+        "paired; test slice, selection seeds 0, 1, 2 (not yet confirmed on fresh seeds))"), \
+        verdict
 
 
 def test_a_label_that_names_no_arm_is_refused_with_the_labels_near_it():

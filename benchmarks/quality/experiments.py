@@ -122,16 +122,20 @@ WARMUP8_NOTE = (" (Run at the outer momentum's warm-up of 8 outer steps, the def
 # re-run; kept so that after the next change of a default they can be re-run one at a time.
 STILL_AT_WARMUP8: frozenset[int] = frozenset()
 
-# The inner optimizer's gradient clip and warm-up as every run so far had them (clip at 1.0,
-# 20 steps). Data-parallel's best of 21 at 1M clips at 0.5 and warms up over 40 steps, and the
-# learners with the same two changes are a candidate default (1.0290x data-parallel at 1M on
-# the confirmation seeds against the defaults' 1.0348x). The arms that ran at these pin them
-# (`_at_old_inner`), data-parallel's too (it has an inner optimizer): while they are the
-# defaults a pin changes no run; once the defaults change, every arm but experiment 1's plain
-# ones keeps the meaning it ran with, and STILL_AT_OLD_INNER lists the experiments among 2-11
-# not yet re-run at the new ones (empty while nothing has changed).
+# The inner optimizer's gradient clip and warm-up before issue 38's confirmation made them 0.5
+# and 40 steps (clip at 1.0, 20 steps). Data-parallel's best of 21 at 1M clips at 0.5 and warms
+# up over 40 steps, and the learners with the same two changes ended lower than at these on
+# every confirmation seed at both budgets (1.0290x data-parallel at 1M against 1.0348x, 1.0077x
+# at 4M against 1.0131x). The arms that ran at these pin them (`_at_old_inner`), data-parallel's
+# too (it has an inner optimizer), so that every arm keeps the meaning it ran with: experiment
+# 1's plain arms as they ran (OLD_INNER_LABEL), its probes, experiment 12, and the experiments
+# among 2-11 not yet re-run at the new ones (STILL_AT_OLD_INNER: their comparisons are within
+# the experiment; their questions say so).
 OLD_INNER = ("inner.clip_norm=1.0", "inner.warmup_steps=20")
-STILL_AT_OLD_INNER: frozenset[int] = frozenset()
+OLD_INNER_LABEL = "inner clip at 1.0, warm-up 20"
+OLD_INNER_NOTE = (" (Run at the inner optimizer's gradient clip of 1.0 and 20-step warm-up, the "
+                  "defaults until issue 38 made them 0.5 and 40; not yet re-run at those.)")
+STILL_AT_OLD_INNER: frozenset[int] = frozenset(range(2, 12))
 
 # Experiment 9's failure schedule on the fake clock (1 s per step at speed 1.0; a 1M-token run
 # lasts about 125 s): three learners down in turn, 75 learner-seconds in all (15% of the run).
@@ -250,10 +254,44 @@ def _ran_at_warmup8(exp: Experiment) -> Experiment:
 
 def _still_at_old_inner(exp: Experiment) -> Experiment:
     """An experiment among 2-11 not yet re-run since the inner clip and warm-up changed: its
-    arms pinned at the old ones (the pin is a no-op while they are the defaults)."""
+    arms pinned at the old ones, its question saying so."""
     if exp.number not in STILL_AT_OLD_INNER:
         return exp
-    return replace(exp, arms=_at_old_inner(exp.arms))
+    return replace(exp, question=exp.question + OLD_INNER_NOTE, arms=_at_old_inner(exp.arms))
+
+
+def _plain_arms(suffix: str = "") -> tuple[Arm, ...]:
+    """Experiment 1's three methods at the defaults on the selection seeds at the headline
+    budget, the budget trend, the two seeds more where the trend ends, and M = 2 and 8 at the
+    headline; every label ending in `suffix` (", " + it) where one is given."""
+    def named(label: str) -> str:
+        return f"{label}, {suffix}" if suffix else label
+
+    methods = (("data-parallel", DATA_PARALLEL), ("synchronous DiLoCo", SYNCHRONOUS),
+               ("Decoupled DiLoCo", DECOUPLED))
+    return (
+        *(arm for label, method in methods
+          for arm in _seeds(named(label), method, (), (0, 1, 2), HEADLINE_TOKENS)),
+        # How the gap moves with the budget (seed 0): about 15 to 120 outer steps per fragment
+        # at H = 4.
+        *(Arm(named(label), method, (), 0, tokens)
+          for tokens in TREND_TOKENS if tokens != HEADLINE_TOKENS
+          for label, method in methods),
+        # Where the trend crosses the 4% line, Decoupled DiLoCo and its reference on the other
+        # two paired seeds too, so that the crossing is not one seed's noise (about 2.3 h of
+        # CPU on 2 cores; synchronous DiLoCo's extra seeds would add 1.3 h more).
+        *(Arm(named(label), method, (), seed, TREND_TOKENS[-1])
+          for seed in (1, 2)
+          for label, method in (("data-parallel", DATA_PARALLEL),
+                                ("Decoupled DiLoCo", DECOUPLED))),
+        # How the gap moves with M at the defaults, as in the scaling-law anchor (Charles et
+        # al. 2025: M = 2, 4, 8 at 1.005x, 1.015x, 1.031x data-parallel): the global batch held
+        # at data-parallel's 64 sequences, so every learner still takes ~122 inner steps and
+        # data-parallel's run is the same configuration at every M.
+        *(arm for m, batch in ((2, 32), (8, 8))
+          for arm in _seeds(named(f"Decoupled DiLoCo, M = {m}"), DECOUPLED,
+                            (f"learners.num_learners={m}", f"data.batch_size={batch}"),
+                            (0, 1, 2), HEADLINE_TOKENS)))
 
 
 def _experiments() -> tuple[Experiment, ...]:
@@ -262,43 +300,20 @@ def _experiments() -> tuple[Experiment, ...]:
         1, "baselines", "Data-parallel vs synchronous DiLoCo vs Decoupled DiLoCo (M = 4)",
         "At equal tokens, how far is each DiLoCo from data-parallel's held-out loss, and how "
         "does the gap move with the budget (the number of outer steps)? Every method on the "
-        "defaults experiments 12 and 1 chose (inner lr 6e-3, WSD: the peak after warm-up held "
-        "until a linear decay over the last 20%; H = 4; the weighted mean of the outer "
-        "gradients; outer Nesterov lr 0.5 / momentum 0.5 warmed up over 16 outer steps; rebase "
-        "on receipt). Every ratio is against data-parallel at its best configuration at that "
-        "budget (lowest validation loss on the selection seeds, among the configurations run "
-        "on all three; the `against` column): on WSD an inner lr of 4.5e-3, not the "
-        "default's 6e-3, and at 1M and 4M that lr with gradients clipped at 0.5 and a 40-step "
-        "warm-up (the best of 21 configurations at 1M). Arms marked warm-up 8 ran "
-        "at the outer momentum's warm-up before it became 16 (the probes around those "
-        "defaults, and every earlier default).",
+        "defaults experiments 12 and 1 chose (inner lr 6e-3, WSD: the peak after a 40-step "
+        "warm-up held until a linear decay over the last 20%, gradients clipped at 0.5; H = 4; "
+        "the weighted mean of the outer gradients; outer Nesterov lr 0.5 / momentum 0.5 warmed "
+        "up over 16 outer steps; rebase on receipt). Every ratio is against data-parallel at "
+        "its best configuration at that budget (lowest validation loss on the selection seeds, "
+        "among the configurations run on all three; the `against` column): on WSD an inner lr "
+        "of 4.5e-3, not the default's 6e-3, and at 1M and 4M that lr with gradients clipped at "
+        "0.5 and a 40-step warm-up (the best of 21 configurations at 1M). Arms marked warm-up 8"
+        " ran at the outer momentum's warm-up before it became 16 (the probes around those "
+        "defaults, and every earlier default); every arm but the plain ones ran at the inner "
+        "clip of 1.0 and warm-up of 20 steps unless its label names others, and the plain ones "
+        "as they ran at those are marked \"inner clip at 1.0, warm-up 20\".",
         "Decoupled DiLoCo within 4% of data-parallel held-out loss (stretch: 2%)",
-        (*(arm for label, method in (("data-parallel", DATA_PARALLEL),
-                                     ("synchronous DiLoCo", SYNCHRONOUS),
-                                     ("Decoupled DiLoCo", DECOUPLED))
-           for arm in _seeds(label, method, (), (0, 1, 2), headline)),
-         # How the gap moves with the budget (seed 0): about 15 to 120 outer steps per fragment at
-         # H = 4.
-         *(Arm(label, method, (), 0, tokens)
-           for tokens in TREND_TOKENS if tokens != headline
-           for label, method in (("data-parallel", DATA_PARALLEL),
-                                 ("synchronous DiLoCo", SYNCHRONOUS),
-                                 ("Decoupled DiLoCo", DECOUPLED))),
-         # Where the trend crosses the 4% line, Decoupled DiLoCo and its reference on the other
-         # two paired seeds too, so that the crossing is not one seed's noise (about 2.3 h of
-         # CPU on 2 cores; synchronous DiLoCo's extra seeds would add 1.3 h more).
-         *(Arm(label, method, (), seed, TREND_TOKENS[-1])
-           for seed in (1, 2)
-           for label, method in (("data-parallel", DATA_PARALLEL),
-                                 ("Decoupled DiLoCo", DECOUPLED))),
-         # How the gap moves with M at the defaults, as in the scaling-law anchor (Charles et al.
-         # 2025: M = 2, 4, 8 at 1.005x, 1.015x, 1.031x data-parallel): the global batch held at
-         # data-parallel's 64 sequences, so every learner still takes ~122 inner steps and
-         # data-parallel's run is the same configuration at every M.
-         *(arm for m, batch in ((2, 32), (8, 8))
-           for arm in _seeds(f"Decoupled DiLoCo, M = {m}", DECOUPLED,
-                             (f"learners.num_learners={m}", f"data.batch_size={batch}"),
-                             (0, 1, 2), headline)),
+        (*_plain_arms(),
          # Experiment 12's best data-parallel probes at 1M on the selection seeds (4.5e-3 with
          # clipping at 0.5, 1.2% below 4.5e-3 alone on validation, and with warm-up 40 too,
          # 1.8%): here they compete to be the reference. Decoupled DiLoCo's learners get the
@@ -318,9 +333,12 @@ def _experiments() -> tuple[Experiment, ...]:
              (DATA_PARALLEL_BEST, DATA_PARALLEL, ("inner.lr=0.0045", *CANDIDATE_INNER), (0, 1, 2)),
              (CANDIDATE, DECOUPLED, CANDIDATE_INNER, (0,)))
            for arm in _seeds(label, method, overrides, seeds, TREND_TOKENS[-1])),
-         # Every arm below ran (or will run) at the inner clip and warm-up of all runs so far
-         # and pins them (`_at_old_inner`: no run changes while they are the defaults).
+         # Every arm below ran (or will run) at the inner clip and warm-up before 0.5 and 40
+         # and pins them (`_at_old_inner`).
          *_at_old_inner((
+             # The plain arms as they ran before (their confirmation seeds join through
+             # `--seeds`).
+             *_plain_arms(OLD_INNER_LABEL),
              # Data-parallel at 0.5M with as many configurations as the method there (issue 38: its
              # lr, warm-up and schedule at every budget reported): experiment 12's probes and lrs,
              # seed 0 (8e-3 and 4.5e-3, below, ran on the selection seeds).

@@ -147,7 +147,7 @@ def _exp1(exp):
             for label in METHODS:
                 if label not in groups:
                     raise Missing(f"{label} has not been run at {tokens:,} tokens")
-        if "data-parallel" not in groups:
+        if not any(group[0].method == DATA_PARALLEL for group in groups.values()):
             continue
         best = best_data_parallel(groups)
         for label, group in groups.items():
@@ -187,20 +187,31 @@ def _budget_groups(exp: Experiment, arms_seen: list[Arm], tokens: int) -> dict[s
                                 tuple(arms)))
 
 
+def _selection_records(group: list[Arm]) -> dict[int, dict]:
+    return {a.seed: _record(a) for a in group if role([a.seed]) == "selection"}
+
+
 def best_data_parallel(groups: dict[str, list[Arm]]) -> str:
     """The data-parallel configuration the DiLoCos are measured against at one budget: the
     one with the lowest validation loss on the selection seeds, each candidate paired seed by
-    seed with the default's runs (issue 38: the baseline at its own best, chosen the way the
-    method's settings are). A candidate must have run on every selection seed the default has:
-    a probe run on seed 0 alone (experiment 12's, at 1M and 0.5M) is a lead to run on the
-    others, not yet the reference. The default where no other qualifies."""
-    default = {a.seed: _record(a) for a in groups.get("data-parallel", [])
-               if role([a.seed]) == "selection"}
-    best, best_ratio = "data-parallel", 1.0
+    seed with a pivot's runs (issue 38: the baseline at its own best, chosen the way the
+    method's settings are). The pivot is the default where it has run on the selection seeds,
+    else (a default just changed, its runs to come) the data-parallel arm run on the most of
+    them. A candidate must have run on every selection seed the pivot has: a probe run on seed
+    0 alone (experiment 12's, at 1M and 0.5M) is a lead to run on the others, not yet the
+    reference. The pivot where no other qualifies."""
+    pivots = [label for label, group in groups.items() if group[0].method == DATA_PARALLEL
+              and _selection_records(group)]
+    if not pivots:
+        return "data-parallel"
+    pivot = "data-parallel" if "data-parallel" in pivots else max(
+        pivots, key=lambda label: len(_selection_records(groups[label])))
+    default = _selection_records(groups[pivot])
+    best, best_ratio = pivot, 1.0
     for label, group in groups.items():
-        if label == "data-parallel" or group[0].method != DATA_PARALLEL:
+        if label == pivot or group[0].method != DATA_PARALLEL:
             continue
-        mine = {a.seed: _record(a) for a in group if role([a.seed]) == "selection"}
+        mine = _selection_records(group)
         ratios = paired_ratios(mine, default, "validation")
         if ratios and len(ratios) == len(default) and statistics.fmean(ratios) < best_ratio:
             best, best_ratio = label, statistics.fmean(ratios)
