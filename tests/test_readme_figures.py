@@ -43,9 +43,15 @@ def _exp1_figures() -> list[str]:
     # The default before the outer momentum's warm-up became 16 (issue 38), quoted beside it.
     before = "Decoupled DiLoCo, outer momentum warm-up 8 (the default until 16)"
     old, old_4m = confirmation(1_000_000, before), confirmation(4_000_000, before)
+    # And the one before the inner clip and warm-up became 0.5 and 40 steps.
+    inner = "Decoupled DiLoCo, inner clip at 1.0, warm-up 20"
+    old_inner, old_inner_4m = (confirmation(tokens, inner) for tokens in (1_000_000, 4_000_000))
     return [f"**{mine['test_vs_data_parallel']:.4f}×**",
+            f"clip 1.0 and warm-up 20, the defaults until 965a8e0, "
+            f"{old_inner['test_vs_data_parallel']:.4f}×",
+            f"clip 1.0 and warm-up 20: {old_inner_4m['test_vs_data_parallel']:.4f}×",
             f"± {mine['test_ratio_se_seeds']:.4f} s.e. over 3 paired confirmation seeds",
-            f"warm-up 8, the default until this round, {old['test_vs_data_parallel']:.4f}×",
+            f"warm-up 8, the default until 5ef89cc, {old['test_vs_data_parallel']:.4f}×",
             f"warm-up 8: {old_4m['test_vs_data_parallel']:.4f}×",
             f"**{sync['test_vs_data_parallel']:.4f}×** ± {sync['test_ratio_se_seeds']:.4f}",
             # The 4M row: today's defaults on the confirmation seeds.
