@@ -200,18 +200,18 @@ def best_data_parallel(groups: dict[str, list[Arm]]) -> str:
     them. A candidate must have run on every selection seed the pivot has: a probe run on seed
     0 alone (experiment 12's, at 1M and 0.5M) is a lead to run on the others, not yet the
     reference. The pivot where no other qualifies."""
-    pivots = [label for label, group in groups.items() if group[0].method == DATA_PARALLEL
-              and _selection_records(group)]
-    if not pivots:
+    # Each data-parallel arm's selection runs, read once (a record is a file read).
+    selection = {label: records for label, group in groups.items()
+                 if group[0].method == DATA_PARALLEL and (records := _selection_records(group))}
+    if not selection:
         return "data-parallel"
-    pivot = "data-parallel" if "data-parallel" in pivots else max(
-        pivots, key=lambda label: len(_selection_records(groups[label])))
-    default = _selection_records(groups[pivot])
+    pivot = "data-parallel" if "data-parallel" in selection else max(
+        selection, key=lambda label: len(selection[label]))
+    default = selection[pivot]
     best, best_ratio = pivot, 1.0
-    for label, group in groups.items():
-        if label == pivot or group[0].method != DATA_PARALLEL:
+    for label, mine in selection.items():
+        if label == pivot:
             continue
-        mine = _selection_records(group)
         ratios = paired_ratios(mine, default, "validation")
         if ratios and len(ratios) == len(default) and statistics.fmean(ratios) < best_ratio:
             best, best_ratio = label, statistics.fmean(ratios)
