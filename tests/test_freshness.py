@@ -187,3 +187,27 @@ def test_a_module_a_benchmark_takes_names_from_measures_it_only_through_those_na
     budget = _commit(repo, {"benchmarks/quality/experiments.py":
                             experiments.format(arms="1, 2").replace("= 5", "= 6")}, "budget")
     assert assess(simulated, repo).code_changes == [budget[:7]]
+
+
+def test_the_real_path_section_of_the_results_page_marks_itself_stale(monkeypatch):
+    """Every experiment-1 report rewrites the real-path section of docs/results.md, so a
+    hand-written "stale" line there is erased: the section must carry freshness's verdict on
+    real_path.json itself, and say nothing where it is current."""
+    import benchmarks.freshness as freshness
+    from benchmarks.freshness import Freshness
+    from benchmarks.quality.report import OUT_DIR, real_path_section
+
+    command = "python benchmarks/quality_real_path.py"
+    stale = Freshness("r", "quality_real_path", "e63b61c", command, ["abc1234"],
+                      ["InnerOptConfig.clip_norm: 1.0 -> 0.5"])
+    monkeypatch.setattr(freshness, "assess", lambda path: stale)
+    text = real_path_section(OUT_DIR / "real_path.json")
+    assert ("**Stale: the defaults changed since (InnerOptConfig.clip_norm: 1.0 -> 0.5).** "
+            f"Re-run with `{command}`") in text, text
+    code_only = Freshness("r", "quality_real_path", "e63b61c", command, ["abc1234"], [])
+    monkeypatch.setattr(freshness, "assess", lambda path: code_only)
+    assert "**Stale: 1 commit(s) since changed the code it measures.**" in \
+        real_path_section(OUT_DIR / "real_path.json")
+    current = Freshness("r", "quality_real_path", "e63b61c", command, [], [])
+    monkeypatch.setattr(freshness, "assess", lambda path: current)
+    assert "Stale" not in real_path_section(OUT_DIR / "real_path.json")

@@ -855,8 +855,26 @@ def real_path_section(path: Path = OUT_DIR / "real_path.json") -> str:
         f"real_path.json) · {m['platform'].split('-with')[0]}, {m['cpu_count']} CPU cores, "
         f"jax {m['jax']}"
         + (f" · commit {data['commit']['commit'][:7]}" if data.get("commit") else ""), "",
+        *_real_path_staleness(path),
         *_real_path_summary(data),
         _markdown_table(data["rows"]), ""])
+
+
+def _real_path_staleness(path: Path) -> list[str]:
+    """A line saying the figures below no longer describe the code or the defaults, where
+    `benchmarks/freshness.py` finds so: the section is rewritten by every experiment-1 report,
+    so the mark must come from the result, not from a hand edit of the page."""
+    from benchmarks.freshness import assess  # git reads: only where the section is written
+
+    found = assess(path)
+    if found.verdict == "current":
+        return []
+    why = (f"the defaults changed since ({'; '.join(found.defaults_changes)})"
+           if found.defaults_changes else
+           f"{len(found.code_changes)} commit(s) since changed the code it measures"
+           if found.code_changes else "its commit is not known to this clone")
+    return [f"**Stale: {why}.** Re-run with `{found.command}`; the figures "
+            "below are from the code and defaults of its commit.", ""]
 
 
 def _real_path_summary(data: dict) -> list[str]:
