@@ -19,6 +19,7 @@ from benchmarks.quality.experiments import (  # noqa: E402
     WARMUP8_LABEL,
 )
 from benchmarks.quality.runner import arm_config, arm_key  # noqa: E402
+from benchmarks.quality.selection import reseed  # noqa: E402
 
 
 def test_every_arm_is_a_valid_config_and_every_experiment_runs_in_all():
@@ -836,3 +837,42 @@ def test_the_results_page_rewrites_only_the_experiments_asked_for(monkeypatch, t
     assert "**Not current: a run went stale**" in text   # experiment 5, not asked for
     text = report.write_results_page(page).read_text()   # `--report`: every experiment now
     assert "### 1. as it stands now" in text and "### 1. as last written" not in text
+
+
+def test_experiment_1_shows_seed_by_seed_the_configurations_level_for_the_reference(
+        monkeypatch):
+    """Two data-parallel configurations level on the selection seeds and apart on the
+    confirmation seeds: the seed-by-seed table lists both, says which one is the reference and
+    which was level, and shows the confirmation seeds that broke the tie; the verdict is taken
+    against the reference it names."""
+    from benchmarks.quality import report
+    from benchmarks.quality.code_identity import code_hash
+    from benchmarks.quality.experiments import DATA_PARALLEL_BEST
+
+    exp = EXPERIMENTS[1]
+    # Level on seeds 0-2 (alternating by 0.004 around the same mean), the default lower by
+    # 0.02 on seeds 3-5.
+    def loss(a):
+        if a.label == "data-parallel":
+            return 2.0 + (0.004 if a.seed == 1 else -0.002 if a.seed < 3 else -0.02)
+        if a.label == DATA_PARALLEL_BEST:
+            return 2.0 + (-0.004 if a.seed == 1 else 0.002 if a.seed < 3 else 0.0)
+        return 2.1 if a.method == DATA_PARALLEL else 2.06
+    records = {}
+    for a in exp.arms + tuple(reseed(exp.arms, range(6), tokens=1_000_000)):
+        r = _fake_record(loss(a), "abcdef1234", code_hash())
+        r["heldout_slices"] = {name: {"loss": loss(a), "standard_error": 0.01, "batches": 100}
+                               for name in ("validation", "test")}
+        records.setdefault(arm_key(a), r)
+    monkeypatch.setattr(report, "load_arm", lambda arm: records.get(arm_key(arm)))
+    rows = {r["arm"]: r for r in report.per_seed(exp) if r["tokens"] == 1_000_000}
+    assert rows["data-parallel"]["reference"] == "yes"
+    assert rows[DATA_PARALLEL_BEST]["reference"] == "level"
+    assert rows["data-parallel"]["seed 3"] == pytest.approx(1.98)
+    assert rows[DATA_PARALLEL_BEST]["seed 1"] == pytest.approx(1.996)
+    assert rows["Decoupled DiLoCo"]["reference"] == ""
+    _, verdict = report._exp1(exp)
+    assert verdict["measured"].startswith(
+        'Decoupled / data-parallel (its default settings: level with "inner lr 4.5e-3, clip at '
+        '0.5, warm-up 40" on the selection seeds'), verdict
+    assert f"= {2.06 / 1.98:.4f}" in verdict["measured"], verdict

@@ -761,10 +761,46 @@ def section(exp: Experiment) -> str:
                   f"benchmarks/quality_benchmarks.py {exp.number}` runs them.", ""]
     lines += [_evaluation_line(exp), provenance(exp), ""]
     lines += [f"![experiment {exp.number}](img/quality_{_name(exp)}.png)", ""]
+    if exp.number == 1:
+        lines += _per_seed_lines(exp)
     if exp.number == 1 and (IMG_DIR / f"quality_{_name(exp)}_trend.png").exists():
         lines += [f"![experiment 1, the gap against the budget](img/quality_{_name(exp)}"
                   "_trend.png)", ""]
     return "\n".join(lines)
+
+
+def per_seed(exp: Experiment) -> list[dict]:
+    """Experiment 1's test-slice loss seed by seed at the headline and the largest budgets:
+    the three methods and every data-parallel configuration that was a candidate for the
+    reference there (the chosen one and any level with it), so a reader can see what a mean
+    over three seeds hides (a tie on the selection seeds that the confirmation seeds break)."""
+    arms_seen = observed_arms(exp, load_arm)
+    budgets = sorted({HEADLINE_TOKENS, max(a.tokens for a in exp.arms)})
+    rows = []
+    for tokens in budgets:
+        groups = _budget_groups(exp, arms_seen, tokens)
+        if not any(group[0].method == DATA_PARALLEL for group in groups.values()):
+            continue
+        chosen = data_parallel_reference(groups)
+        labels = dict.fromkeys([*METHODS, chosen.label, *chosen.level])
+        for label in (x for x in labels if x in groups):
+            losses = {a.seed: _test_loss(a) for a in groups[label]}
+            rows.append({"tokens": tokens, "arm": label,
+                         "reference": "yes" if label == chosen.label else
+                         "level" if label in chosen.level else "",
+                         **{f"seed {s}": _round(losses.get(s), 4)
+                            for s in SELECTION_SEEDS + CONFIRMATION_SEEDS}})
+    return rows
+
+
+def _per_seed_lines(exp: Experiment) -> list[str]:
+    rows = per_seed(exp)
+    if not rows:
+        return []
+    return [f"Seed by seed (test slice; seeds {', '.join(map(str, SELECTION_SEEDS))} chose, "
+            f"{', '.join(map(str, CONFIRMATION_SEEDS))} confirm; the reference is data-parallel's "
+            "configuration the others are measured against, a level one was its equal on the "
+            "selection seeds):", "", _markdown_table(rows), ""]
 
 
 def write_experiment(exp: Experiment) -> list[Path]:
@@ -783,6 +819,7 @@ def write_experiment(exp: Experiment) -> list[Path]:
             "stale_runs": sum(not is_current(r) for r in records),
             "question": exp.question, "target": exp.target or None, "verdict": verdict,
             "machine": _machine(exp), "rows": rows,
+            **({"per_seed": per_seed(exp)} if exp.number == 1 else {}),
             "runs": {f"{a.label} (seed {a.seed}, {a.tokens:,} tokens)": _record(a)["key"]
                      for a in arms if load_arm(a) is not None}}
     json_path = OUT_DIR / f"{_name(exp)}.json"
