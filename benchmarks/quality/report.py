@@ -794,7 +794,9 @@ def per_seed(exp: Experiment) -> list[dict]:
 
 
 def _per_seed_lines(exp: Experiment) -> list[str]:
-    rows = per_seed(exp)
+    # Four decimals in the table, as every loss column (1.6690, not the float's 1.669).
+    rows = [{k: f"{v:.4f}" if k.startswith("seed ") and v is not None else v
+             for k, v in row.items()} for row in per_seed(exp)]
     if not rows:
         return []
     return [f"Seed by seed (test slice; seeds {', '.join(map(str, SELECTION_SEEDS))} chose, "
