@@ -151,7 +151,7 @@ def _exp1(exp):
                     raise Missing(f"{label} has not been run at {tokens:,} tokens")
         if not any(group[0].method == DATA_PARALLEL for group in groups.values()):
             continue
-        best = best_data_parallel(groups)
+        best = data_parallel_reference(groups).label
         for label, group in groups.items():
             # Each arm against data-parallel at its best, or on the same inner schedule where
             # that has run.
@@ -215,11 +215,6 @@ def data_parallel_reference(groups: dict[str, list[Arm]]) -> Reference:
     return choose_reference({label: {a.seed: _record(a) for a in group if a.seed in seeds}
                              for label, group in groups.items()
                              if group[0].method == DATA_PARALLEL})
-
-
-def best_data_parallel(groups: dict[str, list[Arm]]) -> str:
-    """The label of data-parallel's reference at one budget (`data_parallel_reference`)."""
-    return data_parallel_reference(groups).label
 
 
 def _exp1_reference(label: str, groups: dict[str, list[Arm]], best: str) -> str:
