@@ -337,15 +337,18 @@ def _experiments() -> tuple[Experiment, ...]:
          # neighbourhood of today's defaults, one change at a time on seed 0 (the earlier
          # probes of it ran at the outer momentum's warm-up of 8 or the old clip and warm-up):
          # the outer lr and momentum either side, H = 2 (twice the bytes; H must be a multiple
-         # of P, so P = 2) and the learners' own warm-up either side of 40.
-         *(Arm(f"Decoupled DiLoCo, {what}", DECOUPLED, overrides, 0, headline)
-           for what, overrides in (
-               ("outer lr 0.3", ("outer.lr=0.3",)),
-               ("outer lr 0.7", ("outer.lr=0.7",)),
-               ("outer momentum 0.7", ("outer.momentum=0.7",)),
-               ("H = 2, P = 2", ("sync.sync_period=2", "sync.num_fragments=2")),
-               ("inner warm-up 20", ("inner.warmup_steps=20",)),
-               ("inner warm-up 60", ("inner.warmup_steps=60",)))),
+         # of P, so P = 2) and the learners' own warm-up either side of 40. Today's inner clip
+         # and warm-up pinned (the same runs: a key counts only what differs from the
+         # defaults), so that the next change of those defaults leaves these meaning what ran.
+         *_pinned((Arm(f"Decoupled DiLoCo, {what}", DECOUPLED, overrides, 0, headline)
+                   for what, overrides in (
+                       ("outer lr 0.3", ("outer.lr=0.3",)),
+                       ("outer lr 0.7", ("outer.lr=0.7",)),
+                       ("outer momentum 0.7", ("outer.momentum=0.7",)),
+                       ("H = 2, P = 2", ("sync.sync_period=2", "sync.num_fragments=2")),
+                       ("inner warm-up 20", ("inner.warmup_steps=20",)),
+                       ("inner warm-up 60", ("inner.warmup_steps=60",)))),
+                  CANDIDATE_INNER, data_parallel=False),
          # Every arm below ran (or will run) at the inner clip and warm-up before 0.5 and 40
          # and pins them (`_at_old_inner`).
          *_at_old_inner((
