@@ -615,11 +615,13 @@ def _plot(exp: Experiment, path: Path) -> Path:
     over_time = exp.number == 9
     images = exp.number == 11   # the digits task: accuracy over images seen
     fig, ax = plt.subplots(figsize=(7.5, 4.4))
-    # Experiment 1's extra budgets would crowd the plot: it shows the headline budget only;
-    # experiment 4's two budgets (and models) have no common axis: it shows the larger.
+    # Experiments 1's and 12's extra budgets would crowd the plot: they show the headline
+    # budget only; experiment 4's two budgets (and models) have no common axis: it shows the
+    # larger.
     shown = [a for a in observed_arms(exp, load_arm) if _ran(a)]
-    if exp.number in (1, 4):
-        budget = HEADLINE_TOKENS if exp.number == 1 else max((a.tokens for a in shown), default=0)
+    if exp.number in (1, 4, 12):
+        budget = (max((a.tokens for a in shown), default=0) if exp.number == 4
+                  else HEADLINE_TOKENS)
         shown = [a for a in shown if a.tokens == budget]
     if exp.number == 1:
         # Experiment 1 has tried dozens of configurations (their legend buried the curves):
@@ -656,15 +658,24 @@ def _plot(exp: Experiment, path: Path) -> Path:
     return _save(fig, ax, title, path)
 
 
+LEGEND_INSIDE_AT_MOST = 8
+
+
 def _save(fig, ax, title: str, path: Path) -> Path:
     """Every plot's title, grid, legend and file, in one style."""
     import matplotlib.pyplot as plt
 
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    if len(ax.get_legend_handles_labels()[0]) > LEGEND_INSIDE_AT_MOST:
+        # A long legend inside the axes buries the curves (experiments 4 and 12): beside them.
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        width, height = fig.get_size_inches()
+        fig.set_size_inches(width + 4.5, height)   # the legend's room, the axes keep theirs
+    else:
+        ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 
