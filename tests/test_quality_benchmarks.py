@@ -876,3 +876,43 @@ def test_experiment_1_shows_seed_by_seed_the_configurations_level_for_the_refere
         'Decoupled / data-parallel (its default settings: level with "inner lr 4.5e-3, clip at '
         '0.5, warm-up 40" on the selection seeds'), verdict
     assert f"= {2.06 / 1.98:.4f}" in verdict["measured"], verdict
+
+
+def test_experiment_1s_plot_draws_the_methods_at_todays_defaults_and_a_long_legend_sits_outside(
+        monkeypatch, tmp_path):
+    """Experiment 1 has run dozens of configurations at 1M: drawn all at once their legend
+    covered the curves. Its plot draws the three methods and M = 2 / 8 at today's defaults
+    (the table keeps every configuration), and any plot with more than eight legend entries
+    puts the legend beside the axes on a wider figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from benchmarks.quality import report
+    from benchmarks.quality.code_identity import code_hash
+
+    exp = EXPERIMENTS[1]
+    evals = [{"tokens": 500_000, "loss": 2.5}, {"tokens": 1_000_000, "loss": 2.0}]
+    records = {arm_key(a): {**_fake_record(2.0, "abcdef1234", code_hash()),
+                            "summary": {"final_heldout_loss": 2.0, "evals": evals}}
+               for a in exp.arms}
+    monkeypatch.setattr(report, "load_arm", lambda arm: records.get(arm_key(arm)))
+    drawn = []
+
+    def save(fig, ax, title, path):
+        drawn.extend(ax.get_legend_handles_labels()[1])
+        plt.close(fig)
+        return path
+    monkeypatch.setattr(report, "_save", save)
+    report._plot(exp, tmp_path / "exp1.png")
+    assert {label.split(" (mean of")[0] for label in drawn} == set(report.EXP1_PLOTTED)
+    assert len({a.label for a in exp.arms if a.tokens == 1_000_000}) > len(drawn)
+
+    monkeypatch.undo()
+    fig, ax = plt.subplots(figsize=(7.5, 4.4))
+    for i in range(report.LEGEND_INSIDE_AT_MOST + 1):
+        ax.plot([0, 1], [i, i], label=f"arm {i}")
+    report._save(fig, ax, "many arms", tmp_path / "many.png")
+    assert fig.get_size_inches()[0] > 7.5   # widened for the legend beside the axes
+    assert (tmp_path / "many.png").stat().st_size > 0
