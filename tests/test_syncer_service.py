@@ -169,11 +169,15 @@ def test_a_zombie_syncer_is_fenced_before_it_writes(harness):
 
 def _spawn(store_uri: str, attempt: int, out_path) -> subprocess.Popen:
     out = open(out_path, "w")  # noqa: SIM115 - the process owns it until it exits
+    # No warm standby: a standby ends a holder whose lease stands still for
+    # syncer_timeout_seconds (4 s here) with SIGKILL, so the frozen holder below would be
+    # killed, not fenced, whenever the newer attempt takes longer than that to start (a loaded
+    # CI machine did: -9). The standby's own take-over is tests/test_syncer_failover.py's.
     return subprocess.Popen(
         [sys.executable, "-m", "pipelines.syncer.entry", "--store", store_uri,
          "--experiment", "exp-test", "--attempt", str(attempt)],
         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+        env={**os.environ, "JAX_PLATFORMS": "cpu", "DILOCO_SYNCER_STANDBY": "0"})
 
 
 @pytest.mark.slow
