@@ -1,6 +1,7 @@
 """The quality benchmarks' definitions stay runnable: every arm is a valid config, arms that
 mean the same run share one stored result, and each experiment compares what it says."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -692,6 +693,44 @@ def test_experiment_1s_trend_plots_the_test_slice_and_leaves_no_stale_image(monk
     report.write_experiment(exp)
     assert not stale.exists()
     assert "_trend.png" not in (tmp_path / "out" / f"{report._name(exp)}.md").read_text()
+
+
+def test_a_report_reads_each_arm_once_and_the_next_report_reads_again(monkeypatch, tmp_path):
+    """Experiment 1's report asked for the same stored runs thousands of times (~2 min); within
+    one report each arm's run is read once. The reads are not kept: a sweep reports before and
+    after its runs, and the second report must see what ran in between."""
+    from collections import Counter
+
+    from benchmarks.quality import report
+    from benchmarks.quality.code_identity import code_hash
+
+    monkeypatch.setattr(report, "OUT_DIR", tmp_path / "out")
+    monkeypatch.setattr(report, "IMG_DIR", tmp_path)
+    monkeypatch.setattr(report, "_plot", lambda exp, path: path)
+    exp = EXPERIMENTS[1]
+    machine = {"platform": "Linux-x", "cpu_count": 2, "jax": "0.10.2"}
+
+    def record():
+        return {**_fake_record(2.0, "abcdef1234", code_hash()), "machine": machine}
+    records = {arm_key(a): record() for a in exp.arms}
+    reads = Counter()
+
+    def load(arm):
+        reads[arm] += 1
+        return records.get(arm_key(arm))
+    monkeypatch.setattr(report, "load_arm", load)
+    report.write_experiment(exp)
+    assert reads and max(reads.values()) == 1, reads.most_common(3)
+    out = tmp_path / "out" / f"{report._name(exp)}.json"
+    seed_4 = reseed([exp.arms[0]], [4])[0]
+    shown = f"{seed_4.label} (seed 4, {seed_4.tokens:,} tokens)"
+    assert shown not in json.loads(out.read_text())["runs"]
+    records[arm_key(seed_4)] = record()                 # ran between the two reports
+    reads.clear()
+    report.write_experiment(exp)
+    assert reads[seed_4] == 1 and max(reads.values()) == 1
+    assert shown in json.loads(out.read_text())["runs"]
+    assert report._READ is None            # nothing kept outside a report
 
 
 def test_experiment_1_measures_the_dilocos_against_data_parallel_at_its_best_lr(monkeypatch):

@@ -6,9 +6,10 @@ experiment's section into `docs/results.md` between two marker comments, so the 
 exactly what the stored results say.
 """
 
+import contextlib
 import json
 import statistics
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
 from benchmarks.quality.code_identity import changed_since, is_current
@@ -48,8 +49,36 @@ class Missing(Exception):
     """An arm of the experiment has no stored result yet."""
 
 
+# Each arm's stored run as read once within the report being written (`_one_read_per_arm`);
+# None outside one. Experiment 1's tables, seed lists and configuration counts asked
+# `load_arm` about the same arms thousands of times (each call rebuilds the arm's config and
+# re-reads its file: ~2 min per report). Never kept past one report: a sweep writes reports
+# before and after its runs.
+_READ: dict[Arm, dict | None] | None = None
+
+
+@contextlib.contextmanager
+def _one_read_per_arm() -> Iterator[None]:
+    global _READ
+    outer = _READ
+    _READ = {} if outer is None else outer      # a nested report shares the outer one's reads
+    try:
+        yield
+    finally:
+        _READ = outer
+
+
+def _load(arm: Arm) -> dict | None:
+    """`load_arm`, once per arm within a report."""
+    if _READ is None:
+        return load_arm(arm)
+    if arm not in _READ:
+        _READ[arm] = load_arm(arm)
+    return _READ[arm]
+
+
 def _record(arm: Arm) -> dict:
-    record = load_arm(arm)
+    record = _load(arm)
     if record is None:
         raise Missing(f"{arm.label} (seed {arm.seed}) has not been run")
     return record
@@ -101,7 +130,7 @@ def _mean_loss(arms: list[Arm]) -> float:
 
 def _ran(arm: Arm) -> bool:
     """Whether the arm has a stored result."""
-    return load_arm(arm) is not None
+    return _load(arm) is not None
 
 
 def _tried(arm: Arm) -> bool:
@@ -141,7 +170,7 @@ def _exp1(exp):
     standard errors, the paired ratio to data-parallel on the test slice, and the first-8 KB
     figure for continuity. Runs at seeds other than the experiment's own (--seeds) count."""
     rows, tried = [], {}
-    arms_seen = observed_arms(exp, load_arm)
+    arms_seen = observed_arms(exp, _load)
     for tokens in sorted({a.tokens for a in exp.arms}):
         # Only the three methods at the headline budget must have run, on the selection or
         # the confirmation seeds; every other arm (the budget trend, M = 2 and 8, the old
@@ -197,7 +226,7 @@ def _issue_bar(ratio: float, tokens: int) -> str:
 
 def _machine(exp: Experiment) -> dict:
     """The machine of the experiment's first stored run (its own seeds or the other role's)."""
-    return _record(next((a for a in observed_arms(exp, load_arm) if _ran(a)), exp.arms[0])
+    return _record(next((a for a in observed_arms(exp, _load) if _ran(a)), exp.arms[0])
                    )["machine"]
 
 
@@ -270,7 +299,7 @@ def _decoupled_gap(exp: Experiment, tokens: int) -> tuple[float | None, str]:
     the test slice over the confirmation seeds where they were run, else over the selection
     seeds (said so); on the first 8 KB only where no run was scored on the slices. None, and
     why, where data-parallel's best has not run on any seed of Decoupled DiLoCo's."""
-    groups = _budget_groups(exp, observed_arms(exp, load_arm), tokens)
+    groups = _budget_groups(exp, observed_arms(exp, _load), tokens)
     chosen = data_parallel_reference(groups)
     against = chosen.label
     by_role = {}
@@ -618,7 +647,7 @@ def _plot(exp: Experiment, path: Path) -> Path:
     # Experiments 1's and 12's extra budgets would crowd the plot: they show the headline
     # budget only; experiment 4's two budgets (and models) have no common axis: it shows the
     # larger.
-    shown = [a for a in observed_arms(exp, load_arm) if _ran(a)]
+    shown = [a for a in observed_arms(exp, _load) if _ran(a)]
     if exp.number in (1, 4, 12):
         budget = (max((a.tokens for a in shown), default=0) if exp.number == 4
                   else HEADLINE_TOKENS)
@@ -718,7 +747,7 @@ def _what_changed(records: list[dict]) -> str:
 
 def provenance(exp: Experiment) -> str:
     """Which commits computed the experiment's runs, and whether the code has changed since."""
-    records = [r for a in observed_arms(exp, load_arm) if (r := load_arm(a)) is not None]
+    records = [r for a in observed_arms(exp, _load) if (r := _load(a)) is not None]
     commits = sorted({((r.get("commit") or {}).get("commit") or "")[:7] for r in records} - {""})
     stale = sum(not is_current(r) for r in records)
     undated = sum(not (r.get("commit") or {}).get("commit") for r in records)
@@ -741,7 +770,7 @@ def provenance(exp: Experiment) -> str:
 
 def _evaluation_line(exp: Experiment) -> str:
     """How the rows were scored and which seeds chose and which confirmed."""
-    arms = observed_arms(exp, load_arm)
+    arms = observed_arms(exp, _load)
     ev, seeds = _evaluation(arms), _selection_record(exp, arms)["seeds"]
     if "images" in ev:
         return f"Scored on {ev['images']}."
@@ -790,7 +819,7 @@ def per_seed(exp: Experiment) -> list[dict]:
     the three methods and every data-parallel configuration that was a candidate for the
     reference there (the chosen one and any level with it), so a reader can see what a mean
     over three seeds hides (a tie on the selection seeds that the confirmation seeds break)."""
-    arms_seen = observed_arms(exp, load_arm)
+    arms_seen = observed_arms(exp, _load)
     budgets = sorted({HEADLINE_TOKENS, max(a.tokens for a in exp.arms)})
     rows = []
     for tokens in budgets:
@@ -821,13 +850,14 @@ def _per_seed_lines(exp: Experiment) -> list[str]:
             "selection seeds):", "", _markdown_table(rows), ""]
 
 
+@_one_read_per_arm()
 def write_experiment(exp: Experiment) -> list[Path]:
     """Write the experiment's JSON, markdown and plot; raises `Missing` if an arm has not run."""
     rows, verdict = TABLES[exp.number](exp)
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     IMG_DIR.mkdir(parents=True, exist_ok=True)
-    arms = observed_arms(exp, load_arm)
-    records = [r for a in arms if (r := load_arm(a)) is not None]
+    arms = observed_arms(exp, _load)
+    records = [r for a in arms if (r := _load(a)) is not None]
     data = {"experiment": exp.number, "slug": exp.slug, "title": exp.title,
             "command": f"python benchmarks/quality_benchmarks.py {exp.number}",
             **_selection_record(exp, arms),
@@ -839,7 +869,7 @@ def write_experiment(exp: Experiment) -> list[Path]:
             "machine": _machine(exp), "rows": rows,
             **({"per_seed": per_seed(exp)} if exp.number == 1 else {}),
             "runs": {f"{a.label} (seed {a.seed}, {a.tokens:,} tokens)": _record(a)["key"]
-                     for a in arms if load_arm(a) is not None}}
+                     for a in arms if _load(a) is not None}}
     json_path = OUT_DIR / f"{_name(exp)}.json"
     json_path.write_text(json.dumps(data, indent=2))
     paths = [json_path, _plot(exp, IMG_DIR / f"quality_{_name(exp)}.png")]
@@ -856,7 +886,7 @@ def _selection_record(exp: Experiment, arms: list[Arm]) -> dict:
     """What every figure was scored on, which seeds chose and which confirmed, and (experiment
     1) how many configurations each method was tried in, per budget."""
     seeds = {name: sorted({a.seed for a in arms if role([a.seed]) == name
-                           and load_arm(a) is not None}) for name in ("selection", "confirmation")}
+                           and _load(a) is not None}) for name in ("selection", "confirmation")}
     out = {"evaluation": _evaluation(arms),
            "seeds": {"selection": seeds["selection"], "confirmation": seeds["confirmation"],
                      "rule": "configurations chosen on the selection seeds and the validation "
@@ -875,13 +905,13 @@ def _selection_record(exp: Experiment, arms: list[Arm]) -> dict:
 def _evaluation(arms: list[Arm]) -> dict:
     """The slices the runs were scored on (from the first run that has them); an image task
     (a run that reports accuracy) is scored on its own held-out images instead."""
-    if any((load_arm(a) or {}).get("summary", {}).get("final_accuracy") is not None
+    if any((_load(a) or {}).get("summary", {}).get("final_accuracy") is not None
            for a in arms):
         return {"images": "the task's held-out images (20% of the digits, each seed its own "
                           "split): accuracy and cross-entropy loss; the text slices do not "
                           "apply"}
     for arm in arms:
-        slices = (load_arm(arm) or {}).get("heldout_slices")
+        slices = (_load(arm) or {}).get("heldout_slices")
         if slices:
             return {"validation_batches": slices["validation"]["batches"],
                     "test_batches": slices["test"]["batches"],
@@ -979,6 +1009,7 @@ def _as_written(exp: Experiment) -> str:
     return written.read_text() if written.exists() else now
 
 
+@_one_read_per_arm()
 def write_results_page(page: Path = RESULTS_PAGE, numbers: Collection[int] | None = None) -> Path:
     """Replace the generated block of the results page: the experiments in `numbers` (all by
     default) as they stand now, every other one as its last report wrote it. A run for one
