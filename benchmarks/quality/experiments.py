@@ -351,6 +351,26 @@ def _experiments() -> tuple[Experiment, ...]:
                        ("inner warm-up 20", ("inner.warmup_steps=20",)),
                        ("inner warm-up 60", ("inner.warmup_steps=60",)))),
                   CANDIDATE_INNER, data_parallel=False),
+         # What those probes left untried (seed 0, today's inner clip and warm-up pinned): two
+         # settings at once (a higher outer lr with a longer momentum warm-up to tame its first
+         # steps), the outer lr between the two best, the learners' own lr above the shared 6e-3
+         # (at the old clip of 1.0 and warm-up 8 it was level with 6e-3 on the selection seeds
+         # and lost on the confirmation ones, 1.0578x against 1.0536x: the tighter clip may
+         # let it rise), and the outer lr per M, as the scaling-law anchor tunes it (its best
+         # rises with M: M = 8 higher, M = 2 lower).
+         *_pinned((Arm(f"Decoupled DiLoCo, {what}", DECOUPLED, overrides, 0, headline)
+                   for what, overrides in (
+                       ("outer lr 0.7, outer momentum warm-up 32",
+                        ("outer.lr=0.7", "outer.momentum_warmup_steps=32")),
+                       ("outer lr 0.6", ("outer.lr=0.6",)),
+                       ("inner lr 8e-3, clip at 0.5", ("inner.lr=0.008",)),
+                       ("outer lr 0.6, outer momentum warm-up 32",
+                        ("outer.lr=0.6", "outer.momentum_warmup_steps=32")),
+                       *((f"M = {m}, outer lr {lr:g}",
+                          (f"learners.num_learners={m}", f"data.batch_size={batch}",
+                           f"outer.lr={lr}"))
+                         for m, batch, lr in ((2, 32, 0.3), (8, 8, 0.7))))),
+                  CANDIDATE_INNER, data_parallel=False),
          # Every arm below ran (or will run) at the inner clip and warm-up before 0.5 and 40
          # and pins them (`_at_old_inner`).
          *_at_old_inner((
