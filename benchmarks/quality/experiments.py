@@ -371,6 +371,10 @@ def _experiments() -> tuple[Experiment, ...]:
                            f"outer.lr={lr}"))
                          for m, batch, lr in ((2, 32, 0.3), (8, 8, 0.7))))),
                   CANDIDATE_INNER, data_parallel=False),
+         # The learners' 8e-3 won on the selection seeds, so data-parallel gets the same lr with
+         # the same clip and warm-up at 1M (tried at 0.5M only), so that its tuning stays level.
+         *_seeds("data-parallel, inner lr 8e-3, clip at 0.5, warm-up 40", DATA_PARALLEL,
+                 ("inner.lr=0.008", *CANDIDATE_INNER), (0, 1, 2), headline),
          # Every arm below ran (or will run) at the inner clip and warm-up before 0.5 and 40
          # and pins them (`_at_old_inner`).
          *_at_old_inner((
