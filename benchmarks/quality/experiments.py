@@ -354,7 +354,7 @@ def _experiments() -> tuple[Experiment, ...]:
          # What those probes left untried (seed 0, today's inner clip and warm-up pinned): two
          # settings at once (a higher outer lr with a longer momentum warm-up to tame its first
          # steps), the outer lr between the two best, the learners' own lr above the shared 6e-3
-         # (at the old clip of 1.0 and warm-up 8 it was level with 6e-3 on the selection seeds
+         # (at the old clip of 1.0 and outer warm-up 8 it was level with 6e-3 on the selection seeds
          # and lost on the confirmation ones, 1.0578x against 1.0536x: the tighter clip may
          # let it rise), and the outer lr per M, as the scaling-law anchor tunes it (its best
          # rises with M: M = 8 higher, M = 2 lower).
