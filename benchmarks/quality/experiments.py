@@ -262,6 +262,11 @@ def _still_at_old_inner(exp: Experiment) -> Experiment:
     return replace(exp, question=exp.question + OLD_INNER_NOTE, arms=_at_old_inner(exp.arms))
 
 
+# Experiment 1's M = 2 and 8 with the per-learner batch that holds the global batch at
+# data-parallel's 64 sequences.
+M_BATCHES = ((2, 32), (8, 8))
+
+
 def _plain_arms(suffix: str = "") -> tuple[Arm, ...]:
     """Experiment 1's three methods at the defaults on the selection seeds at the headline
     budget, the budget trend, the two seeds more where the trend ends, and M = 2 and 8 at the
@@ -290,7 +295,7 @@ def _plain_arms(suffix: str = "") -> tuple[Arm, ...]:
         # al. 2025: M = 2, 4, 8 at 1.005x, 1.015x, 1.031x data-parallel): the global batch held
         # at data-parallel's 64 sequences, so every learner still takes ~122 inner steps and
         # data-parallel's run is the same configuration at every M.
-        *(arm for m, batch in ((2, 32), (8, 8))
+        *(arm for m, batch in M_BATCHES
           for arm in _seeds(named(f"Decoupled DiLoCo, M = {m}"), DECOUPLED,
                             (f"learners.num_learners={m}", f"data.batch_size={batch}"),
                             (0, 1, 2), HEADLINE_TOKENS)))
@@ -349,17 +354,14 @@ def _experiments() -> tuple[Experiment, ...]:
                        ("outer momentum 0.7", ("outer.momentum=0.7",)),
                        ("H = 2, P = 2", ("sync.sync_period=2", "sync.num_fragments=2")),
                        ("inner warm-up 20", ("inner.warmup_steps=20",)),
-                       ("inner warm-up 60", ("inner.warmup_steps=60",)))),
-                  CANDIDATE_INNER, data_parallel=False),
-         # What those probes left untried (seed 0, today's inner clip and warm-up pinned): two
-         # settings at once (a higher outer lr with a longer momentum warm-up to tame its first
-         # steps), the outer lr between the two best, the learners' own lr above the shared 6e-3
-         # (at the old clip of 1.0 and outer warm-up 8 it was level with 6e-3 on the selection seeds
-         # and lost on the confirmation ones, 1.0578x against 1.0536x: the tighter clip may
-         # let it rise), and the outer lr per M, as the scaling-law anchor tunes it (its best
-         # rises with M: M = 8 higher, M = 2 lower).
-         *_pinned((Arm(f"Decoupled DiLoCo, {what}", DECOUPLED, overrides, 0, headline)
-                   for what, overrides in (
+                       ("inner warm-up 60", ("inner.warmup_steps=60",)),
+                       # What those left untried (stop 80): two settings at once (a higher
+                       # outer lr with a longer momentum warm-up to tame its first steps), the
+                       # outer lr between the two best, the learners' own lr above the shared
+                       # 6e-3 (at the old clip of 1.0 and outer warm-up 8 it was level with
+                       # 6e-3 on the selection seeds and lost on the confirmation ones, 1.0578x
+                       # against 1.0536x: the tighter clip may let it rise), and the outer lr
+                       # per M, as the scaling-law anchor tunes it (its best rises with M).
                        ("outer lr 0.7, outer momentum warm-up 32",
                         ("outer.lr=0.7", "outer.momentum_warmup_steps=32")),
                        ("outer lr 0.6", ("outer.lr=0.6",)),
@@ -369,7 +371,7 @@ def _experiments() -> tuple[Experiment, ...]:
                        *((f"M = {m}, outer lr {lr:g}",
                           (f"learners.num_learners={m}", f"data.batch_size={batch}",
                            f"outer.lr={lr}"))
-                         for m, batch, lr in ((2, 32, 0.3), (8, 8, 0.7))))),
+                         for (m, batch), lr in zip(M_BATCHES, (0.3, 0.7), strict=True)))),
                   CANDIDATE_INNER, data_parallel=False),
          # The learners' 8e-3 won on the selection seeds, so data-parallel gets the same lr with
          # the same clip and warm-up at 1M (tried at 0.5M only), so that its tuning stays level.
