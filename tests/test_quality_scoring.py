@@ -94,9 +94,10 @@ def test_seeds_are_named_by_role_and_arms_reseeded():
 def test_configurations_count_hyperparameters_not_scenarios():
     # Data-parallel at 1M tokens: three inner learning rates (6e-3 is the default, experiment
     # 1's), experiment 12's seventeen other settings of its own (warm-up, schedule and its
-    # cooldown, AdamW), experiment 1's constant inner lr (the schedule before WSD), and the
-    # default's clip and warm-up as they were before the new ones (the old default plain).
-    assert configurations_tried(DATA_PARALLEL, 1_000_000) == 22
+    # cooldown, AdamW), experiment 1's constant inner lr (the schedule before WSD), the
+    # default's clip and warm-up as they were before the new ones (the old default plain), and
+    # inner lr 8e-3 with today's clip and warm-up (the Decoupled candidate's lr, stop 80).
+    assert configurations_tried(DATA_PARALLEL, 1_000_000) == 23
     # Counted as tried only once run: here only the default has.
     assert configurations_tried(DATA_PARALLEL, 1_000_000,
                                 ran=lambda arm: arm.overrides == ()) == 1
@@ -158,12 +159,12 @@ def test_the_report_prefers_confirmation_seeds_on_the_test_slice(monkeypatch):
     assert headline[("Decoupled DiLoCo", "selection")]["test_vs_data_parallel"] == 1.1
     assert headline[("Decoupled DiLoCo", "confirmation")]["seeds"] == "3, 4, 5"
     assert headline[("Decoupled DiLoCo", "selection")]["first_8kb_vs_data_parallel"] == 1.5
-    # Only experiment 1's runs are stored here: data-parallel's eight configurations (the
+    # Only experiment 1's runs are stored here: data-parallel's nine configurations (the
     # default, the default before its clip and warm-up changed, the cosine and the constant
-    # inner lr, inner lr 4.5e-3 and 3e-3, 4.5e-3 clipped at 0.5 with and without warm-up 40)
-    # have run; the others tie with the default on validation, so the default stays the
-    # reference.
-    assert headline[("data-parallel", "selection")]["configurations_tried"] == 8
+    # inner lr, inner lr 4.5e-3 and 3e-3, 4.5e-3 clipped at 0.5 with and without warm-up 40,
+    # 8e-3 with the clip and warm-up) have run; the others tie with the default on validation,
+    # so the default stays the reference.
+    assert headline[("data-parallel", "selection")]["configurations_tried"] == 9
     cosine = headline[("Decoupled DiLoCo, cosine inner lr", "selection")]
     assert cosine["against"] == "data-parallel, cosine inner lr"
     assert cosine["test_vs_data_parallel"] == pytest.approx(1 / 1.03, abs=1e-4)
