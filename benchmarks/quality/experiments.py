@@ -317,7 +317,7 @@ def _experiments() -> tuple[Experiment, ...]:
         "its best configuration at that budget (lowest validation loss on the selection seeds, "
         "among the configurations run on all three; the `against` column): on WSD an inner lr "
         "of 4.5e-3, not the default's 6e-3, and at 1M and 4M that lr with gradients clipped at "
-        "0.5 and a 40-step warm-up (the best of 21 configurations at 1M). Arms marked warm-up 8"
+        "0.5 and a 40-step warm-up (the best of 23 configurations at 1M). Arms marked warm-up 8"
         " ran at the outer momentum's warm-up before it became 16 (the probes around those "
         "defaults, and every earlier default); every arm but the plain ones ran at the inner "
         "clip of 1.0 and warm-up of 20 steps unless its label names others, and the plain ones "
