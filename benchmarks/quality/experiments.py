@@ -379,9 +379,14 @@ def _experiments() -> tuple[Experiment, ...]:
                          for (m, batch), lr in zip(M_BATCHES, (0.3, 0.7), strict=True)))),
                   CANDIDATE_INNER, data_parallel=False),
          # The learners' 8e-3 won on the selection seeds, so data-parallel gets the same lr with
-         # the same clip and warm-up at 1M (tried at 0.5M only), so that its tuning stays level.
-         *_seeds("data-parallel, inner lr 8e-3, clip at 0.5, warm-up 40", DATA_PARALLEL,
-                 ("inner.lr=0.008", *CANDIDATE_INNER), (0, 1, 2), headline),
+         # the same clip and warm-up at 1M (tried at 0.5M only), so that its tuning stays level;
+         # and synchronous DiLoCo's learners (a quarter of the batch each, as Decoupled
+         # DiLoCo's), which would run at it were it the default.
+         *(arm for label, method in (
+             ("data-parallel, inner lr 8e-3, clip at 0.5, warm-up 40", DATA_PARALLEL),
+             ("synchronous DiLoCo, inner lr 8e-3, clip at 0.5", SYNCHRONOUS))
+           for arm in _seeds(label, method, (*CANDIDATE_INNER, "inner.lr=0.008"), (0, 1, 2),
+                             headline)),
          # Every arm below ran (or will run) at the inner clip and warm-up before 0.5 and 40
          # and pins them (`_at_old_inner`).
          *_at_old_inner((
