@@ -13,8 +13,10 @@ from benchmarks.quality.experiments import (  # noqa: E402
     DATA_PARALLEL,
     EXPERIMENTS,
     OLD_INNER_LABEL,
+    OLD_LR_LABEL,
     RUN_ORDER,
     STILL_AT_OLD_INNER,
+    STILL_AT_OLD_LR,
     STILL_AT_WARMUP8,
     WARMUP8_DEFAULT,
     WARMUP8_LABEL,
@@ -39,16 +41,20 @@ def test_equal_runs_share_one_result_and_different_runs_do_not():
     free = {a.label: arm_key(a) for a in exp9.arms}
     # Experiment 9's fault-free references are experiment 1's seed-0 runs, at the settings
     # each ran with: the outer warm-up of 8 while it is in STILL_AT_WARMUP8, the old inner clip
-    # and warm-up while it is in STILL_AT_OLD_INNER, today's since.
+    # and warm-up while it is in STILL_AT_OLD_INNER, the old inner lr while it is in
+    # STILL_AT_OLD_LR, today's since.
     def plain(number: int, label: str) -> str:
         if number in STILL_AT_WARMUP8:
             return WARMUP8_DEFAULT
-        return f"{label}, {OLD_INNER_LABEL}" if number in STILL_AT_OLD_INNER else label
+        if number in STILL_AT_OLD_INNER:
+            return f"{label}, {OLD_INNER_LABEL}"
+        return f"{label}, {OLD_LR_LABEL}" if number in STILL_AT_OLD_LR else label
     ref = plain(9, "Decoupled DiLoCo")
     assert free["Decoupled DiLoCo, no failures"] == headline[(ref, 0, 1_000_000)]
     assert all(free["Decoupled DiLoCo, no failures"] != headline[(other, 0, 1_000_000)]
                for other in ("Decoupled DiLoCo", WARMUP8_DEFAULT,
-                             f"Decoupled DiLoCo, {OLD_INNER_LABEL}") if other != ref)
+                             f"Decoupled DiLoCo, {OLD_INNER_LABEL}",
+                             f"Decoupled DiLoCo, {OLD_LR_LABEL}") if other != ref)
     assert free["data-parallel, no failures"] == headline[(plain(9, "data-parallel"), 0,
                                                            1_000_000)]
     # The default Decoupled run at 500k tokens is experiment 2's P=4 tau=1.
@@ -127,6 +133,48 @@ def test_every_arm_but_the_plain_defaults_names_the_inner_clip_and_warm_up_it_ra
     clip_only = next(a for a in EXPERIMENTS[12].arms if a.label.endswith("4.5e-3, clip at 0.5"))
     assert (arm_config(clip_only).inner.clip_norm, arm_config(clip_only).inner.warmup_steps) == (
         0.5, 20)
+
+
+def test_every_arm_but_the_plain_defaults_names_the_inner_lr_it_ran_at():
+    """The learners' inner lr moved from 6e-3 to 8e-3 (issue 38's confirmation, stop 81). Every
+    arm that ran at 6e-3 names it in its overrides, so that the change moved only experiment
+    1's plain arms (the experiments in STILL_AT_OLD_LR keep theirs until re-run, and say so);
+    the plain arms as they ran are there under OLD_LR_LABEL, with today's clip and warm-up
+    named too; an arm that sets its own lr keeps it; the orchestrated runs keep 6e-3 until
+    measured there."""
+    from diloco_core.config import ExperimentConfig, InnerOptConfig
+    from pipelines.launch_defaults import ORCHESTRATED_DEFAULTS
+
+    assert InnerOptConfig().lr == 8e-3
+    plain = {"data-parallel", "synchronous DiLoCo", "Decoupled DiLoCo",
+             "Decoupled DiLoCo, M = 2", "Decoupled DiLoCo, M = 8"}
+
+    def named(arm):
+        return any(o.startswith("inner.lr=") for o in arm.overrides)
+    def lr(arm):
+        return arm_config(arm).inner.lr
+    for arm in EXPERIMENTS[1].arms:
+        assert named(arm) != (arm.label in plain), arm.label
+        if arm.label in plain:
+            assert lr(arm) == 8e-3, arm.label
+    before = {(a.label, a.seed, a.tokens) for a in EXPERIMENTS[1].arms
+              if a.label.endswith(f", {OLD_LR_LABEL}") and lr(a) == 6e-3
+              and (arm_config(a).inner.clip_norm, arm_config(a).inner.warmup_steps) == (0.5, 40)
+              and {"inner.clip_norm", "inner.warmup_steps"} <= {
+                  o.split("=")[0] for o in a.overrides}}
+    assert before == {(f"{a.label}, {OLD_LR_LABEL}", a.seed, a.tokens)
+                      for a in EXPERIMENTS[1].arms if a.label in plain}
+    for number in (12, *STILL_AT_OLD_LR):
+        assert all(named(arm) for arm in EXPERIMENTS[number].arms), number
+    for number in range(2, 12):
+        assert ("inner lr of 6e-3" in EXPERIMENTS[number].question) == (
+            number in STILL_AT_OLD_LR), number
+    # An arm's own lr wins over the pin: data-parallel's 1M reference still runs at 4.5e-3.
+    assert {lr(a) for a in EXPERIMENTS[12].arms if a.label.endswith("4.5e-3, clip at 0.5")} == \
+        {0.0045}
+    from diloco_core.config_loading import config_from_mapping
+    assert config_from_mapping({}, ORCHESTRATED_DEFAULTS).inner.lr == 6e-3 != \
+        ExperimentConfig().inner.lr
 
 
 def test_each_experiment_varies_what_it_studies():
@@ -753,7 +801,7 @@ def test_experiment_1_measures_the_dilocos_against_data_parallel_at_its_best_lr(
             r["heldout_slices"] = {name: {"loss": loss(a) + a.seed * 1e-3,
                                           "standard_error": 0.01, "batches": 100}
                                    for name in ("validation", "test")}
-            records[arm_key(a)] = r
+            records.setdefault(arm_key(a), r)   # one configuration's run: the first label's
         return records
     for lower_loss, against, ratio in ((1.96, lower, 2.04 / 1.96),
                                        (2.02, "data-parallel", 1.02)):
@@ -841,7 +889,7 @@ def test_a_label_that_names_no_arm_is_refused_with_the_labels_near_it():
     assert unknown_labels([1, 9], ["data-parallel", "Decoupled DiLoCo, no failures"]) == []
     [problem] = unknown_labels([1], ["data-parallel", "Decoupled DiLoCo, inner lr 8e-3"])
     assert "'Decoupled DiLoCo, inner lr 8e-3' names no arm" in problem
-    assert "'Decoupled DiLoCo, warm-up 8, inner lr 8e-3'" in problem
+    assert "'Decoupled DiLoCo, inner lr 6e-3'" in problem
     assert unknown_labels([9], ["Decoupled DiLoCo, no failures"]) == []
     assert len(unknown_labels([2], ["Decoupled DiLoCo, no failures"])) == 1
 

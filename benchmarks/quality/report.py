@@ -10,6 +10,7 @@ import contextlib
 import json
 import statistics
 from collections.abc import Callable, Collection, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.quality.code_identity import changed_since, is_current
@@ -25,7 +26,7 @@ from benchmarks.quality.experiments import (
 )
 from benchmarks.quality.reference import Reference
 from benchmarks.quality.reference import choose as choose_reference
-from benchmarks.quality.runner import load_arm
+from benchmarks.quality.runner import arm_key, load_arm
 from benchmarks.quality.scoring import mean_and_standard_error
 from benchmarks.quality.selection import (
     CONFIRMATION_SEEDS,
@@ -241,11 +242,17 @@ def data_parallel_reference(groups: dict[str, list[Arm]]) -> Reference:
     """The data-parallel configuration the DiLoCos are measured against at one budget, and how
     it was chosen (`reference.choose`: the selection seeds' best on the validation slice, a
     level one settled over all six seeds)."""
-    # Each data-parallel arm's selection and confirmation runs, read once (a file read each).
+    # Each data-parallel configuration's selection and confirmation runs, read once (a file
+    # read each). Two labels of one configuration (a probe whose setting became the default)
+    # are one candidate, under the first label: else it would be "level" with itself.
     seeds = SELECTION_SEEDS + CONFIRMATION_SEEDS
-    return choose_reference({label: {a.seed: _record(a) for a in group if a.seed in seeds}
-                             for label, group in groups.items()
-                             if group[0].method == DATA_PARALLEL})
+    candidates, configurations = {}, set()
+    for label, group in groups.items():
+        configuration = arm_key(replace(group[0], seed=0))
+        if group[0].method == DATA_PARALLEL and configuration not in configurations:
+            configurations.add(configuration)
+            candidates[label] = {a.seed: _record(a) for a in group if a.seed in seeds}
+    return choose_reference(candidates)
 
 
 def _exp1_reference(label: str, groups: dict[str, list[Arm]], best: str) -> str:
