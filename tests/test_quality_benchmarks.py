@@ -597,6 +597,19 @@ def test_a_stale_run_follows_its_config_to_its_key_under_todays_defaults_where_i
     assert (tmp_path / "4444444444444444.json").exists()
     assert refile_stale_runs(tmp_path) == []               # settled: nothing more moves
 
+    # A stale run whose key another stale run sits on, met first in the pass: it moves once
+    # that one has moved off, in the same call (a single pass left it off its key until the
+    # next report, where the flip to inner lr 8e-3 found one).
+    first = Arm("outer lr 0.4", DECOUPLED, ("outer.lr=0.4",), 0, 500_000)
+    squatter = Arm("outer lr 0.6", DECOUPLED, ("outer.lr=0.6",), 0, 500_000)
+    store(first, "0000000000000000", "older", 2.8)
+    store(squatter, arm_key(first), "older", 2.9)
+    assert refile_stale_runs(tmp_path) == [(arm_key(first), arm_key(squatter)),
+                                           ("0000000000000000", arm_key(first))]
+    assert load_arm(first, tmp_path)["summary"]["final_heldout_loss"] == 2.8
+    assert load_arm(squatter, tmp_path)["summary"]["final_heldout_loss"] == 2.9
+    assert refile_stale_runs(tmp_path) == []
+
 
 def test_a_config_fields_default_is_not_code_the_hash_covers():
     """A stored run records its whole config, so a changed default is caught by `load_arm`;

@@ -20,7 +20,17 @@ from benchmarks.quality.runner import RUNS_DIR, config_key
 
 def refile_stale_runs(runs_dir: Path = RUNS_DIR) -> list[tuple[str, str]]:
     """Move every stale run that is off its key under today's defaults onto it where that key
-    is free; return the moves (old key, new key)."""
+    is free; return the moves (old key, new key). Pass after pass until one moves nothing: a
+    run's key may be freed only by a run the pass meets after it (one stale run sitting on
+    another's key), which left the first one off its key until the next report moved it. Each
+    move puts a run on its own key, where it stays, so the passes end."""
+    moves = []
+    while moved := _refile_once(runs_dir):
+        moves += moved
+    return moves
+
+
+def _refile_once(runs_dir: Path) -> list[tuple[str, str]]:
     moves = []
     for path in sorted(runs_dir.glob("*.json")):
         record = json.loads(path.read_text())
