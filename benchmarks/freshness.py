@@ -279,7 +279,18 @@ def changed_defaults(commit: str, which: str | None, command: str | None = None,
     sections = {k.split(".")[0] for k in now}
     own = {field_name(key, sections) for key in pinned(command)}
     return [f"{k}: {before[k]} -> {now[k]}" for k in sorted(before.keys() & now.keys())
-            if before[k] != now[k] and k not in own]
+            if not same_value(before[k], now[k]) and k not in own]
+
+
+def same_value(a: str, b: str) -> bool:
+    """Two defaults' source texts mean the same value: "6e-3" in the config and "0.006" in a
+    launch default that pins it (the demo kept the inner lr when the embedded one moved) are
+    one value; text that is no Python literal (a bare word, as the launch defaults spell a
+    string) is compared as text."""
+    try:
+        return ast.literal_eval(a) == ast.literal_eval(b)
+    except (ValueError, SyntaxError):
+        return a == b
 
 
 def commits_since(commit: str, paths: Sequence[str], repo: Path = REPO,

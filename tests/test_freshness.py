@@ -106,6 +106,15 @@ def test_a_result_goes_stale_with_its_code_and_says_which_defaults_moved(repo):
     assert "SyncConfig.num_fragments: 2 -> 8" in assess(demo, repo).defaults_changes
     assert assess(soak, repo).defaults_changes == before
 
+    # An embedded default moves while the launch defaults pin its old value, spelt otherwise
+    # ("0.5" in the config, "5e-1" in the launch list): the demo's runs keep their meaning.
+    _commit(repo, {"diloco_core/config.py": CONFIG.format(period=8, comment="H").replace(
+                       "lr: float = 0.5", "lr: float = 0.7"),
+                   "pipelines/launch_defaults.py": LAUNCH.replace("=2", "=8").replace(
+                       '"name=demo"', '"name=demo", "outer.lr=5e-1"')}, "outer lr 0.7")
+    assert "OuterOptConfig.lr: 0.5 -> 0.7" in assess(soak, repo).defaults_changes
+    assert not any(c.startswith("OuterOptConfig.lr") for c in assess(demo, repo).defaults_changes)
+
 
 def test_a_commit_outside_this_history_is_unknown_not_current(repo):
     _commit(repo, {"diloco_core/merge.py": "x = 1\n"}, "one")
