@@ -118,8 +118,12 @@ def test_one_learner_with_outer_lr_1_and_no_momentum_is_plain_training(corpus):
     data = learner_data(cfg, 0, corpus.learner_streams[0])
     for _ in range(cfg.total_learner_steps):
         state, _ = inner.step(state, data.next())
+    # Equal up to float32 rounding: the outer step theta - 1.0 * (theta - s) lands within an
+    # ulp of s each round, and AdamW's normalised steps carry that on (at inner lr 8e-3 one
+    # weight in 8,192 drifted 1e-5 over the 24 steps); a step lost or taken twice moves the
+    # weights by about the lr.
     for k in params:
-        np.testing.assert_allclose(result.final_params[k], state.params[k], atol=2e-6, err_msg=k)
+        np.testing.assert_allclose(result.final_params[k], state.params[k], atol=2e-5, err_msg=k)
 
 
 def test_full_quorum_single_fragment_no_overlap_is_synchronous_diloco(corpus):
