@@ -382,8 +382,9 @@ def _experiments() -> tuple[Experiment, ...]:
              (CANDIDATE_8E3, DECOUPLED, (*CANDIDATE_INNER, "inner.lr=0.008"), (0,)))
            for arm in _seeds(label, method, overrides, seeds, TREND_TOKENS[-1])),
          # The 1M bar, missed by 0.4 points under the reference rule (1.0336x): the
-         # neighbourhood of the defaults then (inner lr 6e-3), one change at a time on seed 0 (the earlier
-         # probes of it ran at the outer momentum's warm-up of 8 or the old clip and warm-up):
+         # neighbourhood of the defaults then (inner lr 6e-3), one change at a time on seed 0
+         # (the earlier probes of it ran at the outer momentum's warm-up of 8 or the old clip
+         # and warm-up):
          # the outer lr and momentum either side, H = 2 (twice the bytes; H must be a multiple
          # of P, so P = 2) and the learners' own warm-up either side of 40. Today's inner clip
          # and warm-up pinned (the same runs: a key counts only what differs from the
