@@ -248,8 +248,10 @@ def data_parallel_reference(groups: dict[str, list[Arm]]) -> Reference:
     seeds = SELECTION_SEEDS + CONFIRMATION_SEEDS
     candidates, configurations = {}, set()
     for label, group in groups.items():
+        if group[0].method != DATA_PARALLEL:
+            continue
         configuration = arm_key(replace(group[0], seed=0))
-        if group[0].method == DATA_PARALLEL and configuration not in configurations:
+        if configuration not in configurations:
             configurations.add(configuration)
             candidates[label] = {a.seed: _record(a) for a in group if a.seed in seeds}
     return choose_reference(candidates)
