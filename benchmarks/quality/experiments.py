@@ -274,20 +274,12 @@ def _ran_at_warmup8(exp: Experiment) -> Experiment:
     return replace(exp, question=exp.question + WARMUP8_NOTE, arms=_at_warmup8(exp.arms))
 
 
-def _still_at_old_inner(exp: Experiment) -> Experiment:
-    """An experiment among 2-11 not yet re-run since the inner clip and warm-up changed: its
-    arms pinned at the old ones, its question saying so."""
-    if exp.number not in STILL_AT_OLD_INNER:
+def _still_at_old(exp: Experiment, not_rerun: frozenset[int], pin, note: str) -> Experiment:
+    """An experiment among 2-11 not yet re-run since a default changed (its number in
+    `not_rerun`): its arms pinned at the old value (`pin`), its question saying so (`note`)."""
+    if exp.number not in not_rerun:
         return exp
-    return replace(exp, question=exp.question + OLD_INNER_NOTE, arms=_at_old_inner(exp.arms))
-
-
-def _still_at_old_lr(exp: Experiment) -> Experiment:
-    """An experiment among 2-11 not yet re-run since the inner lr became 8e-3: its arms pinned
-    at 6e-3, its question saying so."""
-    if exp.number not in STILL_AT_OLD_LR:
-        return exp
-    return replace(exp, question=exp.question + OLD_LR_NOTE, arms=_at_old_lr(exp.arms))
+    return replace(exp, question=exp.question + note, arms=pin(exp.arms))
 
 
 # Experiment 1's M = 2 and 8 with the per-learner batch that holds the global batch at
@@ -776,7 +768,10 @@ def _experiments() -> tuple[Experiment, ...]:
                     for exp in breadth)
     # Experiment 12 is the tuning that chose the defaults: its runs keep the outer warm-up
     # (8), the inner clip and warm-up and the inner lr they had, whatever the defaults become.
-    return (exp1, *(_still_at_old_lr(_still_at_old_inner(exp)) for exp in breadth),
+    breadth = tuple(_still_at_old(_still_at_old(exp, STILL_AT_OLD_INNER, _at_old_inner,
+                                                OLD_INNER_NOTE),
+                                  STILL_AT_OLD_LR, _at_old_lr, OLD_LR_NOTE) for exp in breadth)
+    return (exp1, *breadth,
             replace(exp12, arms=_at_warmup8(_at_old_inner(_at_old_lr(exp12.arms)))))
 
 
