@@ -14,8 +14,7 @@ stay comparable with the earlier runs of this benchmark.
 
 Arms: Decoupled DiLoCo at today's receive rule (rebase, the default since the paper's
 overwrite-on-receipt lost experiment 8) and synchronous DiLoCo (K = M, P = 1, every learner
-blocks at each sync). `--rebase` adds an arm that names the rebase rule explicitly, from when
-overwrite was the default: at today's defaults it is the same configuration as the first.
+blocks at each sync).
 Experiment 9's real-path counterpart is the chaos soak (`benchmarks/chaos_soak.py`).
 
 Each arm's final model is scored on the held-out test slice (100 batches over the whole
@@ -57,8 +56,6 @@ REAL = ("name=quality-real", "sync.sync_period=32", "sync.overlap_steps=4",
         "orchestration.restart_backoff_seconds=3")
 ARMS = (Arm("Decoupled DiLoCo", DECOUPLED, REAL, tokens=HEADLINE_TOKENS),
         Arm("synchronous DiLoCo", SYNCHRONOUS, REAL, tokens=HEADLINE_TOKENS))
-REBASE = Arm("Decoupled DiLoCo, rebase", DECOUPLED, (*REAL, "sync.receive_rule=rebase"),
-             tokens=HEADLINE_TOKENS)
 DATA_PARALLEL_ARM = Arm("data-parallel", DATA_PARALLEL, (), 0, HEADLINE_TOKENS)  # experiment 1
 
 
@@ -126,12 +123,9 @@ def spread(rows: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(OUT))
-    parser.add_argument("--rebase", action="store_true",
-                        help="also run Decoupled DiLoCo with the rebase receive rule")
     parser.add_argument("--runs", type=int, default=3,
                         help="orchestrated runs per arm; figures are their medians and ranges")
     args = parser.parse_args()
-    arms = (*ARMS, REBASE) if args.rebase else ARMS
     os.environ.setdefault("DILOCO_TICK_SECONDS", "2")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: stop the Dagster instance
     from benchmarks.chaos_soak import figures, soak_run
@@ -140,11 +134,11 @@ def main() -> None:
 
     revision = code_revision()   # before the runs: the code they ran
     dp = run_arm(DATA_PARALLEL_ARM)
-    sims = {arm.label: run_arm(arm) for arm in arms}
+    sims = {arm.label: run_arm(arm) for arm in ARMS}
     rows, runs = [], []
     with tempfile.TemporaryDirectory(prefix="quality-real-") as tmp:
         for run in range(args.runs):
-            for i, arm in enumerate(arms):
+            for i, arm in enumerate(ARMS):
                 cfg = real_config(arm)
                 print(f"real path, run {run}: {arm.label}", flush=True)
                 started = time.time()
