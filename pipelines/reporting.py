@@ -28,14 +28,28 @@ def optional_plot(make: Callable[[], Path],
         return None
 
 
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name: two machines of one platform string and core count ran the same
+    soak 3-13% apart, so a result names the processor too. `platform.processor()` is empty on
+    most Linux systems; /proc/cpuinfo says it there."""
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def machine_info() -> dict:
     import os
 
     import jax
 
-    return {"platform": platform.platform(), "python": platform.python_version(),
-            "cpu_count": os.cpu_count(), "jax": jax.__version__,
-            "devices": [str(d) for d in jax.devices()]}
+    return {"platform": platform.platform(), "processor": cpu_model(),
+            "python": platform.python_version(), "cpu_count": os.cpu_count(),
+            "jax": jax.__version__, "devices": [str(d) for d in jax.devices()]}
 
 
 def code_revision() -> dict:
