@@ -20,8 +20,10 @@ file is compared as its syntax tree without comments or docstrings (the quality 
 file (a lock file, pyproject) counts when its bytes change. Still coarse (a refactor that
 computes the same thing counts), so "stale" says "re-run before quoting", not "wrong". A
 benchmark module a script takes names from (`from benchmarks.quality.experiments import Arm`)
-counts only where those names' definitions changed (`measured_names`). The
-table is a snapshot at the commit it names; re-run this script for today's.
+counts only where those names' definitions changed (`measured_names`). The functions that
+write a result's provenance (`PROVENANCE`: the machine and the commit it names) do not count:
+no figure passes through them, so naming the CPU model from today on leaves yesterday's soak
+current. The table is a snapshot at the commit it names; re-run this script for today's.
 """
 
 import argparse
@@ -62,6 +64,10 @@ MEASURES = {
     "store_throughput": ("resources",), "checkpoint_save": CORE + ("resources",),
     "install_size": ("pyproject.toml", "requirements"),
 }
+# The functions that record who made a result, where and from which commit, file -> names:
+# they describe a run and no measured figure passes through them, so a change to them (and
+# to a helper only they call) leaves every result's figures as they were.
+PROVENANCE = {"pipelines/reporting.py": frozenset({"machine_info", "code_revision"})}
 CONFIG, LAUNCH = "diloco_core/config.py", "pipelines/launch_defaults.py"
 # Benchmarks whose figures depend on the training defaults (losses, times to a budget, goodput),
 # by the path they train on. The others measure machinery (merges, stores, the control plane,
@@ -334,9 +340,31 @@ def _file_changes_meaning(commit: str, name: str, repo: Path,
             seen = definitions(before, names), definitions(after, names)
             if None not in seen:
                 return seen[0] != seen[1]
+        if name in PROVENANCE:
+            return (without(before, PROVENANCE[name])
+                    != without(after, PROVENANCE[name]))
         return semantic_source(before) != semantic_source(after)
     except SyntaxError:
         return True
+
+
+def without(text: str, names: frozenset[str]) -> str:
+    """A module as the interpreter sees it (`semantic_source`) less the top-level functions
+    `names` and the helpers only they call: what is left is what a change to the provenance
+    record does not touch."""
+    body = ast.parse(text).body
+    dropped = [s for s in body if _bound_names(s) and set(_bound_names(s)) <= names]
+    kept = [s for s in body if not any(s is d for d in dropped)]
+    while True:
+        wanted = {n.id for s in dropped for n in ast.walk(s) if isinstance(n, ast.Name)}
+        used = {n.id for s in kept for n in ast.walk(s) if isinstance(n, ast.Name)}
+        helpers = [s for s in kept if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   and s.name in wanted - used]
+        if not helpers:
+            break
+        dropped += helpers
+        kept = [s for s in kept if not any(s is h for h in helpers)]
+    return semantic_source(ast.unparse(ast.Module(body=kept, type_ignores=[])))
 
 
 def _git_blob(spec: str, repo: Path) -> str | None:

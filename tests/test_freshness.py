@@ -220,3 +220,23 @@ def test_the_real_path_section_of_the_results_page_marks_itself_stale(monkeypatc
     current = Freshness("r", "quality_real_path", "e63b61c", command, [], [])
     monkeypatch.setattr(freshness, "assess", lambda path: current)
     assert "Stale" not in real_path_section(OUT_DIR / "real_path.json")
+
+
+def test_a_change_to_a_results_provenance_record_leaves_its_figures_current(repo):
+    """Naming the CPU model in `machine_info` (through a helper only it calls) changes what a
+    result says about its machine, not a figure in it; a change beside it does count."""
+    reporting = ('import platform\n\n\ndef machine_info():\n    return {{"platform": {platform}}}'
+                 '\n\n{helper}\ndef results_table(rows):\n    return [round(r, {digits}) '
+                 'for r in rows]\n')
+    measured = _commit(repo, {"pipelines/reporting.py": reporting.format(
+        platform="platform.platform()", helper="", digits=4)}, "measured")
+    soak = _result(repo, "chaos_soak.json", {"commit": measured,
+                                             "command": "python benchmarks/chaos_soak.py"})
+    _commit(repo, {"pipelines/reporting.py": reporting.format(
+        platform="platform.platform(), \"cpu\": cpu_model()",
+        helper="def cpu_model():\n    return platform.processor()\n\n", digits=4)}, "cpu")
+    assert assess(soak, repo).verdict == "current"
+    rounding = _commit(repo, {"pipelines/reporting.py": reporting.format(
+        platform="platform.platform(), \"cpu\": cpu_model()",
+        helper="def cpu_model():\n    return platform.processor()\n\n", digits=3)}, "rounding")
+    assert assess(soak, repo).code_changes == [rounding[:7]]
