@@ -23,7 +23,9 @@ benchmark module a script takes names from (`from benchmarks.quality.experiments
 counts only where those names' definitions changed (`measured_names`). The functions that
 write a result's provenance (`PROVENANCE`: the machine and the commit it names) do not count:
 no figure passes through them, so naming the CPU model from today on leaves yesterday's soak
-current. The table is a snapshot at the commit it names; re-run this script for today's.
+current. For a benchmark whose defaults are read field by field, a default's new value counts
+there and not again as a code change. The table is a snapshot at the commit it names; re-run
+this script for today's.
 """
 
 import argparse
@@ -300,33 +302,40 @@ def same_value(a: str, b: str) -> bool:
 
 
 def commits_since(commit: str, paths: Sequence[str], repo: Path = REPO,
-                  names: dict[str, frozenset[str]] | None = None) -> list[str] | None:
+                  names: dict[str, frozenset[str]] | None = None,
+                  defaults_apart: bool = False) -> list[str] | None:
     """Commits after `commit` (on the way to HEAD) that touched any of `paths`; None when the
     commit is not in this clone's history. A file in `names` counts only where the
-    definitions of those names changed (`measured_names`)."""
+    definitions of those names changed (`measured_names`). With `defaults_apart` (a
+    benchmark whose defaults are judged field by field, `changed_defaults`), a commit to the
+    defaults' two files counts only where it changed more than a default's value."""
     full = _git("rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}", cwd=repo)
     if not full:
         return None
     if not paths:
         return []
     log = _git("log", "--format=%h", f"{full}..HEAD", "--", *paths, cwd=repo)
-    return [c for c in log.splitlines() if c and changes_meaning(c, paths, repo, names)]
+    return [c for c in log.splitlines()
+            if c and changes_meaning(c, paths, repo, names, defaults_apart)]
 
 
 def changes_meaning(commit: str, paths: Sequence[str], repo: Path = REPO,
-                    names: dict[str, frozenset[str]] | None = None) -> bool:
+                    names: dict[str, frozenset[str]] | None = None,
+                    defaults_apart: bool = False) -> bool:
     """Whether `commit` changed any file under `paths` in a way the interpreter sees: Python
     compared without comments and docstrings, anything else by its bytes. A file added or
     removed counts; one that no longer parses is compared by its bytes."""
     touched = _git("diff-tree", "--no-commit-id", "--name-only", "-r", "--root", commit, "--",
                    *paths, cwd=repo).splitlines()
-    return any(_file_changes_meaning(commit, name, repo, (names or {}).get(name))
+    return any(_file_changes_meaning(commit, name, repo, (names or {}).get(name),
+                                     defaults_apart and name in (CONFIG, LAUNCH))
                for name in touched)
 
 
 @functools.cache
 def _file_changes_meaning(commit: str, name: str, repo: Path,
-                          names: frozenset[str] | None = None) -> bool:
+                          names: frozenset[str] | None = None,
+                          defaults_apart: bool = False) -> bool:
     """One file's part of `changes_meaning`, cached: every result file asks about the same
     commits."""
     before = _git_blob(f"{commit}^:{name}", repo)
@@ -340,12 +349,36 @@ def _file_changes_meaning(commit: str, name: str, repo: Path,
             seen = definitions(before, names), definitions(after, names)
             if None not in seen:
                 return seen[0] != seen[1]
+        if defaults_apart:
+            return without_default_values(before) != without_default_values(after)
         if name in PROVENANCE:
             return (without(before, PROVENANCE[name])
                     != without(after, PROVENANCE[name]))
         return semantic_source(before) != semantic_source(after)
     except SyntaxError:
         return True
+
+
+def without_default_values(text: str) -> str:
+    """The defaults' files as the interpreter sees them (`semantic_source`) with the defaults'
+    values left out, which `changed_defaults` reads field by field: a config class's field
+    defaults (`lr: PositiveNumber = 8e-3`) and a module's list of "section.field=value"
+    strings (the launch defaults). What is left (a validator, a new field's type, a constant
+    the code reads) still counts: e5fee76 moved the embedded inner lr and pinned the demo's
+    at its old value, and the demo's runs are the same runs."""
+    module = ast.parse(text)
+    for statement in module.body:
+        if isinstance(statement, ast.ClassDef):
+            for field in statement.body:
+                if isinstance(field, ast.AnnAssign) and field.value is not None:
+                    field.value = ast.Constant(value=None)
+        elif (isinstance(statement, (ast.Assign, ast.AnnAssign))
+              and isinstance(statement.value, (ast.List, ast.Tuple))
+              and statement.value.elts and all(
+                  isinstance(e, ast.Constant) and isinstance(e.value, str)
+                  and re.match(r"[a-z_][a-z0-9_.]*=", e.value) for e in statement.value.elts)):
+            statement.value = ast.List(elts=[], ctx=ast.Load())
+    return semantic_source(ast.unparse(module))
 
 
 def without(text: str, names: frozenset[str]) -> str:
@@ -398,7 +431,7 @@ def assess(path: Path, repo: Path = REPO) -> Freshness:
     best: tuple[str, list[str], list[str]] | None = None
     paths, names = measured_paths(benchmark, repo), measured_names(benchmark, repo)
     for commit in dict.fromkeys(recorded_commits(result)):
-        code = commits_since(commit, paths, repo, names)
+        code = commits_since(commit, paths, repo, names, uses_defaults(benchmark) is not None)
         if code is None:
             continue
         defaults = changed_defaults(commit, uses_defaults(benchmark), recorded_command(result),

@@ -240,3 +240,32 @@ def test_a_change_to_a_results_provenance_record_leaves_its_figures_current(repo
         platform="platform.platform(), \"cpu\": cpu_model()",
         helper="def cpu_model():\n    return platform.processor()\n\n", digits=3)}, "rounding")
     assert assess(soak, repo).code_changes == [rounding[:7]]
+
+
+def test_a_default_moved_and_pinned_back_for_the_demo_leaves_the_demo_current(repo):
+    """e5fee76 moved the embedded inner lr and pinned the demo's at its old value: the demo's
+    runs are the same runs (current); the soak built on the embedded defaults is under another
+    default (said once, in its column, not again as a code change); a benchmark whose
+    figures do not stand on the defaults counts the config's change as code."""
+    measured = _commit(repo, {"diloco_core/config.py": CONFIG.format(period=16, comment="H"),
+                              "pipelines/launch_defaults.py": LAUNCH}, "measured")
+    demo = _result(repo, "orchestration_demo.json", {
+        "commit": measured, "command": "python benchmarks/orchestration_demo.py"})
+    soak = _result(repo, "chaos_soak.json", {"commit": measured,
+                                             "command": "python benchmarks/chaos_soak.py"})
+    merge = _result(repo, "merge_cost.json", {"commit": measured,
+                                              "command": "python benchmarks/merge_cost.py"})
+    moved = _commit(repo, {
+        "diloco_core/config.py": CONFIG.format(period=8, comment="H"),
+        "pipelines/launch_defaults.py": LAUNCH.replace('"]', '", "sync.sync_period=16"]')},
+        "H = 8, the demo keeps 16")
+    assert (assess(demo, repo).verdict, assess(demo, repo).code_changes) == ("current", [])
+    s = assess(soak, repo)
+    assert (s.verdict, s.code_changes) == ("stale, other defaults", [])
+    assert s.defaults_changes == ["SyncConfig.sync_period: 16 -> 8"]
+    assert assess(merge, repo).code_changes == [moved[:7]]
+    # More than a value (a validator beside the defaults) is code for every benchmark.
+    validator = _commit(repo, {"diloco_core/config.py": CONFIG.format(period=8, comment="H")
+                               + "\n\ndef check(c):\n    assert c.sync_period > 0\n"},
+                        "a validator")
+    assert assess(demo, repo).code_changes == [validator[:7]]
