@@ -100,18 +100,41 @@ def arm(method: str, extra: int, tokens: int, seed: int, priced: dict[str, float
                tokens)
 
 
+def candidates(args) -> dict[str, list[float]]:
+    """Each tuned method's candidate values: today's and its option's, once each."""
+    from benchmarks.quality.runner import arm_config
+
+    today = arm_config(arm(DECOUPLED, 0, args.tokens, 0, {}, tuple(args.set)))
+    found = {}
+    for method, (field, option) in TUNED.items():
+        section, name = field.split(".")
+        # Today's value is always a candidate: a level keeps it unless another does better.
+        found[method] = sorted({getattr(getattr(today, section), name), *getattr(args, option)})
+    return found
+
+
+def uneven_tuning(found: dict[str, list[float]]) -> str | None:
+    """Why the candidates tune one method harder than the other, or None: issue 38 gives the
+    baseline at least the method's budget of configurations, and an option that repeats
+    today's value (`--inner-lrs 0.008` where 8e-3 is the default) silently gives it one
+    fewer; tuning one method alone is uneven too."""
+    counts = {method: len(values) for method, values in found.items()}
+    if len(set(counts.values())) < 2 or max(counts.values()) < 2:
+        return None
+    return ("--outer-lrs / --inner-lrs: the methods get "
+            + ", ".join(f"{len(v)} candidates ({', '.join(f'{x:g}' for x in v)}) for "
+                        f"{METHODS[m]}" for m, v in found.items())
+            + " (today's value counts once): give each as many, so that neither is tuned "
+              "harder")
+
+
 def choose_settings(args, priced: dict[str, float], run) -> tuple[dict, list[dict]]:
     """Per method with candidates, per capacity level: the candidate with the lowest mean
     validation-slice loss over the selection seeds. `run(arms)` returns their records by arm.
     Returns ({(method, extra): override}, the selection table)."""
-    from benchmarks.quality.runner import arm_config
-
-    today = arm_config(arm(DECOUPLED, 0, args.tokens, 0, {}, tuple(args.set)))
     arms = {}
-    for method, (field, option) in TUNED.items():
-        section, name = field.split(".")
-        # Today's value is always a candidate: a level keeps it unless another does better.
-        values = sorted({getattr(getattr(today, section), name), *getattr(args, option)})
+    for method, values in candidates(args).items():
+        field = TUNED[method][0]
         if len(values) < 2:
             continue
         for extra in args.extras:
@@ -231,6 +254,8 @@ def main() -> None:
     if (args.outer_lrs or args.inner_lrs) and set(args.seeds) & set(args.selection_seeds):
         parser.error("--seeds must be fresh seeds, none of --selection-seeds, when settings "
                      "are chosen (selection apart from confirmation)")
+    if (args.outer_lrs or args.inner_lrs) and (why := uneven_tuning(candidates(args))):
+        parser.error(why)
     from benchmarks.quality.parallel import run_arms
     from benchmarks.quality.runner import RUNS_DIR, arm_config, arm_key
 
