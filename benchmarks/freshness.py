@@ -370,7 +370,10 @@ def without_default_values(text: str) -> str:
     for statement in module.body:
         if isinstance(statement, ast.ClassDef):
             for field in statement.body:
-                if isinstance(field, ast.AnnAssign) and field.value is not None:
+                # Only where `default_values` reads it (one line, `name: type = value`): a
+                # field written over several lines keeps its value here, so its change counts.
+                if (isinstance(field, ast.AnnAssign) and field.value is not None
+                        and field.lineno == field.end_lineno):
                     field.value = ast.Constant(value=None)
         elif (isinstance(statement, (ast.Assign, ast.AnnAssign))
               and isinstance(statement.value, (ast.List, ast.Tuple))

@@ -264,8 +264,15 @@ def test_a_default_moved_and_pinned_back_for_the_demo_leaves_the_demo_current(re
     assert (s.verdict, s.code_changes) == ("stale, other defaults", [])
     assert s.defaults_changes == ["SyncConfig.sync_period: 16 -> 8"]
     assert assess(merge, repo).code_changes == [moved[:7]]
+    # A default written over several lines is not read field by field: its change is code.
+    wide = CONFIG.format(period=8, comment="H").replace(
+        "num_fragments: int = 4", "num_fragments: int = (\n        4)")
+    # (Rewrapping it counts too: coarse, as a refactor is.)
+    rewrap = _commit(repo, {"diloco_core/config.py": wide}, "the same value, over two lines")
+    spread = _commit(repo, {"diloco_core/config.py": wide.replace("4)", "2)")}, "P = 2")
+    assert assess(demo, repo).code_changes == [spread[:7], rewrap[:7]]
     # More than a value (a validator beside the defaults) is code for every benchmark.
-    validator = _commit(repo, {"diloco_core/config.py": CONFIG.format(period=8, comment="H")
+    validator = _commit(repo, {"diloco_core/config.py": wide.replace("4)", "2)")
                                + "\n\ndef check(c):\n    assert c.sync_period > 0\n"},
                         "a validator")
-    assert assess(demo, repo).code_changes == [validator[:7]]
+    assert assess(demo, repo).code_changes == [validator[:7], spread[:7], rewrap[:7]]
