@@ -167,8 +167,8 @@ class InnerOptConfig:
     6e-3 gave 1.0336x; 1.0136x at 4M, where 6e-3 gave 1.0077x; quality experiment 1). The
     best peak falls as the budget grows: well past 1M tokens 6e-3 may do better.
     Data-parallel's own best on the `small` model is lower (6e-3 at 1M, 4.5e-3 at 4M; at 8e-3
-    it ends 0.9% higher at 1M): a single lock-step job should set 6e-3. The orchestrated runs
-    keep 6e-3 until measured there (`pipelines/launch_defaults.py`)."""
+    it ends 0.9% higher at 1M): a single lock-step job should set 6e-3. `diloco demo` keeps
+    6e-3 (`pipelines/launch_defaults.py`): on its constant schedule 8e-3 ended 2-2.5% higher."""
     b1: Fraction = 0.9
     """AdamW beta1"""
     b2: Fraction = 0.95
