@@ -35,7 +35,7 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -249,19 +249,50 @@ def default_values(config_py: str, launch_py: str = "") -> dict[str, str]:
     """The embedded defaults as written in the two files, "section.field" -> the default's
     source text (comments dropped). The config's dataclasses give "SyncConfig.sync_period";
     the launch defaults' "sync.sync_period=16" strings are laid over them under the same name
-    (a section is the class whose name starts with it)."""
-    values, section = {}, None
-    for line in config_py.splitlines():
-        if (m := re.match(r"class (\w+)", line)):
-            section = m.group(1)
-            continue
-        code = re.sub(r"\s+#.*$", "", line)
-        if section and (m := re.match(r"    ([a-z_]\w*): (.+?) = (.+)$", code)):
-            values[f"{section}.{m.group(1)}"] = m.group(3).strip()
+    (a section is the class whose name starts with it). Read from the syntax tree, so a field
+    wrapped over several lines is read as one that is not."""
+    try:
+        config = ast.parse(config_py)
+        launch = ast.parse(launch_py)
+    except SyntaxError:
+        return {}     # no defaults to compare; the code comparison counts the file as changed
+    values = {f"{cls}.{field.target.id}": _as_written(config_py, field.value)
+              for cls, field in _config_fields(config)}
     sections = {k.split(".")[0] for k in values}
-    for key, value in re.findall(r'"([a-z_][a-z0-9_.]*)=([^"]*)"', launch_py):
-        values[field_name(key, sections)] = value.strip()
+    for statement in _launch_defaults(launch):
+        for element in statement.value.elts:
+            key, _, value = element.value.partition("=")
+            values[field_name(key, sections)] = value.strip()
     return {k: v.strip("\"'") for k, v in values.items()}
+
+
+def _config_fields(module: ast.Module) -> Iterator[tuple[str, ast.AnnAssign]]:
+    """Each config class's fields that have a default: (class name, the field)."""
+    for statement in module.body:
+        if isinstance(statement, ast.ClassDef):
+            for field in statement.body:
+                if (isinstance(field, ast.AnnAssign) and field.value is not None
+                        and isinstance(field.target, ast.Name)):
+                    yield statement.name, field
+
+
+def _launch_defaults(module: ast.Module) -> Iterator[ast.Assign | ast.AnnAssign]:
+    """A module's lists of "section.field=value" strings (the launch defaults)."""
+    for statement in module.body:
+        if (isinstance(statement, (ast.Assign, ast.AnnAssign))
+                and isinstance(statement.value, (ast.List, ast.Tuple))
+                and statement.value.elts and all(
+                    isinstance(e, ast.Constant) and isinstance(e.value, str)
+                    and re.match(r"[a-z_][a-z0-9_.]*=", e.value) for e in statement.value.elts)):
+            yield statement
+
+
+def _as_written(source: str, node: ast.expr) -> str:
+    """A value's source text as written; one written over several lines as the interpreter
+    reads it (`ast.unparse`: one line, no comments), so that it fits a table cell."""
+    if node.lineno == node.end_lineno:
+        return ast.get_source_segment(source, node)
+    return ast.unparse(node)
 
 
 def field_name(dotted: str, sections: Iterable[str]) -> str:
@@ -367,20 +398,10 @@ def without_default_values(text: str) -> str:
     the code reads) still counts: e5fee76 moved the embedded inner lr and pinned the demo's
     at its old value, and the demo's runs are the same runs."""
     module = ast.parse(text)
-    for statement in module.body:
-        if isinstance(statement, ast.ClassDef):
-            for field in statement.body:
-                # Only where `default_values` reads it (one line, `name: type = value`): a
-                # field written over several lines keeps its value here, so its change counts.
-                if (isinstance(field, ast.AnnAssign) and field.value is not None
-                        and field.lineno == field.end_lineno):
-                    field.value = ast.Constant(value=None)
-        elif (isinstance(statement, (ast.Assign, ast.AnnAssign))
-              and isinstance(statement.value, (ast.List, ast.Tuple))
-              and statement.value.elts and all(
-                  isinstance(e, ast.Constant) and isinstance(e.value, str)
-                  and re.match(r"[a-z_][a-z0-9_.]*=", e.value) for e in statement.value.elts)):
-            statement.value = ast.List(elts=[], ctx=ast.Load())
+    for _, field in _config_fields(module):
+        field.value = ast.Constant(value=None)
+    for statement in _launch_defaults(module):
+        statement.value = ast.List(elts=[], ctx=ast.Load())
     return semantic_source(ast.unparse(module))
 
 

@@ -150,6 +150,17 @@ def test_defaults_are_read_field_by_field_comments_dropped():
     values = default_values(CONFIG.format(period=16, comment="= 3 # not a default"), LAUNCH)
     assert values == {"SyncConfig.sync_period": "16", "SyncConfig.num_fragments": "2",
                       "OuterOptConfig.lr": "0.5", "ExperimentConfig.name": "demo"}
+    # Wrapped (a long annotation, a value over several lines with a comment inside): read as
+    # one line; a string that only looks like a launch default, outside the list, is not one.
+    wrapped = CONFIG.format(period=16, comment="H") + (
+        '\n\nclass LearnersConfig:\n'
+        '    corpus: Literal[\n        "stdlib", "tiny"] = "stdlib"\n'
+        '    speeds: list = field(default_factory=lambda: [1.0,  # fast\n'
+        '                                                  0.5])\n')
+    values = default_values(wrapped, LAUNCH + 'EXAMPLE = "run with sync.sync_period=4"\n')
+    assert values["LearnersConfig.corpus"] == "stdlib"
+    assert values["LearnersConfig.speeds"] == "field(default_factory=lambda: [1.0, 0.5])"
+    assert values["SyncConfig.sync_period"] == "16"
 
 
 def test_a_benchmark_is_measured_against_its_own_code_and_the_benchmark_modules_it_imports(repo):
@@ -264,15 +275,20 @@ def test_a_default_moved_and_pinned_back_for_the_demo_leaves_the_demo_current(re
     assert (s.verdict, s.code_changes) == ("stale, other defaults", [])
     assert s.defaults_changes == ["SyncConfig.sync_period: 16 -> 8"]
     assert assess(merge, repo).code_changes == [moved[:7]]
-    # A default written over several lines is not read field by field: its change is code.
+    # A default written over several lines is read as one that is not: rewrapping it changes
+    # nothing, and its new value is a default's change, in that column only.
     wide = CONFIG.format(period=8, comment="H").replace(
-        "num_fragments: int = 4", "num_fragments: int = (\n        4)")
-    # (Rewrapping it counts too: coarse, as a refactor is.)
-    rewrap = _commit(repo, {"diloco_core/config.py": wide}, "the same value, over two lines")
-    spread = _commit(repo, {"diloco_core/config.py": wide.replace("4)", "2)")}, "P = 2")
-    assert assess(demo, repo).code_changes == [spread[:7], rewrap[:7]]
+        "num_fragments: int = 4", "num_fragments: int = (  # P\n        4)")
+    _commit(repo, {"diloco_core/config.py": wide}, "the same value, over two lines")
+    assert (assess(demo, repo).verdict, assess(demo, repo).code_changes) == ("current", [])
+    _commit(repo, {"diloco_core/config.py": wide.replace("4)", "2)")}, "P = 2")
+    assert (assess(demo, repo).verdict, assess(demo, repo).code_changes) == ("current", [])
+    s = assess(soak, repo)
+    assert (s.verdict, s.code_changes) == ("stale, other defaults", [])
+    assert s.defaults_changes == ["SyncConfig.num_fragments: 4 -> 2",
+                                  "SyncConfig.sync_period: 16 -> 8"]
     # More than a value (a validator beside the defaults) is code for every benchmark.
     validator = _commit(repo, {"diloco_core/config.py": wide.replace("4)", "2)")
                                + "\n\ndef check(c):\n    assert c.sync_period > 0\n"},
                         "a validator")
-    assert assess(demo, repo).code_changes == [validator[:7], spread[:7], rewrap[:7]]
+    assert assess(demo, repo).code_changes == [validator[:7]]
