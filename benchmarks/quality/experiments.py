@@ -416,6 +416,16 @@ def _experiments() -> tuple[Experiment, ...]:
              ("synchronous DiLoCo, inner lr 8e-3, clip at 0.5", SYNCHRONOUS))
            for arm in _seeds(label, method, (*CANDIDATE_INNER, "inner.lr=0.008"), (0, 1, 2),
                              headline)),
+         # Data-parallel at 0.5M above today's 8e-3: the scavenging benchmark's base level
+         # found its best lr at the edge of {6e-3, 8e-3, 1.1e-2} (stop 84), so the reference
+         # there gets the lrs above it. Its +0% runs are these configurations (the runner finds
+         # them by key); the confirmation seeds join through `--seeds`.
+         *(arm for label, lr in (("data-parallel, inner lr 1.1e-2, clip at 0.5, warm-up 40",
+                                  0.011),
+                                 ("data-parallel, inner lr 1.5e-2, clip at 0.5, warm-up 40",
+                                  0.015))
+           for arm in _seeds(label, DATA_PARALLEL, (f"inner.lr={lr}",), (0, 1, 2),
+                             TREND_TOKENS[0])),
          # Every arm below ran (or will run) at the inner clip and warm-up before 0.5 and 40
          # and pins them (`_at_old_inner`).
          *_at_old_inner((
