@@ -424,7 +424,7 @@ def _experiments() -> tuple[Experiment, ...]:
                                   0.011),
                                  ("data-parallel, inner lr 1.5e-2, clip at 0.5, warm-up 40",
                                   0.015))
-           for arm in _seeds(label, DATA_PARALLEL, (f"inner.lr={lr}",), (0, 1, 2),
+           for arm in _seeds(label, DATA_PARALLEL, (*CANDIDATE_INNER, f"inner.lr={lr}"), (0, 1, 2),
                              TREND_TOKENS[0])),
          # Every arm below ran (or will run) at the inner clip and warm-up before 0.5 and 40
          # and pins them (`_at_old_inner`).
