@@ -211,6 +211,14 @@ def plot(summary: list[dict], path: Path) -> Path:
     return path
 
 
+def plot_path(out: str, plot: str | None) -> Path:
+    """Where a run's plot goes: the docs' figure only for the headline result, so that a probe
+    written elsewhere with `--out` does not overwrite the figure the docs show."""
+    if plot:
+        return Path(plot)
+    return PLOT if Path(out).resolve() == OUT.resolve() else Path(out).with_suffix(".png")
+
+
 def _se(value: float | None) -> str:
     return f" ± {value:.4f}" if value is not None else ""
 
@@ -246,9 +254,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1,
                         help="arms run in this many processes at once")
     parser.add_argument("--out", default=str(OUT))
-    parser.add_argument("--plot", default=str(PLOT))
+    parser.add_argument("--plot", help="where the plot goes (default: docs/img/scavenging.png "
+                                         "for the default --out, else beside --out)")
     parser.add_argument("--runs-dir", help="where runs are stored (default: the quality runs)")
     args = parser.parse_args()
+    args.plot = str(plot_path(args.out, args.plot))
     if 0 not in args.extras:
         parser.error("--extras must include 0, the base run")
     if (args.outer_lrs or args.inner_lrs) and set(args.seeds) & set(args.selection_seeds):

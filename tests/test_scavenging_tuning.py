@@ -7,7 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.quality.experiments import DATA_PARALLEL, DECOUPLED  # noqa: E402
-from benchmarks.scavenging import candidates, uneven_tuning  # noqa: E402
+from benchmarks.scavenging import OUT, PLOT, candidates, plot_path, uneven_tuning  # noqa: E402
 from diloco_core.config import ExperimentConfig  # noqa: E402
 
 
@@ -28,3 +28,13 @@ def test_a_candidate_that_repeats_todays_value_is_refused_with_the_counts():
     # Tuning one method alone is uneven too; tuning neither is not tuning.
     assert "1 candidates" in uneven_tuning(candidates(_args([0.3, 0.8], [])))
     assert uneven_tuning(candidates(_args([], []))) is None
+
+
+def test_a_probe_written_elsewhere_does_not_overwrite_the_docs_figure(tmp_path):
+    """Only the headline result draws docs/img/scavenging.png; a probe with its own `--out`
+    plots beside it (stop 85: two probes each overwrote the headline's figure), and `--plot`
+    still wins."""
+    assert plot_path(str(OUT), None) == PLOT
+    probe = tmp_path / "scavenging_grace_one_step.json"
+    assert plot_path(str(probe), None) == tmp_path / "scavenging_grace_one_step.png"
+    assert plot_path(str(probe), str(tmp_path / "mine.png")) == tmp_path / "mine.png"
