@@ -347,9 +347,11 @@ def test_experiment_4_judges_each_budget_on_the_test_slice_where_its_runs_were_s
     tiny = [a for a in exp.arms if a.label.endswith(EXP4_TINY)]
     assert {(a.tokens, arm_config(a).model.d_model) for a in tiny} == {(4_000_000, 32)}
     # Tiny 4M: three settings (0.4x, 0.82x, 0.4x with outages) x three policies, and
-    # data-parallel at 0.4x with and without the outages; small: two settings, one baseline,
-    # and the longer grace window's probe at both settings.
-    assert len(tiny) == 3 * (3 * 3 + 2) and len(exp.arms) - len(tiny) == 3 * (2 * 4 + 1)
+    # data-parallel at 0.4x with and without the outages; small: three settings (0.4x, 0.82x,
+    # 0.4x paced), one baseline, and the longer grace window's probe at 0.4x and 0.82x.
+    assert len(tiny) == 3 * (3 * 3 + 2) and len(exp.arms) - len(tiny) == 3 * (3 * 3 + 1 + 2)
+    paced = [a for a in exp.arms if arm_config(a).sync.block_on_overlap]
+    assert {a.label for a in paced} == {f"{p}, 0.4x, paced" for p in ("K=M", "K=1", "K=1 + grace")}
     assert len({a.seed for a in tiny}) == 3
     outages = [a for a in tiny if ", outages" in a.label]
     assert len(outages) == 12 and all(arm_config(a).simulation.outages for a in outages)
@@ -376,20 +378,28 @@ def test_experiment_4_judges_each_budget_on_the_test_slice_where_its_runs_were_s
     assert [by_arm[f"K=1 + grace{EXP4_TINY}"][f"test_loss_seed{s}"] for s in (0, 1, 2)] == [
         1.49, 1.491, 1.492]
     assert by_arm["K=1 + grace"]["test_loss_seed0"] is None
-    tiny_04, tiny_082, tiny_outages, small_04, small_082 = verdict["measured"].split(" / ")
+    tiny_04, tiny_082, tiny_outages, small_04, small_082, small_paced = \
+        verdict["measured"].split(" / ")
     assert tiny_outages.startswith("tiny, 4M tokens, 0.4x with outages (test slice)")
     assert tiny_04.startswith("tiny, 4M tokens, 0.4x (test slice)")
     assert "K=1 alone loses quality (higher mean loss than K=1 + grace): yes" in tiny_04
     assert "K=1 alone loses quality (higher mean loss than K=1 + grace): yes" in tiny_082
     assert small_04.startswith("small, 500k tokens, 0.4x (first 8 KB)")
     assert "K=1 alone loses quality (higher mean loss than K=1 + grace): no" in small_04
+    # Goodput is judged only where the learners are paced: unpaced none waits, so K = M's
+    # lower goodput in these fake records counts only in the paced rows.
+    goodput = "K=M loses goodput (vs K=1 + grace, by > 0.02): "
+    for unpaced in (tiny_04, tiny_082, tiny_outages, small_04, small_082):
+        assert goodput + "n/a, no learner waits unpaced" in unpaced
+    assert small_paced.startswith("small, 500k tokens, 0.4x, learners paced (first 8 KB)")
+    assert goodput + "yes" in small_paced
     assert not verdict["met"]
     # A block with a run missing (the breadth block, not yet run at today's defaults) is named
     # in the verdict; the other block's table and verdicts stand.
     records.pop(arm_key(next(a for a in exp.arms if a.label == "K=1 + grace")))
     rows, verdict = report._exp4(exp)
     assert {r["arm"] for r in rows} == {a.label for a in tiny}
-    assert verdict["measured"].endswith("small, 500k tokens: 1 of 27 runs not run at today's "
+    assert verdict["measured"].endswith("small, 500k tokens: 1 of 36 runs not run at today's "
                                         "config (`--tokens 500000`)")
     assert verdict["measured"].startswith(tiny_04)
 
