@@ -381,6 +381,10 @@ def _experiments() -> tuple[Experiment, ...]:
              (CANDIDATE, DECOUPLED, CANDIDATE_INNER, (0,)),
              (CANDIDATE_8E3, DECOUPLED, (*CANDIDATE_INNER, "inner.lr=0.008"), (0,)))
            for arm in _seeds(label, method, overrides, seeds, TREND_TOKENS[-1])),
+         # Data-parallel's 4M winner at 2M too (stop 86): there its 6e-3 beat its defaults on
+         # every selection seed, and its best lr falls with the budget.
+         *_seeds(DATA_PARALLEL_BEST, DATA_PARALLEL, ("inner.lr=0.0045", *CANDIDATE_INNER),
+                 (0, 1, 2), TREND_TOKENS[2]),
          # The 1M bar, missed by 0.4 points under the reference rule (1.0336x): the
          # neighbourhood of the defaults then (inner lr 6e-3), one change at a time on seed 0
          # (the earlier probes of it ran at the outer momentum's warm-up of 8 or the old clip
