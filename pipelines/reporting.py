@@ -52,12 +52,18 @@ def machine_info() -> dict:
             "jax": jax.__version__, "devices": [str(d) for d in jax.devices()]}
 
 
-def code_revision() -> dict:
-    """The commit that produced a result (and whether the tree had uncommitted changes), for
+# What a benchmark writes and what only describes it: a result re-made over a committed one, or
+# an edited page, leaves the code that measured unchanged, so neither makes a result "dirty".
+NOT_CODE_PREFIXES = ("benchmarks/results/", "docs/")
+NOT_CODE_SUFFIXES = (".md", ".png", ".svg")
+
+
+def code_revision(root: Path | None = None) -> dict:
+    """The commit that produced a result, and whether the code that ran differed from it, for
     every result file: a figure without the code that made it cannot be re-checked."""
     import subprocess
 
-    root = Path(__file__).resolve().parent.parent
+    root = root or Path(__file__).resolve().parent.parent
 
     def git(*args: str) -> str:
         try:
@@ -69,8 +75,11 @@ def code_revision() -> dict:
     # Tracked files that differ from HEAD, staged or not (`git status --porcelain` lines start
     # with a status column that a strip of the output would eat on the first line).
     changed = [line for line in git("diff", "--name-only", "HEAD").splitlines() if line]
-    # The paths, not only a flag: an edited README does not change what a benchmark measured.
-    return {"commit": git("rev-parse", "HEAD") or None, "dirty": bool(changed),
+    # The paths, not only a flag: an edited README does not change what a benchmark measured,
+    # and a benchmark's own outputs (re-made in place before it records this) are not code.
+    code = [path for path in changed
+            if not path.startswith(NOT_CODE_PREFIXES) and not path.endswith(NOT_CODE_SUFFIXES)]
+    return {"commit": git("rev-parse", "HEAD") or None, "dirty": bool(code),
             "dirty_files": changed}
 
 
