@@ -12,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.quality.experiments import (  # noqa: E402
     DATA_PARALLEL,
     EXPERIMENTS,
+    GRACE_ONE_STEP,
     OLD_INNER_LABEL,
     OLD_LR_LABEL,
     RUN_ORDER,
@@ -346,15 +347,20 @@ def test_experiment_4_judges_each_budget_on_the_test_slice_where_its_runs_were_s
     exp = EXPERIMENTS[4]
     tiny = [a for a in exp.arms if a.label.endswith(EXP4_TINY)]
     assert {(a.tokens, arm_config(a).model.d_model) for a in tiny} == {(4_000_000, 32)}
-    # Tiny 4M: three settings (0.4x, 0.82x, 0.4x with outages) x three policies, and
-    # data-parallel at 0.4x with and without the outages; small: three settings (0.4x, 0.82x,
-    # 0.4x paced), one baseline, and the longer grace window's probe at 0.4x and 0.82x.
-    assert len(tiny) == 3 * (3 * 3 + 2) and len(exp.arms) - len(tiny) == 3 * (3 * 3 + 1 + 2)
+    # Tiny 4M: three settings (0.4x, 0.82x, 0.4x with outages) x three policies, data-parallel
+    # at 0.4x with and without the outages, and the longer grace window's probe in each
+    # setting; small: three settings (0.4x, 0.82x, 0.4x paced), one baseline, and the probe in
+    # each setting.
+    assert len(tiny) == 3 * (3 * 3 + 2 + 3) and len(exp.arms) - len(tiny) == 3 * (3 * 3 + 1 + 3)
     paced = [a for a in exp.arms if arm_config(a).sync.block_on_overlap]
-    assert {a.label for a in paced} == {f"{p}, 0.4x, paced" for p in ("K=M", "K=1", "K=1 + grace")}
+    assert {a.label for a in paced} == {f"{p}, 0.4x, paced" for p in (
+        "K=M", "K=1", "K=1 + grace", GRACE_ONE_STEP)}
+    probes = [a for a in exp.arms if a.label.startswith(GRACE_ONE_STEP)]
+    assert len(probes) == 18 and all(arm_config(a).sync.grace_min_seconds == 1.0
+                                     for a in probes)
     assert len({a.seed for a in tiny}) == 3
     outages = [a for a in tiny if ", outages" in a.label]
-    assert len(outages) == 12 and all(arm_config(a).simulation.outages for a in outages)
+    assert len(outages) == 15 and all(arm_config(a).simulation.outages for a in outages)
     # On the first 8 KB the grace window looks worse than K = 1 alone in every block; on the
     # test slice (scored only in the tiny 4M block) it is better.
     def record(arm):
@@ -384,6 +390,10 @@ def test_experiment_4_judges_each_budget_on_the_test_slice_where_its_runs_were_s
     assert tiny_04.startswith("tiny, 4M tokens, 0.4x (test slice)")
     assert "K=1 alone loses quality (higher mean loss than K=1 + grace): yes" in tiny_04
     assert "K=1 alone loses quality (higher mean loss than K=1 + grace): yes" in tiny_082
+    # The probe is reported beside each verdict, on the same slice, and does not enter it.
+    assert tiny_04.endswith(f"probe, {GRACE_ONE_STEP}: loss 1.4010 (-6.7% vs K=M), "
+                            "goodput 0.990")
+    assert f"probe, {GRACE_ONE_STEP}: loss 1.9000 (-5.0% vs K=M)" in small_paced
     assert small_04.startswith("small, 500k tokens, 0.4x (first 8 KB)")
     assert "K=1 alone loses quality (higher mean loss than K=1 + grace): no" in small_04
     # Goodput is judged only where the learners are paced: unpaced none waits, so K = M's
@@ -399,7 +409,7 @@ def test_experiment_4_judges_each_budget_on_the_test_slice_where_its_runs_were_s
     records.pop(arm_key(next(a for a in exp.arms if a.label == "K=1 + grace")))
     rows, verdict = report._exp4(exp)
     assert {r["arm"] for r in rows} == {a.label for a in tiny}
-    assert verdict["measured"].endswith("small, 500k tokens: 1 of 36 runs not run at today's "
+    assert verdict["measured"].endswith("small, 500k tokens: 1 of 39 runs not run at today's "
                                         "config (`--tokens 500000`)")
     assert verdict["measured"].startswith(tiny_04)
 

@@ -619,11 +619,15 @@ def _experiments() -> tuple[Experiment, ...]:
                                   (*model, *setting), QUORUM_SEEDS, tokens))
         # A probe, not a policy yet: K = 1 with the grace window held open at least one step
         # (the simulator's step is 1 s), which gave an out-of-phase joiner back its rounds in
-        # the scavenging benchmark (Eq. 3 with tau = 1 leaves 0.07-0.29 s of window here).
-        + tuple(arm for suffix, _, setting, _ in EXP4_SPEEDS
-                for arm in _seeds(f"{GRACE_ONE_STEP}{suffix}", DECOUPLED,
-                                  (*setting, "sync.grace_min_seconds=1.0"), QUORUM_SEEDS,
-                                  BREADTH_TOKENS)))
+        # the scavenging benchmark (Eq. 3 with tau = 1 leaves 0.07-0.29 s of window here); in
+        # every setting of both blocks, paced and under outages too, since those are where K = M
+        # and K = 1 + grace part (the breadth block's two unpaced settings ran it first, so
+        # their labels and overrides keep that order).
+        + tuple(arm for block, _, model, tokens, settings in EXP4_BUDGETS
+                for suffix, _, setting, _ in settings
+                for arm in _seeds(f"{GRACE_ONE_STEP}{suffix}{block}", DECOUPLED,
+                                  (*model, *setting, "sync.grace_min_seconds=1.0"),
+                                  QUORUM_SEEDS, tokens)))
     per_learner = BREADTH_TOKENS // 4
     exp5 = Experiment(
         5, "merge_rule", "Merge rule: weighted mean vs RDA at M = 4, 8, 16",

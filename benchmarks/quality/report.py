@@ -19,6 +19,7 @@ from benchmarks.quality.experiments import (
     DATA_PARALLEL,
     EXP4_BUDGETS,
     EXPERIMENTS,
+    GRACE_ONE_STEP,
     HEADLINE_TOKENS,
     PACED,
     RUN_ORDER,
@@ -420,9 +421,15 @@ def _exp4(exp):
                     grace[loss] <= 1.01 * km[loss],
             }
             where = "test slice" if loss == "test_loss" else "first 8 KB"
+            # The probe beside the verdict, not in it: the grace window held open a step.
+            probe = r.get(f"{GRACE_ONE_STEP}{speed}{block}")
+            probe_text = ("" if probe is None or probe[loss] is None else
+                          f"; probe, {GRACE_ONE_STEP}: loss {probe[loss]:.4f} "
+                          f"({probe[loss] / km[loss] - 1:+.1%} vs K=M), "
+                          f"goodput {probe['goodput']:.3f}")
             measured.append(f"{budget}, {name} ({where}): " + "; ".join(
                 f"{k}: {'n/a, no learner waits unpaced' if v is None else 'yes' if v else 'no'}"
-                for k, v in checks.items()))
+                for k, v in checks.items()) + probe_text)
             met = met and all(v for v in checks.values() if v is not None)
     return rows, {"target": exp.target, "measured": " / ".join(measured), "met": met}
 
