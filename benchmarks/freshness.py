@@ -407,16 +407,22 @@ def without_default_values(text: str) -> str:
 
 def without(text: str, names: frozenset[str]) -> str:
     """A module as the interpreter sees it (`semantic_source`) less the top-level functions
-    `names` and the helpers only they call: what is left is what a change to the provenance
-    record does not touch."""
+    `names` and the helpers (functions, constants) only they use: what is left is what a
+    change to the provenance record does not touch."""
     body = ast.parse(text).body
     dropped = [s for s in body if _bound_names(s) and set(_bound_names(s)) <= names]
     kept = [s for s in body if not any(s is d for d in dropped)]
     while True:
         wanted = {n.id for s in dropped for n in ast.walk(s) if isinstance(n, ast.Name)}
-        used = {n.id for s in kept for n in ast.walk(s) if isinstance(n, ast.Name)}
-        helpers = [s for s in kept if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
-                   and s.name in wanted - used]
+        # Names read, not bound: a constant's own target does not keep it.
+        used = {n.id for s in kept for n in ast.walk(s)
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        # A helper is a function or a module constant (code_revision's paths that are not
+        # code) that only the dropped statements read.
+        helpers = [s for s in kept if _bound_names(s)
+                   and isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Assign,
+                                      ast.AnnAssign))
+                   and set(_bound_names(s)) <= wanted - used]
         if not helpers:
             break
         dropped += helpers

@@ -234,8 +234,9 @@ def test_the_real_path_section_of_the_results_page_marks_itself_stale(monkeypatc
 
 
 def test_a_change_to_a_results_provenance_record_leaves_its_figures_current(repo):
-    """Naming the CPU model in `machine_info` (through a helper only it calls) changes what a
-    result says about its machine, not a figure in it; a change beside it does count."""
+    """Naming the CPU model in `machine_info` (through a helper and a constant only it uses,
+    as `code_revision` reads its NOT_CODE_* paths) changes what a result says about its
+    machine, not a figure in it; a change beside it does count."""
     reporting = ('import platform\n\n\ndef machine_info():\n    return {{"platform": {platform}}}'
                  '\n\n{helper}\ndef results_table(rows):\n    return [round(r, {digits}) '
                  'for r in rows]\n')
@@ -244,12 +245,14 @@ def test_a_change_to_a_results_provenance_record_leaves_its_figures_current(repo
     soak = _result(repo, "chaos_soak.json", {"commit": measured,
                                              "command": "python benchmarks/chaos_soak.py"})
     _commit(repo, {"pipelines/reporting.py": reporting.format(
-        platform="platform.platform(), \"cpu\": cpu_model()",
-        helper="def cpu_model():\n    return platform.processor()\n\n", digits=4)}, "cpu")
+        platform="platform.platform(), CPU_KEY: cpu_model()",
+        helper='CPU_KEY = "cpu"\n\n\ndef cpu_model():\n    return platform.processor()\n\n',
+        digits=4)}, "cpu")
     assert assess(soak, repo).verdict == "current"
     rounding = _commit(repo, {"pipelines/reporting.py": reporting.format(
-        platform="platform.platform(), \"cpu\": cpu_model()",
-        helper="def cpu_model():\n    return platform.processor()\n\n", digits=3)}, "rounding")
+        platform="platform.platform(), CPU_KEY: cpu_model()",
+        helper='CPU_KEY = "cpu"\n\n\ndef cpu_model():\n    return platform.processor()\n\n',
+        digits=3)}, "rounding")
     assert assess(soak, repo).code_changes == [rounding[:7]]
 
 
